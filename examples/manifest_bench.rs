@@ -1,0 +1,292 @@
+//! Catalog commit benchmark, mirroring the peer's `__manifest` protocol.
+//!
+//! ```text
+//! cargo run --release --example manifest_bench -- seed-large --root DIR --entries 10000
+//! cargo run --release --example manifest_bench -- run --root DIR --workers 8 [--processes] \
+//!     (--ops-per-worker N | --duration-secs S)
+//! ```
+//!
+//! `seed-large` brings the catalog to N namespaces (bulk commits of 1,000).
+//! `run` has C workers each create namespaces in a loop, either as tasks of
+//! one process (sharing one catalog handle, so group commit applies) or, with
+//! `--processes`, as C worker processes of this same program (each its own
+//! handle: every commit races through put-if-absent). It prints one JSON
+//! object: ops/s, latency percentiles, retry-budget errors, versions used,
+//! and the catalog directory's size against one version's size. After the
+//! run it checks that every acknowledged namespace is in the catalog.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memwal::catalog::{Mutation, Outcome};
+use memwal::{Catalog, CatalogOptions, Error, ObjectPath, ObjectRoot};
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1)?.parse().ok()
+}
+
+async fn open(root: &str) -> Arc<Catalog> {
+    let root = ObjectRoot::open(root).expect("open root");
+    Catalog::open(root, CatalogOptions::default()).await.expect("open catalog")
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let root: String = arg(&args, "--root").expect("--root DIR is required");
+    match args.first().map(String::as_str) {
+        Some("seed-large") => seed(&root, arg(&args, "--entries").expect("--entries N")).await,
+        Some("run") => run(&root, &args).await,
+        Some("worker") => worker(&root, &args).await,
+        _ => {
+            eprintln!("usage: manifest_bench (seed-large|run) --root DIR ...");
+            std::process::exit(2);
+        }
+    }
+}
+
+async fn seed(root: &str, entries: usize) {
+    let catalog = open(root).await;
+    let start = Instant::now();
+    let mut have = catalog.snapshot().entries().len();
+    while have < entries {
+        let batch: Vec<Mutation> = (have..entries.min(have + 1000))
+            .map(|i| Mutation::CreateNamespace {
+                path: ObjectPath::new([format!("seed{i:08}")]).unwrap(),
+                if_not_exists: true,
+            })
+            .collect();
+        for r in catalog.mutate_all(batch).await {
+            r.expect("seed commit");
+        }
+        have = catalog.snapshot().entries().len();
+        eprint!("\rseeded {have}/{entries}");
+    }
+    eprintln!();
+    println!(
+        "{{\"seeded\":{have},\"version\":{},\"secs\":{:.2}}}",
+        catalog.version(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// What one worker did.
+#[derive(Default)]
+struct Tally {
+    latencies_us: Vec<u64>,
+    conflicts: u64,
+    other_errors: u64,
+    created: Vec<String>,
+}
+
+async fn work(catalog: Arc<Catalog>, id: String, ops: Option<u64>, until: Instant) -> Tally {
+    let mut tally = Tally::default();
+    let mut i = 0u64;
+    while ops.map_or(Instant::now() < until, |n| i < n) {
+        let name = format!("{id}_{i}");
+        i += 1;
+        let t = Instant::now();
+        let result = catalog
+            .create_namespace(ObjectPath::new([name.clone()]).unwrap(), false)
+            .await;
+        match result {
+            Ok(Outcome::Created) => {
+                tally.latencies_us.push(t.elapsed().as_micros() as u64);
+                tally.created.push(name);
+            }
+            Ok(other) => panic!("unexpected outcome {other:?}"),
+            Err(Error::CommitConflict { .. }) => tally.conflicts += 1,
+            Err(e) => {
+                eprintln!("worker {id}: {e}");
+                tally.other_errors += 1;
+            }
+        }
+    }
+    tally
+}
+
+fn limits(args: &[String]) -> (Option<u64>, Instant) {
+    let ops = arg(args, "--ops-per-worker");
+    let secs: f64 = arg(args, "--duration-secs").unwrap_or(10.0);
+    (ops, Instant::now() + Duration::from_secs_f64(secs))
+}
+
+/// A worker process: runs its loop and prints its tally, one line per
+/// field, for the parent.
+async fn worker(root: &str, args: &[String]) {
+    let id: String = arg(args, "--id").expect("--id");
+    let catalog = open(root).await;
+    // Start together: say we are ready, wait for the parent's release.
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap();
+    let (ops, until) = limits(args);
+    let tally = work(catalog, id, ops, until).await;
+    let mut out = std::io::stdout().lock();
+    let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    writeln!(out, "{}", join(&tally.latencies_us)).unwrap();
+    writeln!(out, "{} {}", tally.conflicts, tally.other_errors).unwrap();
+    writeln!(out, "{}", tally.created.join(",")).unwrap();
+}
+
+async fn run(root: &str, args: &[String]) {
+    let workers: usize = arg(args, "--workers").unwrap_or(1);
+    let processes = args.iter().any(|a| a == "--processes");
+    let before = open(root).await;
+    let (entries_before, version_before) = (before.snapshot().entries().len(), before.version());
+
+    let start = Instant::now();
+    let tallies: Vec<Tally> = if processes {
+        let exe = std::env::current_exe().unwrap();
+        let mut children: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut cmd = Command::new(&exe);
+                let id = format!("p{w}_{:x}", rand::random::<u32>());
+                cmd.args(["worker", "--root", root, "--id", &id]);
+                for flag in ["--ops-per-worker", "--duration-secs"] {
+                    if let Some(v) = arg::<String>(args, flag) {
+                        cmd.args([flag, &v]);
+                    }
+                }
+                let mut child = cmd
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("spawn worker");
+                let out = std::io::BufReader::new(child.stdout.take().unwrap());
+                (child, out)
+            })
+            .collect();
+        for (_, out) in &mut children {
+            let mut ready = String::new();
+            out.read_line(&mut ready).unwrap();
+            assert_eq!(ready.trim(), "ready", "a worker did not start");
+        }
+        let start_again = Instant::now();
+        for (child, _) in &mut children {
+            writeln!(child.stdin.as_mut().unwrap()).unwrap();
+        }
+        let tallies = children
+            .into_iter()
+            .map(|(mut child, mut out)| {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut out, &mut text).unwrap();
+                assert!(child.wait().unwrap().success(), "a worker failed");
+                let mut lines = text.lines();
+                let nums = |s: &str| {
+                    s.split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(|x| x.parse().unwrap())
+                        .collect()
+                };
+                let latencies_us = nums(lines.next().unwrap_or(""));
+                let mut errs = lines
+                    .next()
+                    .unwrap_or("0 0")
+                    .split(' ')
+                    .map(|x| x.parse().unwrap());
+                let (conflicts, other_errors) = (errs.next().unwrap(), errs.next().unwrap());
+                let created = lines
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                Tally {
+                    latencies_us,
+                    conflicts,
+                    other_errors,
+                    created,
+                }
+            })
+            .collect();
+        report(root, workers, processes, entries_before, version_before, start_again, tallies).await;
+        return;
+    } else {
+        let (ops, until) = limits(args);
+        let tasks: Vec<_> = (0..workers)
+            .map(|w| tokio::spawn(work(Arc::clone(&before), format!("t{w}_{:x}", rand::random::<u32>()), ops, until)))
+            .collect();
+        let mut tallies = Vec::new();
+        for t in tasks {
+            tallies.push(t.await.unwrap());
+        }
+        tallies
+    };
+    report(root, workers, processes, entries_before, version_before, start, tallies).await;
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn report(
+    root: &str,
+    workers: usize,
+    processes: bool,
+    entries_before: usize,
+    version_before: u64,
+    start: Instant,
+    tallies: Vec<Tally>,
+) {
+    let secs = start.elapsed().as_secs_f64();
+    let mut latencies: Vec<u64> = tallies.iter().flat_map(|t| t.latencies_us.iter().copied()).collect();
+    latencies.sort_unstable();
+    let ops = latencies.len();
+    let conflicts: u64 = tallies.iter().map(|t| t.conflicts).sum();
+    let other_errors: u64 = tallies.iter().map(|t| t.other_errors).sum();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i] as f64 / 1000.0
+    };
+
+    // Every acknowledged create must be in the catalog.
+    let after = open(root).await;
+    let snapshot = after.snapshot();
+    let present: BTreeSet<&str> = snapshot.entries().iter().map(|e| e.object_id.as_str()).collect();
+    let lost = tallies
+        .iter()
+        .flat_map(|t| &t.created)
+        .filter(|name| !present.contains(name.as_str()))
+        .count();
+
+    let dir = std::path::Path::new(root).join("__manifest");
+    let mut dir_bytes = 0;
+    let mut newest = (String::new(), 0);
+    if let Ok(read) = std::fs::read_dir(&dir) {
+        for e in read.flatten() {
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            dir_bytes += len;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('v') && name > newest.0 {
+                newest = (name, len);
+            }
+        }
+    }
+    let attempts = ops as u64 + conflicts + other_errors;
+    println!(
+        "{{\"mode\":\"{}\",\"workers\":{workers},\"entries_before\":{entries_before},\"entries_after\":{},\
+\"ops\":{ops},\"secs\":{secs:.3},\"ops_per_s\":{:.1},\"versions\":{},\"versions_per_s\":{:.1},\
+\"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"retry_budget_errors\":{conflicts},\
+\"retry_budget_error_pct\":{:.3},\"other_errors\":{other_errors},\"lost\":{lost},\
+\"manifest_dir_bytes\":{dir_bytes},\"version_bytes\":{},\"dir_over_version\":{:.2}}}",
+        if processes { "processes" } else { "tasks" },
+        snapshot.entries().len(),
+        ops as f64 / secs,
+        after.version() - version_before,
+        (after.version() - version_before) as f64 / secs,
+        pct(0.50),
+        pct(0.90),
+        pct(0.99),
+        100.0 * conflicts as f64 / attempts.max(1) as f64,
+        newest.1,
+        dir_bytes as f64 / newest.1.max(1) as f64,
+    );
+    assert_eq!(lost, 0, "acknowledged commits were lost");
+}

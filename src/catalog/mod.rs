@@ -1,0 +1,316 @@
+//! The `__manifest` catalog (DESIGN.md §5): namespaces and tables as rows of
+//! a copy-on-write Arrow table, one immutable version per change.
+//!
+//! Invariants:
+//! - every change is a new version committed through
+//!   [`VersionedObjects::commit`], so two racing creators of one id never
+//!   both win and no change is lost or applied twice;
+//! - mutations from one process that arrive while a commit is in flight are
+//!   committed together as one version (group commit); each keeps its own
+//!   result, and one rejected mutation does not affect the others;
+//! - reads answer from the in-memory snapshot; a miss refreshes it first
+//!   ("not found" is never cached).
+
+mod entry;
+mod format;
+mod state;
+mod table_meta;
+
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use object_store::path::Path;
+use tokio::sync::oneshot;
+
+pub use entry::{Entry, ObjectPath, ObjectType};
+pub use state::{CatalogState, Mutation, Outcome};
+pub use table_meta::{ColumnOptions, MAX_SHARDS, MAX_VECTOR_DIM, Metric, TableMeta, VectorOptions};
+
+use crate::error::{Error, Result};
+use crate::store::{CommitOptions, ObjectRoot, Versioned, VersionedObjects, paths};
+
+/// Options of a [`Catalog`].
+#[derive(Debug, Clone, Default)]
+pub struct CatalogOptions {
+    /// Commit protocol knobs; `keep_versions` bounds the catalog's storage.
+    pub commit: CommitOptions,
+}
+
+struct Pending {
+    mutation: Mutation,
+    done: oneshot::Sender<Result<Outcome>>,
+}
+
+/// A handle on one root's catalog. Cheap to share (`Arc`); every method is
+/// safe to call concurrently.
+pub struct Catalog {
+    root: ObjectRoot,
+    versions: VersionedObjects,
+    current: RwLock<Versioned<CatalogState>>,
+    queue: Mutex<Vec<Pending>>,
+    committer: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Catalog")
+            .field("root", &self.root.url())
+            .field("version", &self.version())
+            .finish()
+    }
+}
+
+fn decode(path: &Path, bytes: Bytes) -> Result<CatalogState> {
+    format::decode(path.as_ref(), bytes).map(CatalogState::from_sorted)
+}
+
+impl Catalog {
+    /// Opens the catalog of `root` and loads its newest version (an empty
+    /// catalog if there is none yet; nothing is written until a change).
+    pub async fn open(root: ObjectRoot, options: CatalogOptions) -> Result<Arc<Self>> {
+        let versions = VersionedObjects::new(
+            Arc::clone(root.store()),
+            Path::from(paths::CATALOG_DIR),
+            paths::CATALOG_EXT,
+            options.commit,
+        );
+        let current = versions.load_latest(0, decode).await?;
+        Ok(Arc::new(Self {
+            root,
+            versions,
+            current: RwLock::new(current),
+            queue: Mutex::new(Vec::new()),
+            committer: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    /// The root this catalog lives in.
+    pub fn root(&self) -> &ObjectRoot {
+        &self.root
+    }
+
+    /// The version the snapshot was read from (0: empty catalog).
+    pub fn version(&self) -> u64 {
+        self.read_current().version
+    }
+
+    /// The in-memory snapshot; see [`Catalog::refresh`] for a fresh one.
+    pub fn snapshot(&self) -> Arc<CatalogState> {
+        Arc::clone(&self.read_current().state)
+    }
+
+    fn read_current(&self) -> Versioned<CatalogState> {
+        self.current.read().expect("catalog lock poisoned").clone()
+    }
+
+    /// Installs `next` unless the snapshot is already as new.
+    fn install(&self, next: Versioned<CatalogState>) {
+        let mut current = self.current.write().expect("catalog lock poisoned");
+        if next.version > current.version {
+            *current = next;
+        }
+    }
+
+    /// Catches up with versions committed elsewhere. Costs one existence
+    /// check when nothing changed.
+    pub async fn refresh(&self) -> Result<()> {
+        let known = self.version();
+        let tip = self.versions.latest_version(known).await?;
+        if tip > known {
+            let next = self.versions.load_latest(tip, decode).await?;
+            self.install(next);
+        }
+        Ok(())
+    }
+
+    /// The entry at `path`, refreshing the snapshot once on a miss.
+    pub async fn describe(&self, path: &ObjectPath) -> Result<Option<Arc<Entry>>> {
+        if let Some(e) = self.snapshot().get(path) {
+            return Ok(Some(Arc::clone(e)));
+        }
+        self.refresh().await?;
+        Ok(self.snapshot().get(path).cloned())
+    }
+
+    /// Whether a namespace or table exists at `path` (the root always does).
+    pub async fn exists(&self, path: &ObjectPath) -> Result<bool> {
+        Ok(path.is_root() || self.describe(path).await?.is_some())
+    }
+
+    /// The metadata of the table at `path`, refreshing once on a miss.
+    pub async fn table(&self, path: &ObjectPath) -> Result<Option<(Arc<Entry>, TableMeta)>> {
+        match self.describe(path).await? {
+            Some(e) if e.object_type == ObjectType::Table => {
+                let meta = TableMeta::from_json(&e.metadata, &path.to_string())?;
+                Ok(Some((e, meta)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The direct children of namespace `path` in the snapshot.
+    pub fn list(&self, path: &ObjectPath) -> Vec<Arc<Entry>> {
+        self.snapshot().children(path)
+    }
+
+    /// Creates a namespace; its parent must exist.
+    pub async fn create_namespace(&self, path: ObjectPath, if_not_exists: bool) -> Result<Outcome> {
+        self.mutate(Mutation::CreateNamespace {
+            path,
+            if_not_exists,
+        })
+        .await
+    }
+
+    /// Drops a namespace; with `cascade` also everything below it, without
+    /// it a non-empty namespace is an error.
+    pub async fn drop_namespace(&self, path: ObjectPath, if_exists: bool, cascade: bool) -> Result<Outcome> {
+        self.mutate(Mutation::DropNamespace {
+            path,
+            if_exists,
+            cascade,
+        })
+        .await
+    }
+
+    /// Creates a table at a fresh, unique location.
+    pub async fn create_table(&self, path: ObjectPath, meta: TableMeta, if_not_exists: bool) -> Result<Outcome> {
+        let location = paths::new_table_location(path.name());
+        self.mutate(Mutation::CreateTable {
+            path,
+            meta: Box::new(meta),
+            location,
+            if_not_exists,
+        })
+        .await
+    }
+
+    /// Drops a table.
+    pub async fn drop_table(&self, path: ObjectPath, if_exists: bool) -> Result<Outcome> {
+        self.mutate(Mutation::DropTable { path, if_exists }).await
+    }
+
+    /// Commits one mutation, sharing a version with every other mutation
+    /// queued in this process meanwhile (group commit).
+    pub async fn mutate(&self, mutation: Mutation) -> Result<Outcome> {
+        let mut results = self.mutate_all(vec![mutation]).await;
+        results.pop().expect("one result per mutation")
+    }
+
+    /// Commits many mutations, in order, with as few versions as group
+    /// commit allows (one, unless the batch is joined mid-way by others).
+    /// Each mutation gets its own result; a rejected one changes nothing.
+    pub async fn mutate_all(&self, mutations: Vec<Mutation>) -> Vec<Result<Outcome>> {
+        let mut receivers = Vec::with_capacity(mutations.len());
+        {
+            let mut queue = self.queue.lock().expect("catalog queue poisoned");
+            for mutation in mutations {
+                let (done, result) = oneshot::channel();
+                queue.push(Pending { mutation, done });
+                receivers.push(result);
+            }
+        }
+        let leader = self.committer.lock().await;
+        // The previous leader may have committed ours along with its own;
+        // if not, ours are all still queued and we commit the queue.
+        let mut results: Vec<Option<Result<Outcome>>> =
+            receivers.iter_mut().map(|r| r.try_recv().ok()).collect();
+        if results.iter().any(Option::is_none) {
+            let batch = std::mem::take(&mut *self.queue.lock().expect("catalog queue poisoned"));
+            self.commit_batch(batch).await;
+        }
+        drop(leader);
+        let mut done = Vec::with_capacity(results.len());
+        for (result, receiver) in results.iter_mut().zip(receivers) {
+            done.push(match result.take() {
+                Some(r) => r,
+                None => receiver
+                    .await
+                    .unwrap_or_else(|_| Err(Error::invalid("catalog commit was abandoned"))),
+            });
+        }
+        done
+    }
+
+    /// Commits `batch` as one version and answers every waiter.
+    async fn commit_batch(&self, batch: Vec<Pending>) {
+        let mut results: Vec<Result<Outcome>> = Vec::new();
+        let mut refreshed = false;
+        let committed = loop {
+            let base = self.read_current();
+            let base_version = base.version;
+            let committed = self
+                .versions
+                .commit(base, decode, |state| {
+                    let mut next = state.clone();
+                    results = batch.iter().map(|p| next.apply(&p.mutation)).collect();
+                    if !results.iter().any(|r| matches!(r, Ok(o) if o.changed())) {
+                        return Ok(None);
+                    }
+                    let bytes = format::encode(next.entries())?;
+                    Ok(Some((next, bytes)))
+                })
+                .await;
+            // Nothing to write was decided on our snapshot: make sure it was
+            // not stale ("exists"/"not found" must be true at the tip).
+            match committed {
+                Ok(v) if v.version == base_version && !refreshed => {
+                    refreshed = true;
+                    if let Err(e) = self.refresh().await {
+                        break Err(e);
+                    }
+                    if self.version() == base_version {
+                        break Ok(v);
+                    }
+                }
+                other => break other,
+            }
+        };
+        match committed {
+            Ok(version) => {
+                self.install(version);
+                for (p, r) in batch.into_iter().zip(results) {
+                    let _ = p.done.send(r);
+                }
+            }
+            Err(e) => {
+                let e = SharedError(e);
+                for p in batch {
+                    let _ = p.done.send(Err(e.for_waiter()));
+                }
+            }
+        }
+    }
+}
+
+/// A batch-level failure, handed to each waiter of the batch with its kind
+/// and message intact.
+struct SharedError(Error);
+
+impl SharedError {
+    fn for_waiter(&self) -> Error {
+        match &self.0 {
+            Error::CommitConflict { what, attempts } => Error::CommitConflict {
+                what: what.clone(),
+                attempts: *attempts,
+            },
+            Error::CommitOutcomeUnknown {
+                path,
+                write,
+                read_back,
+            } => Error::CommitOutcomeUnknown {
+                path: path.clone(),
+                write: write.clone(),
+                read_back: read_back.clone(),
+            },
+            Error::Corrupt { path, reason } => Error::Corrupt {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            other => Error::Store(object_store::Error::Generic {
+                store: "memwal catalog",
+                source: format!("commit failed: {other}").into(),
+            }),
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! A table's metadata as the catalog stores it: Arrow schema, primary key,
+//! shard count and per-column options, built from `WITH (...)` options.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Largest accepted vector dimension.
+pub const MAX_VECTOR_DIM: i32 = 65_536;
+
+/// Largest accepted shard count.
+pub const MAX_SHARDS: u32 = 1024;
+
+/// Distance used by a vector column's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Metric {
+    /// Squared Euclidean distance.
+    #[default]
+    L2,
+    /// 1 − cosine similarity.
+    Cosine,
+    /// Negative inner product.
+    Dot,
+}
+
+impl Metric {
+    fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "l2" | "euclidean" => Some(Metric::L2),
+            "cosine" => Some(Metric::Cosine),
+            "dot" => Some(Metric::Dot),
+            _ => None,
+        }
+    }
+}
+
+/// Options of a `FLOAT[n]` vector column.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VectorOptions {
+    pub dim: i32,
+    pub metric: Metric,
+}
+
+/// Per-column options.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ColumnOptions {
+    /// Set for every `FLOAT[n]` (`FixedSizeList<Float32, n>`) column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vector: Option<VectorOptions>,
+    /// A binary column stored out of line in blob packs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blob: bool,
+}
+
+/// Everything the catalog knows about a table. Valid by construction:
+/// key columns exist and are NOT NULL, every vector column has a dimension in
+/// `1..=65536`, options name existing columns of the right type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TableMeta {
+    pub schema: Schema,
+    /// Primary-key column names, in key order; empty for append-only tables.
+    pub primary_key: Vec<String>,
+    pub shards: u32,
+    /// Options of the columns that have any, by column name.
+    #[serde(default)]
+    pub columns: BTreeMap<String, ColumnOptions>,
+}
+
+impl TableMeta {
+    /// Builds and validates a table's metadata from its declared schema, key
+    /// and `WITH` options (`shards`, `<column>.metric`, `<column>.blob`).
+    pub fn new(schema: &Schema, primary_key: Vec<String>, options: &[(String, String)]) -> Result<Self> {
+        if schema.fields().is_empty() {
+            return Err(Error::invalid("a table needs at least one column"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for key in &primary_key {
+            if !seen.insert(key) {
+                return Err(Error::invalid(format!("primary key column '{key}' listed twice")));
+            }
+            let field = schema.field_with_name(key).map_err(|_| {
+                Error::invalid(format!("primary key column '{key}' is not a column"))
+            })?;
+            if !is_key_type(field.data_type()) {
+                return Err(Error::invalid(format!(
+                    "primary key column '{key}' has type {}, which cannot be a key \
+                     (use integers, strings, binary, dates, timestamps or decimals)",
+                    field.data_type()
+                )));
+            }
+        }
+        // Key columns are NOT NULL.
+        let fields: Vec<Arc<Field>> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                if primary_key.contains(f.name()) && f.is_nullable() {
+                    Arc::new(f.as_ref().clone().with_nullable(false))
+                } else {
+                    Arc::clone(f)
+                }
+            })
+            .collect();
+        let schema = Schema::new_with_metadata(fields, schema.metadata().clone());
+
+        let mut columns: BTreeMap<String, ColumnOptions> = BTreeMap::new();
+        for field in schema.fields() {
+            if let DataType::FixedSizeList(inner, dim) = field.data_type()
+                && inner.data_type() == &DataType::Float32
+            {
+                if !(1..=MAX_VECTOR_DIM).contains(dim) {
+                    return Err(Error::invalid(format!(
+                        "vector column '{}' has dimension {dim}; FLOAT[n] needs 1 <= n <= {MAX_VECTOR_DIM}",
+                        field.name()
+                    )));
+                }
+                columns.entry(field.name().clone()).or_default().vector = Some(VectorOptions {
+                    dim: *dim,
+                    metric: Metric::default(),
+                });
+            }
+        }
+
+        let mut shards = 1;
+        for (key, value) in options {
+            let key_lower = key.to_ascii_lowercase();
+            if key_lower == "shards" {
+                shards = value
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_SHARDS).contains(n))
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "option 'shards' must be an integer in 1..={MAX_SHARDS}, got '{value}'"
+                        ))
+                    })?;
+                continue;
+            }
+            let Some((column, option)) = key.rsplit_once('.') else {
+                return Err(unknown_option(key));
+            };
+            let field = schema.field_with_name(column).map_err(|_| {
+                Error::invalid(format!("option '{key}' names column '{column}', which does not exist"))
+            })?;
+            match option.to_ascii_lowercase().as_str() {
+                "metric" => {
+                    let metric = Metric::parse(value).ok_or_else(|| {
+                        Error::invalid(format!(
+                            "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
+                        ))
+                    })?;
+                    let vector = columns
+                        .get_mut(column)
+                        .and_then(|c| c.vector.as_mut())
+                        .ok_or_else(|| {
+                            Error::invalid(format!(
+                                "option '{key}': column '{column}' is not a FLOAT[n] vector column"
+                            ))
+                        })?;
+                    vector.metric = metric;
+                }
+                "blob" => {
+                    let blob = parse_bool(value).ok_or_else(|| {
+                        Error::invalid(format!("option '{key}' must be true or false, got '{value}'"))
+                    })?;
+                    if !matches!(
+                        field.data_type(),
+                        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+                    ) {
+                        return Err(Error::invalid(format!(
+                            "option '{key}': column '{column}' has type {}, blob columns must be binary",
+                            field.data_type()
+                        )));
+                    }
+                    if blob {
+                        columns.entry(column.to_string()).or_default().blob = true;
+                    }
+                }
+                _ => return Err(unknown_option(key)),
+            }
+        }
+        Ok(Self {
+            schema,
+            primary_key,
+            shards,
+            columns,
+        })
+    }
+
+    /// The Arrow schema as a shared reference.
+    pub fn schema_ref(&self) -> SchemaRef {
+        Arc::new(self.schema.clone())
+    }
+
+    /// Indices of the key columns in the schema.
+    pub fn primary_key_indices(&self) -> Vec<usize> {
+        self.primary_key
+            .iter()
+            .filter_map(|k| self.schema.index_of(k).ok())
+            .collect()
+    }
+
+    /// The stored JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("table metadata serializes")
+    }
+
+    /// Parses the stored JSON; `what` names the table in the error.
+    pub fn from_json(json: &str, what: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| Error::Corrupt {
+            path: what.to_string(),
+            reason: format!("table metadata: {e}"),
+        })
+    }
+}
+
+fn unknown_option(key: &str) -> Error {
+    Error::invalid(format!(
+        "unknown table option '{key}' (known: 'shards', '<vector column>.metric', '<binary column>.blob')"
+    ))
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Some(true),
+        "false" | "0" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn is_key_type(t: &DataType) -> bool {
+    use DataType::*;
+    matches!(
+        t,
+        Int8 | Int16
+            | Int32
+            | Int64
+            | UInt8
+            | UInt16
+            | UInt32
+            | UInt64
+            | Utf8
+            | LargeUtf8
+            | Utf8View
+            | Binary
+            | LargeBinary
+            | BinaryView
+            | FixedSizeBinary(_)
+            | Date32
+            | Date64
+            | Timestamp(_, _)
+            | Decimal128(_, _)
+            | Decimal256(_, _)
+            | Boolean
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema() -> Schema {
+        Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("title", DataType::Utf8, true),
+            Field::new(
+                "emb",
+                DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 4),
+                true,
+            ),
+            Field::new("raw", DataType::Binary, true),
+        ])
+    }
+
+    fn opts(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn builds_options_and_round_trips_json() {
+        let meta = TableMeta::new(
+            &schema(),
+            vec!["id".into()],
+            &opts(&[("shards", "4"), ("emb.metric", "cosine"), ("raw.blob", "true")]),
+        )
+        .unwrap();
+        assert_eq!(meta.shards, 4);
+        assert!(!meta.schema.field_with_name("id").unwrap().is_nullable());
+        let emb = meta.columns["emb"].vector.clone().unwrap();
+        assert_eq!((emb.dim, emb.metric), (4, Metric::Cosine));
+        assert!(meta.columns["raw"].blob);
+        assert_eq!(TableMeta::from_json(&meta.to_json(), "t").unwrap(), meta);
+        assert_eq!(meta.primary_key_indices(), vec![0]);
+    }
+
+    #[test]
+    fn rejects_bad_options() {
+        let s = schema();
+        for (bad, needle) in [
+            (opts(&[("colour", "red")]), "unknown table option 'colour'"),
+            (opts(&[("shards", "0")]), "shards"),
+            (opts(&[("shards", "x")]), "shards"),
+            (opts(&[("title.metric", "cosine")]), "not a FLOAT[n]"),
+            (opts(&[("emb.metric", "manhattan")]), "unknown metric"),
+            (opts(&[("nope.metric", "l2")]), "does not exist"),
+            (opts(&[("title.blob", "true")]), "must be binary"),
+        ] {
+            let err = TableMeta::new(&s, vec![], &bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err} lacks {needle}");
+        }
+        let err = TableMeta::new(&s, vec!["missing".into()], &[]).unwrap_err();
+        assert!(err.to_string().contains("not a column"));
+        let err = TableMeta::new(&s, vec!["emb".into()], &[]).unwrap_err();
+        assert!(err.to_string().contains("cannot be a key"));
+    }
+
+    #[test]
+    fn rejects_bad_vector_dimensions() {
+        let zero = Schema::new(vec![Field::new(
+            "v",
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 0),
+            true,
+        )]);
+        let err = TableMeta::new(&zero, vec![], &[]).unwrap_err();
+        assert!(err.to_string().contains("dimension 0"), "{err}");
+    }
+}

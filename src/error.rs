@@ -1,0 +1,116 @@
+//! The one error type of memwal and its conversions to and from
+//! [`DataFusionError`].
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+
+/// Result with memwal's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in memwal. Variants say what happened, so a
+/// caller can tell "someone else won" from "we do not know whether our write
+/// landed" from "the input is wrong".
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The input is not acceptable (bad name, option, type, URL, ...).
+    /// Nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// The object being created exists already. Nothing was written.
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+
+    /// The object (or its parent) does not exist. Nothing was written.
+    #[error("{0} does not exist")]
+    NotFound(String),
+
+    /// A namespace still has children and the drop was not `CASCADE`.
+    #[error("namespace '{0}' is not empty (use CASCADE to drop it with its contents)")]
+    NamespaceNotEmpty(String),
+
+    /// Every attempt to commit a new version lost the race to another writer
+    /// until the retry budget ran out. Nothing of this change was written.
+    #[error(
+        "commit conflict on {what}: gave up after {attempts} attempts, other writers kept winning; nothing was written"
+    )]
+    CommitConflict { what: String, attempts: u32 },
+
+    /// A version write failed in a way that leaves its outcome unknown (for
+    /// example a timeout after the request was sent) and reading it back to
+    /// find out failed too. The change may or may not be committed.
+    #[error("outcome of the commit of {path} is unknown: the write failed ({write}) and reading it back failed ({read_back})")]
+    CommitOutcomeUnknown {
+        path: String,
+        write: String,
+        read_back: String,
+    },
+
+    /// A stored object could not be decoded.
+    #[error("corrupt object {path}: {reason}")]
+    Corrupt { path: String, reason: String },
+
+    /// An object-store call failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+
+    /// Arrow encoding or decoding failed.
+    #[error("arrow: {0}")]
+    Arrow(#[from] ArrowError),
+
+    /// An error raised inside DataFusion.
+    #[error("{0}")]
+    DataFusion(Box<DataFusionError>),
+
+    /// Local I/O failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidInput`].
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::InvalidInput(msg.into())
+    }
+}
+
+impl From<DataFusionError> for Error {
+    fn from(e: DataFusionError) -> Self {
+        // Unwrap our own errors that travelled through DataFusion.
+        match e {
+            DataFusionError::External(inner) => match inner.downcast::<Error>() {
+                Ok(ours) => *ours,
+                Err(other) => Error::DataFusion(Box::new(DataFusionError::External(other))),
+            },
+            other => Error::DataFusion(Box::new(other)),
+        }
+    }
+}
+
+impl From<Error> for DataFusionError {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::DataFusion(inner) => *inner,
+            Error::Arrow(inner) => DataFusionError::ArrowError(Box::new(inner), None),
+            other => DataFusionError::External(Box::new(other)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_datafusion() {
+        let df: DataFusionError = Error::NotFound("namespace 'a'".into()).into();
+        assert!(df.to_string().contains("namespace 'a' does not exist"));
+        let back: Error = df.into();
+        assert!(matches!(back, Error::NotFound(ref s) if s == "namespace 'a'"));
+
+        let plan = DataFusionError::Plan("bad".into());
+        let ours: Error = plan.into();
+        let again: DataFusionError = ours.into();
+        assert!(matches!(again, DataFusionError::Plan(ref s) if s == "bad"));
+    }
+}

@@ -1,0 +1,40 @@
+//! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
+//! `TableProvider`s, DDL with memwal's options, and the session that ties
+//! them together.
+
+mod catalog_provider;
+mod ddl;
+mod session;
+mod table;
+
+pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
+pub use session::MemwalSession;
+pub use table::MemwalTable;
+
+use crate::catalog::ObjectPath;
+use crate::error::Result;
+
+/// The name under which the memwal catalog is registered with DataFusion.
+pub const CATALOG_NAME: &str = "memwal";
+
+/// The SQL schema that stands for the root namespace.
+pub const ROOT_SCHEMA: &str = "public";
+
+/// The namespace a SQL schema name denotes: `public` is the root, otherwise
+/// levels are separated by dots (`"shop.eu"`).
+pub fn schema_to_namespace(schema: &str) -> Result<ObjectPath> {
+    if schema == ROOT_SCHEMA {
+        Ok(ObjectPath::root())
+    } else {
+        ObjectPath::parse_dotted(schema)
+    }
+}
+
+/// The SQL schema name of a namespace (inverse of [`schema_to_namespace`]).
+pub fn namespace_to_schema(path: &ObjectPath) -> String {
+    if path.is_root() {
+        ROOT_SCHEMA.to_string()
+    } else {
+        path.to_string()
+    }
+}

@@ -1,0 +1,363 @@
+//! A fault-injecting [`ObjectStore`] wrapper for tests: fail the Nth call of
+//! a kind (before the operation, or after it took effect so the caller sees
+//! an ambiguous failure), and add latency to every call.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+};
+
+/// The kinds of call a [`Fault`] can target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    /// `put_opts` and multipart uploads.
+    Put,
+    /// `get_opts` (not `head`) and `get_ranges`.
+    Get,
+    /// `head` (a `get_opts` with `head` set).
+    Head,
+    /// `list` and `list_with_delimiter`.
+    List,
+    /// each path of `delete_stream`.
+    Delete,
+    /// `copy_opts`.
+    Copy,
+}
+
+/// When the injected failure happens relative to the real operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultMode {
+    /// Fail without touching the inner store.
+    Before,
+    /// Perform the operation, then report a failure: the caller cannot tell
+    /// whether it took effect (a lost acknowledgement).
+    After,
+}
+
+/// One rule: fail calls number `nth ..= nth + times - 1` (1-based) among the
+/// calls of `kind` whose path contains `path_contains`.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub kind: OpKind,
+    pub nth: u64,
+    pub times: u64,
+    pub mode: FaultMode,
+    pub path_contains: Option<String>,
+}
+
+impl Fault {
+    /// Fail the `nth` call (1-based) of `kind`, before it happens.
+    pub fn nth(kind: OpKind, nth: u64) -> Self {
+        Self {
+            kind,
+            nth: nth.max(1),
+            times: 1,
+            mode: FaultMode::Before,
+            path_contains: None,
+        }
+    }
+
+    /// Let the operation happen, then report failure.
+    pub fn after_write(mut self) -> Self {
+        self.mode = FaultMode::After;
+        self
+    }
+
+    /// Fail this many consecutive matching calls (`u64::MAX`: all of them).
+    pub fn times(mut self, times: u64) -> Self {
+        self.times = times.max(1);
+        self
+    }
+
+    /// Count only calls whose path contains `needle`.
+    pub fn on_paths_containing(mut self, needle: impl Into<String>) -> Self {
+        self.path_contains = Some(needle.into());
+        self
+    }
+}
+
+#[derive(Debug, Default)]
+struct State {
+    faults: Vec<(Fault, u64)>,
+    latency: Duration,
+    calls: Vec<(OpKind, u64)>,
+    injected: u64,
+}
+
+impl State {
+    /// Counts the call and returns the mode of the fault that fires, if any.
+    fn on_call(&mut self, kind: OpKind, path: &str) -> Option<FaultMode> {
+        match self.calls.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.calls.push((kind, 1)),
+        }
+        let mut fired = None;
+        for (fault, seen) in &mut self.faults {
+            let matches = fault.kind == kind
+                && fault
+                    .path_contains
+                    .as_deref()
+                    .is_none_or(|needle| path.contains(needle));
+            if !matches {
+                continue;
+            }
+            *seen += 1;
+            if fired.is_none() && *seen >= fault.nth && *seen - fault.nth < fault.times {
+                fired = Some(fault.mode);
+            }
+        }
+        if fired.is_some() {
+            self.injected += 1;
+        }
+        fired
+    }
+}
+
+/// Wraps a store and injects the configured faults. Cheap to clone handles
+/// via `Arc`; rules can change while the store is in use.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    state: Arc<Mutex<State>>,
+}
+
+impl FaultyStore {
+    /// A wrapper with no faults and no latency.
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            state: Default::default(),
+        })
+    }
+
+    /// Adds a rule.
+    pub fn inject(&self, fault: Fault) {
+        self.lock().faults.push((fault, 0));
+    }
+
+    /// Removes every rule (latency stays).
+    pub fn clear(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// Adds `latency` before every call.
+    pub fn set_latency(&self, latency: Duration) {
+        self.lock().latency = latency;
+    }
+
+    /// How many calls of `kind` were made so far (failed ones included).
+    pub fn calls(&self, kind: OpKind) -> u64 {
+        let state = self.lock();
+        state
+            .calls
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// How many faults fired so far.
+    pub fn injected(&self) -> u64 {
+        self.lock().injected
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fault state poisoned")
+    }
+
+    async fn enter(&self, kind: OpKind, path: &Path) -> Option<FaultMode> {
+        let (latency, mode) = {
+            let mut state = self.lock();
+            (state.latency, state.on_call(kind, path.as_ref()))
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        mode
+    }
+}
+
+fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
+    let when = match mode {
+        FaultMode::Before => "before the operation",
+        FaultMode::After => "after the operation took effect",
+    };
+    object_store::Error::Generic {
+        store: "FaultyStore",
+        source: format!("injected {kind:?} fault on {path} ({when})").into(),
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        match self.enter(OpKind::Put, location).await {
+            None => self.inner.put_opts(location, payload, opts).await,
+            Some(FaultMode::Before) => Err(injected(OpKind::Put, location, FaultMode::Before)),
+            Some(FaultMode::After) => {
+                self.inner.put_opts(location, payload, opts).await?;
+                Err(injected(OpKind::Put, location, FaultMode::After))
+            }
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        match self.enter(OpKind::Put, location).await {
+            Some(mode) => Err(injected(OpKind::Put, location, mode)),
+            None => self.inner.put_multipart_opts(location, opts).await,
+        }
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let kind = if options.head {
+            OpKind::Head
+        } else {
+            OpKind::Get
+        };
+        match self.enter(kind, location).await {
+            Some(mode) => Err(injected(kind, location, mode)),
+            None => self.inner.get_opts(location, options).await,
+        }
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[std::ops::Range<u64>],
+    ) -> object_store::Result<Vec<Bytes>> {
+        match self.enter(OpKind::Get, location).await {
+            Some(mode) => Err(injected(OpKind::Get, location, mode)),
+            None => self.inner.get_ranges(location, ranges).await,
+        }
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        let this = Self {
+            inner: Arc::clone(&self.inner),
+            state: Arc::clone(&self.state),
+        };
+        let this = Arc::new(this);
+        locations
+            .then(move |location| {
+                let this = Arc::clone(&this);
+                async move {
+                    let location = location?;
+                    match this.enter(OpKind::Delete, &location).await {
+                        None => this.inner.delete(&location).await.map(|_| location),
+                        Some(FaultMode::Before) => {
+                            Err(injected(OpKind::Delete, &location, FaultMode::Before))
+                        }
+                        Some(FaultMode::After) => {
+                            this.inner.delete(&location).await?;
+                            Err(injected(OpKind::Delete, &location, FaultMode::After))
+                        }
+                    }
+                }
+            })
+            .boxed()
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        let at = prefix.cloned().unwrap_or_default();
+        let mode = self.lock().on_call(OpKind::List, at.as_ref());
+        match mode {
+            Some(mode) => futures::stream::once(async move { Err(injected(OpKind::List, &at, mode)) })
+                .boxed(),
+            None => self.inner.list(prefix),
+        }
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        let at = prefix.cloned().unwrap_or_default();
+        match self.enter(OpKind::List, &at).await {
+            Some(mode) => Err(injected(OpKind::List, &at, mode)),
+            None => self.inner.list_with_delimiter(prefix).await,
+        }
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        match self.enter(OpKind::Copy, to).await {
+            None => self.inner.copy_opts(from, to, options).await,
+            Some(FaultMode::Before) => Err(injected(OpKind::Copy, to, FaultMode::Before)),
+            Some(FaultMode::After) => {
+                self.inner.copy_opts(from, to, options).await?;
+                Err(injected(OpKind::Copy, to, FaultMode::After))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn fails_the_nth_call_and_after_write_still_writes() {
+        let store = FaultyStore::new(Arc::new(InMemory::new()));
+        store.inject(Fault::nth(OpKind::Put, 2));
+        store.inject(Fault::nth(OpKind::Put, 3).after_write());
+        let p = |s: &str| Path::from(s);
+        assert!(store.put(&p("a"), PutPayload::from_static(b"1")).await.is_ok());
+        let err = store.put(&p("b"), PutPayload::from_static(b"1")).await;
+        assert!(err.unwrap_err().to_string().contains("before the operation"));
+        assert!(store.head(&p("b")).await.is_err(), "a failed-before put wrote");
+        let err = store.put(&p("c"), PutPayload::from_static(b"1")).await;
+        assert!(err.unwrap_err().to_string().contains("after the operation"));
+        assert!(store.head(&p("c")).await.is_ok(), "an after-write put did not write");
+        assert!(store.put(&p("d"), PutPayload::from_static(b"1")).await.is_ok());
+        assert_eq!(store.calls(OpKind::Put), 4);
+        assert_eq!(store.injected(), 2);
+    }
+
+    #[tokio::test]
+    async fn fails_listings_and_filters_by_path() {
+        let store = FaultyStore::new(Arc::new(InMemory::new()));
+        store.inject(Fault::nth(OpKind::List, 1));
+        store.inject(Fault::nth(OpKind::Get, 1).on_paths_containing("secret"));
+        store.put(&Path::from("x"), PutPayload::from_static(b"1")).await.unwrap();
+        store.put(&Path::from("secret"), PutPayload::from_static(b"1")).await.unwrap();
+        let first: Vec<_> = store.list(None).collect().await;
+        assert!(first[0].is_err());
+        let second: Vec<_> = store.list(None).collect().await;
+        assert_eq!(second.len(), 2);
+        assert!(store.get(&Path::from("x")).await.is_ok());
+        assert!(store.get(&Path::from("secret")).await.is_err());
+        assert!(store.get(&Path::from("secret")).await.is_ok());
+    }
+}

@@ -1,0 +1,158 @@
+//! Opening a root: one URL (or plain path) names one object store prefix
+//! under which memwal keeps everything (DESIGN.md §3).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::prefix::PrefixStore;
+use url::Url;
+
+use crate::error::{Error, Result};
+
+/// An object store already narrowed to memwal's root prefix: every path
+/// memwal uses is relative to it.
+#[derive(Debug, Clone)]
+pub struct ObjectRoot {
+    store: Arc<dyn ObjectStore>,
+    url: String,
+}
+
+impl ObjectRoot {
+    /// Opens a root from a URL or a plain local path.
+    ///
+    /// - a plain path or `file:///dir`: a local directory, created if missing;
+    /// - `memory://name`: an in-memory store shared by every open of the same
+    ///   URL in this process (so a reopen sees the same data);
+    /// - `s3://bucket/prefix`: Amazon S3 or an S3-compatible server,
+    ///   configured the usual `object_store` way from `AWS_*` variables
+    ///   (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, `AWS_REGION`, credentials, ...);
+    /// - other schemes that `object_store` was built with (`gs`, `az`,
+    ///   `http`, ...) through `object_store::parse_url_opts` with the
+    ///   environment as options.
+    pub fn open(location: &str) -> Result<Self> {
+        if location.is_empty() {
+            return Err(Error::invalid("empty root location"));
+        }
+        let url = match Url::parse(location) {
+            Ok(url) if url.scheme().len() > 1 => url,
+            // No scheme (or a Windows drive letter): a local path.
+            _ => return Self::open_local(std::path::Path::new(location)),
+        };
+        match url.scheme() {
+            "file" => {
+                let path = url
+                    .to_file_path()
+                    .map_err(|_| Error::invalid(format!("not a local path: {location}")))?;
+                Self::open_local(&path)
+            }
+            "memory" => Ok(Self::new(shared_memory_store(location), location)),
+            "s3" | "s3a" => {
+                let bucket = url.host_str().unwrap_or_default();
+                if bucket.is_empty() {
+                    return Err(Error::invalid(format!("no bucket in {location}")));
+                }
+                let store = AmazonS3Builder::from_env()
+                    .with_url(format!("s3://{bucket}"))
+                    .build()?;
+                Ok(Self::with_prefix(Arc::new(store), url.path(), location))
+            }
+            _ => {
+                let env: Vec<(String, String)> = std::env::vars()
+                    .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                    .collect();
+                let (store, prefix) = object_store::parse_url_opts(&url, env)?;
+                Ok(Self::with_prefix(Arc::from(store), prefix.as_ref(), location))
+            }
+        }
+    }
+
+    /// A root over an existing store (for example a [`crate::store::FaultyStore`]);
+    /// `url` is only used in messages.
+    pub fn new(store: Arc<dyn ObjectStore>, url: impl Into<String>) -> Self {
+        Self {
+            store,
+            url: url.into(),
+        }
+    }
+
+    fn with_prefix(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Self {
+        let prefix = Path::from(prefix.trim_matches('/'));
+        if prefix.as_ref().is_empty() {
+            Self::new(store, url)
+        } else {
+            Self::new(Arc::new(PrefixStore::new(store, prefix)), url)
+        }
+    }
+
+    fn open_local(dir: &std::path::Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let dir = std::fs::canonicalize(dir)?;
+        let store = LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true);
+        Ok(Self::new(Arc::new(store), format!("file://{}", dir.display())))
+    }
+
+    /// The store, with paths relative to the root.
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    /// The URL this root was opened from (for messages).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// One `InMemory` store per `memory://` URL, for the life of the process.
+fn shared_memory_store(url: &str) -> Arc<dyn ObjectStore> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<dyn ObjectStore>>>> = OnceLock::new();
+    let mut stores = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .expect("memory store registry poisoned");
+    stores
+        .entry(url.trim_end_matches('/').to_string())
+        .or_insert_with(|| Arc::new(InMemory::new()))
+        .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    #[tokio::test]
+    async fn memory_roots_are_shared_by_url() {
+        let a = ObjectRoot::open("memory://root-test").unwrap();
+        let b = ObjectRoot::open("memory://root-test/").unwrap();
+        let c = ObjectRoot::open("memory://other-root-test").unwrap();
+        let p = Path::from("x");
+        a.store().put(&p, PutPayload::from_static(b"1")).await.unwrap();
+        assert!(b.store().head(&p).await.is_ok());
+        assert!(c.store().head(&p).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn plain_paths_and_file_urls_are_local_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("data");
+        let a = ObjectRoot::open(sub.to_str().unwrap()).unwrap();
+        a.store()
+            .put(&Path::from("k/v"), PutPayload::from_static(b"1"))
+            .await
+            .unwrap();
+        assert!(sub.join("k/v").exists());
+        let b = ObjectRoot::open(&format!("file://{}", sub.display())).unwrap();
+        assert!(b.store().head(&Path::from("k/v")).await.is_ok());
+    }
+
+    #[test]
+    fn bad_locations_are_typed_errors() {
+        assert!(matches!(ObjectRoot::open(""), Err(Error::InvalidInput(_))));
+        assert!(matches!(ObjectRoot::open("s3://"), Err(Error::InvalidInput(_))));
+    }
+}

@@ -1,0 +1,505 @@
+//! Versioned copy-on-write objects: the one commit primitive (DESIGN.md §4).
+//!
+//! A versioned object is a directory of immutable versions
+//! `v<20 digits>.<ext>` plus a best-effort `_hint` naming a recent version.
+//!
+//! Invariants this module keeps:
+//! - **One winner per version.** Version N+1 is only ever created with
+//!   put-if-absent, so of any number of writers that build on version N,
+//!   exactly one commits N+1; the others see `Taken`, reload the tip, rebase
+//!   their change on it and retry (jittered exponential backoff, at most
+//!   [`CommitOptions::retry_budget`] attempts, then [`Error::CommitConflict`]).
+//! - **Ambiguous writes are resolved before anything is retried.** When a
+//!   put fails with anything but "already exists", the version is read back:
+//!   our bytes there means we committed; other bytes means we lost the race;
+//!   nothing there means the write did not land and the same version is
+//!   tried again. If the read-back fails too, the caller gets
+//!   [`Error::CommitOutcomeUnknown`]. Encoders must make every attempt's
+//!   bytes unique (the catalog embeds a random commit id), or two writers of
+//!   identical bytes could not be told apart.
+//! - **The tip is always found.** Readers start from the larger of what they
+//!   know and the hint, then probe forward until a version is missing. A
+//!   hint that is stale, missing, garbage or points at a collected version
+//!   falls back to a listing. A failed hint write is never an error.
+//! - **Garbage collection keeps the newest [`CommitOptions::keep_versions`]**
+//!   and deletes only older ones. A reader that loses a version to
+//!   collection while loading it re-resolves the tip and loads that instead,
+//!   so collection never fails a reader; it can only make it retry.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+
+use crate::error::{Error, Result};
+use crate::store::paths;
+
+/// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
+#[derive(Debug, Clone)]
+pub struct CommitOptions {
+    /// Attempts at committing one change before [`Error::CommitConflict`]
+    /// (default 20).
+    pub retry_budget: u32,
+    /// First backoff after losing a race (default 1 ms); doubles per attempt.
+    pub backoff_base: Duration,
+    /// Largest backoff (default 200 ms).
+    pub backoff_max: Duration,
+    /// Retries of one version write that failed without landing (default 3).
+    pub transient_retries: u32,
+    /// Versions kept by garbage collection, newest first (default 5).
+    pub keep_versions: u64,
+}
+
+impl Default for CommitOptions {
+    fn default() -> Self {
+        Self {
+            retry_budget: 20,
+            backoff_base: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(200),
+            transient_retries: 3,
+            keep_versions: 5,
+        }
+    }
+}
+
+impl CommitOptions {
+    /// The backoff before attempt `attempt` (1-based): exponential, capped,
+    /// with a uniform jitter of ±50 %.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self
+            .backoff_base
+            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
+        let capped = exp.min(self.backoff_max);
+        capped.mul_f64(0.5 + rand::random::<f64>())
+    }
+}
+
+/// What became of one put-if-absent of a version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// Our bytes are that version now.
+    Written,
+    /// Another writer's bytes are that version.
+    Taken,
+}
+
+/// A decoded state together with the version it was read from (0: the
+/// object has no version yet).
+#[derive(Debug)]
+pub struct Versioned<S> {
+    pub version: u64,
+    pub state: Arc<S>,
+}
+
+impl<S> Clone for Versioned<S> {
+    fn clone(&self) -> Self {
+        Self {
+            version: self.version,
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+/// The versions of one copy-on-write object in one directory.
+#[derive(Debug, Clone)]
+pub struct VersionedObjects {
+    store: Arc<dyn ObjectStore>,
+    dir: Path,
+    ext: &'static str,
+    options: CommitOptions,
+}
+
+/// How often a reader re-resolves the tip when versions vanish under it.
+const RELOAD_ATTEMPTS: u32 = 50;
+
+/// Every this many versions the committer also sweeps old versions that an
+/// earlier (crashed) committer left behind.
+const SWEEP_EVERY: u64 = 64;
+
+impl VersionedObjects {
+    /// The versioned object whose versions are `<dir>/v<N>.<ext>`.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        dir: Path,
+        ext: &'static str,
+        options: CommitOptions,
+    ) -> Self {
+        Self {
+            store,
+            dir,
+            ext,
+            options,
+        }
+    }
+
+    /// The path of version `version`.
+    pub fn path_of(&self, version: u64) -> Path {
+        paths::version_file(&self.dir, version, self.ext)
+    }
+
+    /// The commit options in force.
+    pub fn options(&self) -> &CommitOptions {
+        &self.options
+    }
+
+    async fn exists(&self, version: u64) -> Result<bool> {
+        match self.store.head(&self.path_of(version)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads one version; `None` if it does not exist (never written, or
+    /// collected).
+    pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {
+        match self.store.get(&self.path_of(version)).await {
+            Ok(got) => Ok(Some(got.bytes().await?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn read_hint(&self) -> Option<u64> {
+        let got = self.store.get(&paths::hint_file(&self.dir)).await.ok()?;
+        let bytes = got.bytes().await.ok()?;
+        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+    }
+
+    /// Every version present, ascending.
+    pub async fn list_versions(&self) -> Result<Vec<u64>> {
+        let mut versions: Vec<u64> = self
+            .store
+            .list(Some(&self.dir))
+            .map_ok(|meta| {
+                meta.location
+                    .filename()
+                    .and_then(|name| paths::parse_version_file(name, self.ext))
+            })
+            .try_filter_map(|v| async move { Ok(v) })
+            .try_collect()
+            .await?;
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// The newest version (0 if none), starting from `known` (a version the
+    /// caller has seen; 0 if none) or the hint, whichever is larger.
+    pub async fn latest_version(&self, known: u64) -> Result<u64> {
+        let start = self.read_hint().await.unwrap_or(0).max(known);
+        let mut tip = if start > 0 && self.exists(start).await? {
+            start
+        } else {
+            // No hint, or one past the tip or at a collected version: list.
+            self.list_versions().await?.last().copied().unwrap_or(0)
+        };
+        while self.exists(tip + 1).await? {
+            tip += 1;
+        }
+        Ok(tip)
+    }
+
+    /// Loads and decodes the newest version at or after `known`; a state of
+    /// `S::default()` at version 0 if there is none.
+    pub async fn load_latest<S: Default>(
+        &self,
+        known: u64,
+        decode: impl Fn(&Path, Bytes) -> Result<S>,
+    ) -> Result<Versioned<S>> {
+        for _ in 0..RELOAD_ATTEMPTS {
+            let version = self.latest_version(known).await?;
+            if version == 0 {
+                return Ok(Versioned {
+                    version,
+                    state: Arc::new(S::default()),
+                });
+            }
+            // A version collected between resolving and reading sends us
+            // back to resolve the tip again.
+            if let Some(bytes) = self.read(version).await? {
+                let state = decode(&self.path_of(version), bytes)?;
+                return Ok(Versioned {
+                    version,
+                    state: Arc::new(state),
+                });
+            }
+        }
+        Err(Error::CommitConflict {
+            what: format!("loading the newest version in {}", self.dir),
+            attempts: RELOAD_ATTEMPTS,
+        })
+    }
+
+    /// Creates `version` with `bytes` if it does not exist yet, resolving
+    /// ambiguous failures by reading the version back (see the module doc).
+    pub async fn put_version(&self, version: u64, bytes: Bytes) -> Result<PutOutcome> {
+        let path = self.path_of(version);
+        let mut attempt = 0;
+        loop {
+            let payload = PutPayload::from_bytes(bytes.clone());
+            let err = match self
+                .store
+                .put_opts(&path, payload, PutMode::Create.into())
+                .await
+            {
+                Ok(_) => return Ok(PutOutcome::Written),
+                // After an earlier failed attempt, "exists" may be our own
+                // write that landed after all.
+                Err(object_store::Error::AlreadyExists { .. }) if attempt == 0 => {
+                    return Ok(PutOutcome::Taken);
+                }
+                Err(e) => e,
+            };
+            match self.read(version).await {
+                Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
+                Ok(Some(_)) => return Ok(PutOutcome::Taken),
+                Ok(None) if attempt < self.options.transient_retries => {
+                    attempt += 1;
+                    log::debug!("retrying write of {path} after: {err}");
+                    tokio::time::sleep(self.options.backoff(attempt)).await;
+                }
+                Ok(None) => {
+                    return Err(Error::Store(object_store::Error::Generic {
+                        store: "memwal",
+                        source: format!(
+                            "version {path} was not written after {} attempts \
+                             (read back: absent); last error: {err}",
+                            attempt + 1
+                        )
+                        .into(),
+                    }));
+                }
+                Err(read_back) => {
+                    return Err(Error::CommitOutcomeUnknown {
+                        path: path.to_string(),
+                        write: err.to_string(),
+                        read_back: read_back.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Commits a change: `next` turns the current state into the next state
+    /// and its encoding (or `None`: nothing to write). On a lost race the tip
+    /// is reloaded with `decode` and `next` runs again on it (rebase).
+    /// Returns the state now current (the base itself if `next` had nothing
+    /// to write).
+    pub async fn commit<S: Default>(
+        &self,
+        mut base: Versioned<S>,
+        decode: impl Fn(&Path, Bytes) -> Result<S>,
+        mut next: impl FnMut(&S) -> Result<Option<(S, Bytes)>>,
+    ) -> Result<Versioned<S>> {
+        let mut attempt = 0;
+        loop {
+            let Some((state, bytes)) = next(&base.state)? else {
+                return Ok(base);
+            };
+            let version = base.version + 1;
+            match self.put_version(version, bytes).await? {
+                PutOutcome::Written => {
+                    self.after_commit(version).await;
+                    return Ok(Versioned {
+                        version,
+                        state: Arc::new(state),
+                    });
+                }
+                PutOutcome::Taken => {
+                    attempt += 1;
+                    if attempt >= self.options.retry_budget {
+                        return Err(Error::CommitConflict {
+                            what: self.dir.to_string(),
+                            attempts: attempt,
+                        });
+                    }
+                    tokio::time::sleep(self.options.backoff(attempt)).await;
+                    base = self.load_latest(version, &decode).await?;
+                }
+            }
+        }
+    }
+
+    /// Best-effort follow-ups of a commit: the hint, then garbage collection.
+    /// Failures are logged, never returned: the commit already happened.
+    async fn after_commit(&self, version: u64) {
+        let hint = PutPayload::from(version.to_string());
+        if let Err(e) = self.store.put(&paths::hint_file(&self.dir), hint).await {
+            log::debug!("hint write in {} failed: {e}", self.dir);
+        }
+        let keep = self.options.keep_versions.max(1);
+        if version <= keep {
+            return;
+        }
+        let oldest_kept = version + 1 - keep;
+        let doomed: Vec<u64> = if version % SWEEP_EVERY == 0 {
+            match self.list_versions().await {
+                Ok(all) => all.into_iter().filter(|v| *v < oldest_kept).collect(),
+                Err(e) => {
+                    log::debug!("listing {} for collection failed: {e}", self.dir);
+                    vec![oldest_kept - 1]
+                }
+            }
+        } else {
+            vec![oldest_kept - 1]
+        };
+        for v in doomed {
+            match self.store.delete(&self.path_of(v)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => log::debug!("collecting {} failed: {e}", self.path_of(v)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Fault, FaultyStore, OpKind};
+    use object_store::memory::InMemory;
+
+    /// A counter state: bytes are "<value>:<random id>" so each attempt's
+    /// bytes are unique.
+    fn encode(v: u64) -> Bytes {
+        Bytes::from(format!("{v}:{:x}", rand::random::<u64>()))
+    }
+
+    fn decode(_: &Path, b: Bytes) -> Result<u64> {
+        let s = std::str::from_utf8(&b).unwrap();
+        Ok(s.split(':').next().unwrap().parse().unwrap())
+    }
+
+    fn objects(store: Arc<dyn ObjectStore>) -> VersionedObjects {
+        VersionedObjects::new(store, Path::from("m"), "txt", CommitOptions::default())
+    }
+
+    async fn increment(objs: &VersionedObjects) -> Result<Versioned<u64>> {
+        let base = objs.load_latest(0, decode).await?;
+        objs.commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+    }
+
+    #[tokio::test]
+    async fn concurrent_increments_are_never_lost() {
+        let objs = objects(Arc::new(InMemory::new()));
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let objs = objs.clone();
+                tokio::spawn(async move {
+                    for _ in 0..5 {
+                        increment(&objs).await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let tip = objs.load_latest(0, decode).await.unwrap();
+        assert_eq!(*tip.state, 80);
+        assert_eq!(tip.version, 80);
+        // Collection kept only the newest versions.
+        let kept = objs.list_versions().await.unwrap();
+        assert_eq!(kept.len() as u64, objs.options().keep_versions);
+    }
+
+    #[tokio::test]
+    async fn stale_missing_or_garbage_hints_still_find_the_tip() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let objs = objects(Arc::clone(&inner));
+        for _ in 0..12 {
+            increment(&objs).await.unwrap();
+        }
+        let hint = paths::hint_file(&Path::from("m"));
+        for bad in ["3", "999", "garbage"] {
+            inner.put(&hint, PutPayload::from(bad)).await.unwrap();
+            assert_eq!(objs.latest_version(0).await.unwrap(), 12, "hint {bad}");
+        }
+        inner.delete(&hint).await.unwrap();
+        assert_eq!(objs.latest_version(0).await.unwrap(), 12);
+    }
+
+    #[tokio::test]
+    async fn ambiguous_write_that_landed_counts_once() {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let objs = objects(faulty.clone());
+        increment(&objs).await.unwrap();
+        faulty.inject(
+            Fault::nth(OpKind::Put, 1)
+                .after_write()
+                .on_paths_containing(".txt"),
+        );
+        let done = increment(&objs).await.unwrap();
+        assert_eq!((done.version, *done.state), (2, 2));
+        assert_eq!(faulty.injected(), 1);
+        let tip = objs.load_latest(0, decode).await.unwrap();
+        assert_eq!((tip.version, *tip.state), (2, 2));
+    }
+
+    #[tokio::test]
+    async fn failed_write_is_retried_at_the_same_version() {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let objs = objects(faulty.clone());
+        faulty.inject(Fault::nth(OpKind::Put, 1).times(2).on_paths_containing(".txt"));
+        let done = increment(&objs).await.unwrap();
+        assert_eq!((done.version, *done.state), (1, 1));
+        assert_eq!(faulty.injected(), 2);
+    }
+
+    #[tokio::test]
+    async fn unknown_outcome_is_reported_as_such() {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let objs = objects(faulty.clone());
+        faulty.inject(Fault::nth(OpKind::Put, 1).on_paths_containing(".txt"));
+        faulty.inject(Fault::nth(OpKind::Get, 1).times(u64::MAX).on_paths_containing(".txt"));
+        let base = Versioned {
+            version: 0,
+            state: Arc::new(0),
+        };
+        let err = objs
+            .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::CommitOutcomeUnknown { .. }), "{err}");
+        assert!(err.to_string().contains("v00000000000000000001.txt"));
+    }
+
+    #[tokio::test]
+    async fn exhausted_budget_is_a_typed_conflict() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let objs = VersionedObjects::new(
+            Arc::clone(&inner),
+            Path::from("m"),
+            "txt",
+            CommitOptions {
+                retry_budget: 3,
+                ..Default::default()
+            },
+        );
+        // A competitor commits every time we reload: we never win.
+        let competitor = objects(inner);
+        let base = objs.load_latest(0, decode).await.unwrap();
+        let mut calls = 0;
+        let err = objs
+            .commit(base, decode, |n| {
+                calls += 1;
+                let competitor = competitor.clone();
+                let n = *n;
+                std::thread::spawn(move || {
+                    tokio::runtime::Runtime::new()
+                        .unwrap()
+                        .block_on(competitor.put_version(n + 1, encode(n + 1)))
+                })
+                .join()
+                .unwrap()?;
+                Ok(Some((n + 1, encode(n + 1))))
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::CommitConflict { attempts: 3, .. }), "{err}");
+        assert_eq!(calls, 3);
+    }
+}

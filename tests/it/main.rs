@@ -1,0 +1,6 @@
+//! Integration tests, compiled as one binary.
+
+mod catalog_faults;
+mod catalog_processes;
+mod s3;
+mod shell;

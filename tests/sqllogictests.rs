@@ -1,0 +1,192 @@
+//! Conformance runner: every `sql-tests/**/*.slt` on a fresh root.
+//!
+//! - `RESTART` as a statement drops every handle and reopens the same root,
+//!   so a file can assert what survives a restart.
+//! - Each file runs on a fresh local directory; with `MEMWAL_TEST_S3_BUCKET`
+//!   set (and the usual `AWS_*` variables) it runs on S3 as well.
+//! - `MEMWAL_SLT_COMPLETE=1` rewrites the files' expected output instead.
+//! - Arguments that are not flags filter files by substring.
+
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::array::{Array, RecordBatch};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
+use memwal::MemwalSession;
+use sqllogictest::{DBOutput, DefaultColumnType};
+
+struct MemwalDb {
+    root: String,
+    session: Option<MemwalSession>,
+}
+
+#[async_trait::async_trait]
+impl sqllogictest::AsyncDB for MemwalDb {
+    type Error = memwal::Error;
+    type ColumnType = DefaultColumnType;
+
+    async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, memwal::Error> {
+        if sql.trim().trim_end_matches(';').eq_ignore_ascii_case("restart") {
+            // Drop every handle first, then reopen the same root.
+            self.session = None;
+            self.session = Some(MemwalSession::open(&self.root).await?);
+            return Ok(DBOutput::StatementComplete(0));
+        }
+        let session = self.session.as_ref().expect("a session is open");
+        let df = session.sql(sql).await?;
+        let schema = df.schema().as_arrow().clone();
+        let batches = df.collect().await?;
+        if schema.fields().is_empty() {
+            return Ok(DBOutput::StatementComplete(0));
+        }
+        let types = schema
+            .fields()
+            .iter()
+            .map(|f| column_type(f.data_type()))
+            .collect();
+        Ok(DBOutput::Rows {
+            types,
+            rows: rows(&batches)?,
+        })
+    }
+
+    async fn shutdown(&mut self) {}
+
+    fn engine_name(&self) -> &str {
+        "memwal"
+    }
+
+    async fn sleep(dur: std::time::Duration) {
+        tokio::time::sleep(dur).await;
+    }
+}
+
+fn column_type(t: &DataType) -> DefaultColumnType {
+    if t.is_integer() {
+        DefaultColumnType::Integer
+    } else if t.is_floating() || matches!(t, DataType::Decimal128(..) | DataType::Decimal256(..)) {
+        DefaultColumnType::FloatingPoint
+    } else {
+        DefaultColumnType::Text
+    }
+}
+
+fn rows(batches: &[RecordBatch]) -> Result<Vec<Vec<String>>, memwal::Error> {
+    let options = FormatOptions::default().with_null("NULL");
+    let mut out = Vec::new();
+    for batch in batches {
+        let formatters = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        for row in 0..batch.num_rows() {
+            out.push(
+                formatters
+                    .iter()
+                    .zip(batch.columns())
+                    .map(|(f, c)| {
+                        let s = f.value(row).to_string();
+                        if s.is_empty() && !c.is_null(row) {
+                            "(empty)".to_string()
+                        } else {
+                            s
+                        }
+                    })
+                    .collect(),
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn slt_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            slt_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "slt") {
+            out.push(path);
+        }
+    }
+}
+
+async fn run_file(path: &Path, root: String, complete: bool) -> Result<(), String> {
+    let make = move || {
+        let root = root.clone();
+        async move {
+            let session = MemwalSession::open(&root).await?;
+            Ok::<_, memwal::Error>(MemwalDb {
+                root,
+                session: Some(session),
+            })
+        }
+    };
+    let mut runner = sqllogictest::Runner::new(make);
+    if complete {
+        runner
+            .update_test_file(
+                path,
+                " ",
+                sqllogictest::default_validator,
+                sqllogictest::default_normalizer,
+                sqllogictest::default_column_validator,
+            )
+            .await
+            .map_err(|e| e.to_string())
+    } else {
+        runner
+            .run_file_async(path)
+            .await
+            .map_err(|e| e.display(false).to_string())
+    }
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let complete = std::env::var_os("MEMWAL_SLT_COMPLETE").is_some();
+    let s3_bucket = std::env::var("MEMWAL_TEST_S3_BUCKET").ok();
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql-tests");
+    let mut files = Vec::new();
+    slt_files(&base, &mut files);
+    files.retain(|f| filters.is_empty() || filters.iter().any(|x| f.to_string_lossy().contains(x.as_str())));
+
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let (mut passed, mut failed) = (0, 0);
+    for file in &files {
+        let name = file.strip_prefix(&base).unwrap_or(file).display().to_string();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut roots = vec![("local", dir.path().display().to_string())];
+        if let Some(bucket) = &s3_bucket
+            && !complete
+        {
+            let prefix = format!("slt-{:016x}", rand_id());
+            roots.push(("s3", format!("s3://{bucket}/{prefix}")));
+        }
+        for (kind, root) in roots {
+            match runtime.block_on(run_file(file, root, complete)) {
+                Ok(()) => {
+                    passed += 1;
+                    println!("test {name} [{kind}] ... ok");
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("test {name} [{kind}] ... FAILED\n{e}");
+                }
+            }
+        }
+    }
+    println!("\nsqllogictests: {passed} passed, {failed} failed");
+    if failed > 0 || files.is_empty() {
+        std::process::exit(1);
+    }
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
