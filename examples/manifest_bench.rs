@@ -31,7 +31,9 @@ fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
 
 async fn open(root: &str) -> Arc<Catalog> {
     let root = ObjectRoot::open(root).expect("open root");
-    Catalog::open(root, CatalogOptions::default()).await.expect("open catalog")
+    Catalog::open(root, CatalogOptions::default())
+        .await
+        .expect("open catalog")
 }
 
 #[tokio::main]
@@ -206,12 +208,28 @@ async fn run(root: &str, args: &[String]) {
                 }
             })
             .collect();
-        report(root, workers, processes, entries_before, version_before, start_again, tallies).await;
+        report(
+            root,
+            workers,
+            processes,
+            entries_before,
+            version_before,
+            start_again,
+            tallies,
+        )
+        .await;
         return;
     } else {
         let (ops, until) = limits(args);
         let tasks: Vec<_> = (0..workers)
-            .map(|w| tokio::spawn(work(Arc::clone(&before), format!("t{w}_{:x}", rand::random::<u32>()), ops, until)))
+            .map(|w| {
+                tokio::spawn(work(
+                    Arc::clone(&before),
+                    format!("t{w}_{:x}", rand::random::<u32>()),
+                    ops,
+                    until,
+                ))
+            })
             .collect();
         let mut tallies = Vec::new();
         for t in tasks {
@@ -219,7 +237,16 @@ async fn run(root: &str, args: &[String]) {
         }
         tallies
     };
-    report(root, workers, processes, entries_before, version_before, start, tallies).await;
+    report(
+        root,
+        workers,
+        processes,
+        entries_before,
+        version_before,
+        start,
+        tallies,
+    )
+    .await;
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -233,7 +260,10 @@ async fn report(
     tallies: Vec<Tally>,
 ) {
     let secs = start.elapsed().as_secs_f64();
-    let mut latencies: Vec<u64> = tallies.iter().flat_map(|t| t.latencies_us.iter().copied()).collect();
+    let mut latencies: Vec<u64> = tallies
+        .iter()
+        .flat_map(|t| t.latencies_us.iter().copied())
+        .collect();
     latencies.sort_unstable();
     let ops = latencies.len();
     let conflicts: u64 = tallies.iter().map(|t| t.conflicts).sum();
@@ -249,7 +279,11 @@ async fn report(
     // Every acknowledged create must be in the catalog.
     let after = open(root).await;
     let snapshot = after.snapshot();
-    let present: BTreeSet<&str> = snapshot.entries().iter().map(|e| e.object_id.as_str()).collect();
+    let present: BTreeSet<&str> = snapshot
+        .entries()
+        .iter()
+        .map(|e| e.object_id.as_str())
+        .collect();
     let lost = tallies
         .iter()
         .flat_map(|t| &t.created)

@@ -39,7 +39,9 @@ pub enum Error {
     /// A version write failed in a way that leaves its outcome unknown (for
     /// example a timeout after the request was sent) and reading it back to
     /// find out failed too. The change may or may not be committed.
-    #[error("outcome of the commit of {path} is unknown: the write failed ({write}) and reading it back failed ({read_back})")]
+    #[error(
+        "outcome of the commit of {path} is unknown: the write failed ({write}) and reading it back failed ({read_back})"
+    )]
     CommitOutcomeUnknown {
         path: String,
         write: String,

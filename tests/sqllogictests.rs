@@ -26,7 +26,11 @@ impl sqllogictest::AsyncDB for MemwalDb {
     type ColumnType = DefaultColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<DefaultColumnType>, memwal::Error> {
-        if sql.trim().trim_end_matches(';').eq_ignore_ascii_case("restart") {
+        if sql
+            .trim()
+            .trim_end_matches(';')
+            .eq_ignore_ascii_case("restart")
+        {
             // Drop every handle first, then reopen the same root.
             self.session = None;
             self.session = Some(MemwalSession::open(&self.root).await?);
@@ -147,18 +151,30 @@ async fn run_file(path: &Path, root: String, complete: bool) -> Result<(), Strin
 }
 
 fn main() {
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let complete = std::env::var_os("MEMWAL_SLT_COMPLETE").is_some();
     let s3_bucket = std::env::var("MEMWAL_TEST_S3_BUCKET").ok();
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("sql-tests");
     let mut files = Vec::new();
     slt_files(&base, &mut files);
-    files.retain(|f| filters.is_empty() || filters.iter().any(|x| f.to_string_lossy().contains(x.as_str())));
+    files.retain(|f| {
+        filters.is_empty()
+            || filters
+                .iter()
+                .any(|x| f.to_string_lossy().contains(x.as_str()))
+    });
 
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let (mut passed, mut failed) = (0, 0);
     for file in &files {
-        let name = file.strip_prefix(&base).unwrap_or(file).display().to_string();
+        let name = file
+            .strip_prefix(&base)
+            .unwrap_or(file)
+            .display()
+            .to_string();
         let dir = tempfile::tempdir().expect("temp dir");
         let mut roots = vec![("local", dir.path().display().to_string())];
         if let Some(bucket) = &s3_bucket

@@ -76,7 +76,11 @@ async fn run(args: Args) -> memwal::Result<()> {
         instrumented_registry: Arc::new(InstrumentedObjectStoreRegistry::new()),
     };
     if !args.quiet {
-        println!("memwal {} on {}", env!("CARGO_PKG_VERSION"), session.catalog().root().url());
+        println!(
+            "memwal {} on {}",
+            env!("CARGO_PKG_VERSION"),
+            session.catalog().root().url()
+        );
     }
     if !args.command.is_empty() {
         for sql in &args.command {
@@ -96,7 +100,11 @@ async fn run(args: Args) -> memwal::Result<()> {
 
 /// Runs every statement of `sql` and prints each result as datafusion-cli
 /// does.
-async fn exec_and_print(session: &MemwalSession, print_options: &PrintOptions, sql: &str) -> memwal::Result<()> {
+async fn exec_and_print(
+    session: &MemwalSession,
+    print_options: &PrintOptions,
+    sql: &str,
+) -> memwal::Result<()> {
     for statement in session.parse(sql)? {
         let start = Instant::now();
         let df = session.execute(statement).await?;
@@ -114,7 +122,13 @@ async fn exec_and_print(session: &MemwalSession, print_options: &PrintOptions, s
         let batches = df.collect().await?;
         let rows = batches.iter().map(|b| b.num_rows()).sum();
         let state = session.context().state();
-        options.print_batches(schema, &batches, start, rows, &state.config().options().format)?;
+        options.print_batches(
+            schema,
+            &batches,
+            start,
+            rows,
+            &state.config().options().format,
+        )?;
     }
     Ok(())
 }
@@ -122,7 +136,11 @@ async fn exec_and_print(session: &MemwalSession, print_options: &PrintOptions, s
 /// Runs a SQL file statement by statement (a statement ends with a line
 /// ending in `;`); like datafusion-cli, an error is printed and the file
 /// goes on.
-async fn exec_file(session: &MemwalSession, print_options: &PrintOptions, path: &str) -> memwal::Result<()> {
+async fn exec_file(
+    session: &MemwalSession,
+    print_options: &PrintOptions,
+    path: &str,
+) -> memwal::Result<()> {
     let file = std::fs::File::open(path)
         .map_err(|e| memwal::Error::invalid(format!("cannot open {path}: {e}")))?;
     let mut query = String::new();

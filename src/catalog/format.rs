@@ -39,7 +39,10 @@ static FIELDS: LazyLock<Vec<Field>> = LazyLock::new(|| {
 fn schema_with_commit_id() -> SchemaRef {
     let metadata = HashMap::from([
         (FORMAT_KEY.to_string(), FORMAT_VERSION.to_string()),
-        (COMMIT_ID_KEY.to_string(), format!("{:032x}", rand::random::<u128>())),
+        (
+            COMMIT_ID_KEY.to_string(),
+            format!("{:032x}", rand::random::<u128>()),
+        ),
     ]);
     Arc::new(Schema::new_with_metadata(FIELDS.clone(), metadata))
 }
@@ -50,8 +53,10 @@ pub fn encode(entries: &[Arc<Entry>]) -> Result<Bytes> {
     let text_bytes = |f: fn(&Entry) -> usize| entries.iter().map(|e| f(e)).sum::<usize>();
     let mut ids = StringBuilder::with_capacity(n, text_bytes(|e| e.object_id.len()));
     let mut types = StringBuilder::with_capacity(n, n * 9);
-    let mut locations =
-        StringBuilder::with_capacity(n, text_bytes(|e| e.location.as_ref().map_or(0, String::len)));
+    let mut locations = StringBuilder::with_capacity(
+        n,
+        text_bytes(|e| e.location.as_ref().map_or(0, String::len)),
+    );
     let mut metadata = StringBuilder::with_capacity(n, text_bytes(|e| e.metadata.len()));
     let mut bases = ListBuilder::new(StringBuilder::new());
     for e in entries {
@@ -97,7 +102,11 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Vec<Arc<Entry>>> {
     for (i, f) in FIELDS.iter().enumerate() {
         let got = schema.fields().get(i);
         if got.map(|g| (g.name(), g.data_type())) != Some((f.name(), f.data_type())) {
-            return Err(corrupt(format!("column {i} should be {} {}", f.name(), f.data_type())));
+            return Err(corrupt(format!(
+                "column {i} should be {} {}",
+                f.name(),
+                f.data_type()
+            )));
         }
     }
     let mut entries = Vec::new();
@@ -122,7 +131,9 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Vec<Arc<Entry>>> {
         }
     }
     if !entries.windows(2).all(|w| w[0].object_id < w[1].object_id) {
-        return Err(corrupt("entries are not sorted by object_id or repeat one".into()));
+        return Err(corrupt(
+            "entries are not sorted by object_id or repeat one".into(),
+        ));
     }
     Ok(entries)
 }

@@ -164,7 +164,12 @@ impl Catalog {
 
     /// Drops a namespace; with `cascade` also everything below it, without
     /// it a non-empty namespace is an error.
-    pub async fn drop_namespace(&self, path: ObjectPath, if_exists: bool, cascade: bool) -> Result<Outcome> {
+    pub async fn drop_namespace(
+        &self,
+        path: ObjectPath,
+        if_exists: bool,
+        cascade: bool,
+    ) -> Result<Outcome> {
         self.mutate(Mutation::DropNamespace {
             path,
             if_exists,
@@ -174,7 +179,12 @@ impl Catalog {
     }
 
     /// Creates a table at a fresh, unique location.
-    pub async fn create_table(&self, path: ObjectPath, meta: TableMeta, if_not_exists: bool) -> Result<Outcome> {
+    pub async fn create_table(
+        &self,
+        path: ObjectPath,
+        meta: TableMeta,
+        if_not_exists: bool,
+    ) -> Result<Outcome> {
         let location = paths::new_table_location(path.name());
         self.mutate(Mutation::CreateTable {
             path,

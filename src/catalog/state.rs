@@ -125,7 +125,13 @@ impl CatalogState {
             Mutation::CreateNamespace {
                 path,
                 if_not_exists,
-            } => self.create(path, ObjectType::Namespace, None, "{}".into(), *if_not_exists),
+            } => self.create(
+                path,
+                ObjectType::Namespace,
+                None,
+                "{}".into(),
+                *if_not_exists,
+            ),
             Mutation::CreateTable {
                 path,
                 meta,
@@ -173,9 +179,17 @@ impl CatalogState {
 
     /// The index of the entry at `path` of type `want`; `None` if absent and
     /// `if_exists`; an error if absent otherwise or of the other type.
-    fn index_of(&self, path: &ObjectPath, want: ObjectType, if_exists: bool) -> Result<Option<usize>> {
+    fn index_of(
+        &self,
+        path: &ObjectPath,
+        want: ObjectType,
+        if_exists: bool,
+    ) -> Result<Option<usize>> {
         let id = path.object_id();
-        match self.entries.binary_search_by(|e| e.object_id.as_str().cmp(&id)) {
+        match self
+            .entries
+            .binary_search_by(|e| e.object_id.as_str().cmp(&id))
+        {
             Ok(i) if self.entries[i].object_type == want => Ok(Some(i)),
             Ok(i) => Err(Error::invalid(format!(
                 "'{path}' is a {}, not a {}",
@@ -200,16 +214,24 @@ impl CatalogState {
         }
         let parent = path.parent();
         if !self.is_namespace(&parent) {
-            return Err(Error::NotFound(format!("parent namespace '{parent}' of '{path}'")));
+            return Err(Error::NotFound(format!(
+                "parent namespace '{parent}' of '{path}'"
+            )));
         }
         let id = path.object_id();
-        match self.entries.binary_search_by(|e| e.object_id.as_str().cmp(&id)) {
+        match self
+            .entries
+            .binary_search_by(|e| e.object_id.as_str().cmp(&id))
+        {
             Ok(i) => {
                 let existing = self.entries[i].object_type;
                 if existing == object_type && if_not_exists {
                     Ok(Outcome::AlreadyThere)
                 } else {
-                    Err(Error::AlreadyExists(format!("{} '{path}'", existing.as_str())))
+                    Err(Error::AlreadyExists(format!(
+                        "{} '{path}'",
+                        existing.as_str()
+                    )))
                 }
             }
             Err(i) => {
@@ -247,13 +269,19 @@ mod tests {
     #[test]
     fn namespace_rules() {
         let mut s = CatalogState::default();
-        assert!(matches!(s.apply(&create_ns("a.b")), Err(Error::NotFound(_))));
+        assert!(matches!(
+            s.apply(&create_ns("a.b")),
+            Err(Error::NotFound(_))
+        ));
         assert_eq!(s.apply(&create_ns("a")).unwrap(), Outcome::Created);
         assert_eq!(s.apply(&create_ns("a.b")).unwrap(), Outcome::Created);
         assert_eq!(s.apply(&create_ns("a.b.c")).unwrap(), Outcome::Created);
         assert_eq!(s.apply(&create_ns("a0")).unwrap(), Outcome::Created);
         assert_eq!(s.apply(&create_ns("a!")).unwrap(), Outcome::Created);
-        assert!(matches!(s.apply(&create_ns("a")), Err(Error::AlreadyExists(_))));
+        assert!(matches!(
+            s.apply(&create_ns("a")),
+            Err(Error::AlreadyExists(_))
+        ));
         let again = Mutation::CreateNamespace {
             path: ns("a"),
             if_not_exists: true,
@@ -267,7 +295,10 @@ mod tests {
             if_exists: false,
             cascade,
         };
-        assert!(matches!(s.apply(&drop(false)), Err(Error::NamespaceNotEmpty(_))));
+        assert!(matches!(
+            s.apply(&drop(false)),
+            Err(Error::NamespaceNotEmpty(_))
+        ));
         assert_eq!(s.entries().len(), 5, "a failed drop changed the state");
         assert_eq!(s.apply(&drop(true)).unwrap(), Outcome::Dropped(3));
         let ids: Vec<_> = s.entries().iter().map(|e| e.object_id.clone()).collect();
@@ -286,7 +317,11 @@ mod tests {
         let mut s = CatalogState::default();
         s.apply(&create_ns("a")).unwrap();
         let schema = datafusion::arrow::datatypes::Schema::new(vec![
-            datafusion::arrow::datatypes::Field::new("id", datafusion::arrow::datatypes::DataType::Int64, true),
+            datafusion::arrow::datatypes::Field::new(
+                "id",
+                datafusion::arrow::datatypes::DataType::Int64,
+                true,
+            ),
         ]);
         let table = Mutation::CreateTable {
             path: ns("a.t"),
@@ -296,13 +331,21 @@ mod tests {
         };
         assert_eq!(s.apply(&table).unwrap(), Outcome::Created);
         assert_eq!(s.apply(&table).unwrap(), Outcome::AlreadyThere);
-        assert!(matches!(s.apply(&create_ns("a.t")), Err(Error::AlreadyExists(_))));
+        assert!(matches!(
+            s.apply(&create_ns("a.t")),
+            Err(Error::AlreadyExists(_))
+        ));
         let drop_as_ns = Mutation::DropNamespace {
             path: ns("a.t"),
             if_exists: false,
             cascade: false,
         };
-        assert!(s.apply(&drop_as_ns).unwrap_err().to_string().contains("is a table"));
+        assert!(
+            s.apply(&drop_as_ns)
+                .unwrap_err()
+                .to_string()
+                .contains("is a table")
+        );
         let drop = Mutation::DropTable {
             path: ns("a.t"),
             if_exists: false,

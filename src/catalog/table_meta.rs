@@ -74,14 +74,20 @@ pub struct TableMeta {
 impl TableMeta {
     /// Builds and validates a table's metadata from its declared schema, key
     /// and `WITH` options (`shards`, `<column>.metric`, `<column>.blob`).
-    pub fn new(schema: &Schema, primary_key: Vec<String>, options: &[(String, String)]) -> Result<Self> {
+    pub fn new(
+        schema: &Schema,
+        primary_key: Vec<String>,
+        options: &[(String, String)],
+    ) -> Result<Self> {
         if schema.fields().is_empty() {
             return Err(Error::invalid("a table needs at least one column"));
         }
         let mut seen = std::collections::HashSet::new();
         for key in &primary_key {
             if !seen.insert(key) {
-                return Err(Error::invalid(format!("primary key column '{key}' listed twice")));
+                return Err(Error::invalid(format!(
+                    "primary key column '{key}' listed twice"
+                )));
             }
             let field = schema.field_with_name(key).map_err(|_| {
                 Error::invalid(format!("primary key column '{key}' is not a column"))
@@ -146,7 +152,9 @@ impl TableMeta {
                 return Err(unknown_option(key));
             };
             let field = schema.field_with_name(column).map_err(|_| {
-                Error::invalid(format!("option '{key}' names column '{column}', which does not exist"))
+                Error::invalid(format!(
+                    "option '{key}' names column '{column}', which does not exist"
+                ))
             })?;
             match option.to_ascii_lowercase().as_str() {
                 "metric" => {
@@ -167,7 +175,9 @@ impl TableMeta {
                 }
                 "blob" => {
                     let blob = parse_bool(value).ok_or_else(|| {
-                        Error::invalid(format!("option '{key}' must be true or false, got '{value}'"))
+                        Error::invalid(format!(
+                            "option '{key}' must be true or false, got '{value}'"
+                        ))
                     })?;
                     if !matches!(
                         field.data_type(),
@@ -279,7 +289,10 @@ mod tests {
     }
 
     fn opts(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -287,7 +300,11 @@ mod tests {
         let meta = TableMeta::new(
             &schema(),
             vec!["id".into()],
-            &opts(&[("shards", "4"), ("emb.metric", "cosine"), ("raw.blob", "true")]),
+            &opts(&[
+                ("shards", "4"),
+                ("emb.metric", "cosine"),
+                ("raw.blob", "true"),
+            ]),
         )
         .unwrap();
         assert_eq!(meta.shards, 4);

@@ -32,7 +32,9 @@ pub(crate) async fn try_execute(
             ..
         } => {
             let SchemaName::Simple(name) = schema_name else {
-                return Err(Error::invalid("CREATE SCHEMA ... AUTHORIZATION is not supported"));
+                return Err(Error::invalid(
+                    "CREATE SCHEMA ... AUTHORIZATION is not supported",
+                ));
             };
             catalog
                 .create_namespace(schema_path(name)?, *if_not_exists)
@@ -97,7 +99,9 @@ async fn plan_create_table(
     let mut bare = create.clone();
     bare.table_options = CreateTableOptions::None;
     let plan = state
-        .statement_to_plan(DFStatement::Statement(Box::new(Statement::CreateTable(bare))))
+        .statement_to_plan(DFStatement::Statement(Box::new(Statement::CreateTable(
+            bare,
+        ))))
         .await?;
     let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) = plan else {
         return Err(Error::invalid("unexpected plan for CREATE TABLE"));
@@ -173,7 +177,9 @@ fn check_catalog(catalog: &str) -> Result<()> {
     if catalog == CATALOG_NAME {
         Ok(())
     } else {
-        Err(Error::NotFound(format!("catalog '{catalog}' (only '{CATALOG_NAME}' is served)")))
+        Err(Error::NotFound(format!(
+            "catalog '{catalog}' (only '{CATALOG_NAME}' is served)"
+        )))
     }
 }
 
@@ -200,7 +206,11 @@ fn table_path(name: &ObjectName) -> Result<ObjectPath> {
         [catalog, schema, table] => {
             TableReference::full(catalog.as_str(), schema.as_str(), table.as_str())
         }
-        _ => return Err(Error::invalid(format!("table name {name} has too many parts"))),
+        _ => {
+            return Err(Error::invalid(format!(
+                "table name {name} has too many parts"
+            )));
+        }
     };
     if let Some(catalog) = reference.catalog() {
         check_catalog(catalog)?;

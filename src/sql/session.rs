@@ -71,7 +71,7 @@ impl MemwalSession {
     pub fn parse(&self, sql: &str) -> Result<Vec<DFStatement>> {
         let state = self.ctx.state();
         let name = &state.config().options().sql_parser.dialect;
-        let dialect = dialect_from_str(name.to_string())
+        let dialect = dialect_from_str(name)
             .ok_or_else(|| Error::invalid(format!("unknown SQL dialect {name}")))?;
         Ok(DFParser::parse_sql_with_dialect(sql, dialect.as_ref())?.into())
     }

@@ -291,8 +291,9 @@ impl ObjectStore for FaultyStore {
         let at = prefix.cloned().unwrap_or_default();
         let mode = self.lock().on_call(OpKind::List, at.as_ref());
         match mode {
-            Some(mode) => futures::stream::once(async move { Err(injected(OpKind::List, &at, mode)) })
-                .boxed(),
+            Some(mode) => {
+                futures::stream::once(async move { Err(injected(OpKind::List, &at, mode)) }).boxed()
+            }
             None => self.inner.list(prefix),
         }
     }
@@ -333,14 +334,34 @@ mod tests {
         store.inject(Fault::nth(OpKind::Put, 2));
         store.inject(Fault::nth(OpKind::Put, 3).after_write());
         let p = |s: &str| Path::from(s);
-        assert!(store.put(&p("a"), PutPayload::from_static(b"1")).await.is_ok());
+        assert!(
+            store
+                .put(&p("a"), PutPayload::from_static(b"1"))
+                .await
+                .is_ok()
+        );
         let err = store.put(&p("b"), PutPayload::from_static(b"1")).await;
-        assert!(err.unwrap_err().to_string().contains("before the operation"));
-        assert!(store.head(&p("b")).await.is_err(), "a failed-before put wrote");
+        assert!(
+            err.unwrap_err()
+                .to_string()
+                .contains("before the operation")
+        );
+        assert!(
+            store.head(&p("b")).await.is_err(),
+            "a failed-before put wrote"
+        );
         let err = store.put(&p("c"), PutPayload::from_static(b"1")).await;
         assert!(err.unwrap_err().to_string().contains("after the operation"));
-        assert!(store.head(&p("c")).await.is_ok(), "an after-write put did not write");
-        assert!(store.put(&p("d"), PutPayload::from_static(b"1")).await.is_ok());
+        assert!(
+            store.head(&p("c")).await.is_ok(),
+            "an after-write put did not write"
+        );
+        assert!(
+            store
+                .put(&p("d"), PutPayload::from_static(b"1"))
+                .await
+                .is_ok()
+        );
         assert_eq!(store.calls(OpKind::Put), 4);
         assert_eq!(store.injected(), 2);
     }
@@ -350,8 +371,14 @@ mod tests {
         let store = FaultyStore::new(Arc::new(InMemory::new()));
         store.inject(Fault::nth(OpKind::List, 1));
         store.inject(Fault::nth(OpKind::Get, 1).on_paths_containing("secret"));
-        store.put(&Path::from("x"), PutPayload::from_static(b"1")).await.unwrap();
-        store.put(&Path::from("secret"), PutPayload::from_static(b"1")).await.unwrap();
+        store
+            .put(&Path::from("x"), PutPayload::from_static(b"1"))
+            .await
+            .unwrap();
+        store
+            .put(&Path::from("secret"), PutPayload::from_static(b"1"))
+            .await
+            .unwrap();
         let first: Vec<_> = store.list(None).collect().await;
         assert!(first[0].is_err());
         let second: Vec<_> = store.list(None).collect().await;

@@ -23,7 +23,10 @@ pub fn version_file(dir: &Path, version: u64, ext: &str) -> Path {
 
 /// The version number encoded in a file name made by [`version_file`].
 pub fn parse_version_file(name: &str, ext: &str) -> Option<u64> {
-    let digits = name.strip_prefix('v')?.strip_suffix(ext)?.strip_suffix('.')?;
+    let digits = name
+        .strip_prefix('v')?
+        .strip_suffix(ext)?
+        .strip_suffix('.')?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }

@@ -66,7 +66,11 @@ impl ObjectRoot {
                     .map(|(k, v)| (k.to_ascii_lowercase(), v))
                     .collect();
                 let (store, prefix) = object_store::parse_url_opts(&url, env)?;
-                Ok(Self::with_prefix(Arc::from(store), prefix.as_ref(), location))
+                Ok(Self::with_prefix(
+                    Arc::from(store),
+                    prefix.as_ref(),
+                    location,
+                ))
             }
         }
     }
@@ -93,7 +97,10 @@ impl ObjectRoot {
         std::fs::create_dir_all(dir)?;
         let dir = std::fs::canonicalize(dir)?;
         let store = LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true);
-        Ok(Self::new(Arc::new(store), format!("file://{}", dir.display())))
+        Ok(Self::new(
+            Arc::new(store),
+            format!("file://{}", dir.display()),
+        ))
     }
 
     /// The store, with paths relative to the root.
@@ -131,7 +138,10 @@ mod tests {
         let b = ObjectRoot::open("memory://root-test/").unwrap();
         let c = ObjectRoot::open("memory://other-root-test").unwrap();
         let p = Path::from("x");
-        a.store().put(&p, PutPayload::from_static(b"1")).await.unwrap();
+        a.store()
+            .put(&p, PutPayload::from_static(b"1"))
+            .await
+            .unwrap();
         assert!(b.store().head(&p).await.is_ok());
         assert!(c.store().head(&p).await.is_err());
     }
@@ -153,6 +163,9 @@ mod tests {
     #[test]
     fn bad_locations_are_typed_errors() {
         assert!(matches!(ObjectRoot::open(""), Err(Error::InvalidInput(_))));
-        assert!(matches!(ObjectRoot::open("s3://"), Err(Error::InvalidInput(_))));
+        assert!(matches!(
+            ObjectRoot::open("s3://"),
+            Err(Error::InvalidInput(_))
+        ));
     }
 }

@@ -335,7 +335,7 @@ impl VersionedObjects {
             return;
         }
         let oldest_kept = version + 1 - keep;
-        let doomed: Vec<u64> = if version % SWEEP_EVERY == 0 {
+        let doomed: Vec<u64> = if version.is_multiple_of(SWEEP_EVERY) {
             match self.list_versions().await {
                 Ok(all) => all.into_iter().filter(|v| *v < oldest_kept).collect(),
                 Err(e) => {
@@ -443,7 +443,11 @@ mod tests {
     async fn failed_write_is_retried_at_the_same_version() {
         let faulty = FaultyStore::new(Arc::new(InMemory::new()));
         let objs = objects(faulty.clone());
-        faulty.inject(Fault::nth(OpKind::Put, 1).times(2).on_paths_containing(".txt"));
+        faulty.inject(
+            Fault::nth(OpKind::Put, 1)
+                .times(2)
+                .on_paths_containing(".txt"),
+        );
         let done = increment(&objs).await.unwrap();
         assert_eq!((done.version, *done.state), (1, 1));
         assert_eq!(faulty.injected(), 2);
@@ -454,7 +458,11 @@ mod tests {
         let faulty = FaultyStore::new(Arc::new(InMemory::new()));
         let objs = objects(faulty.clone());
         faulty.inject(Fault::nth(OpKind::Put, 1).on_paths_containing(".txt"));
-        faulty.inject(Fault::nth(OpKind::Get, 1).times(u64::MAX).on_paths_containing(".txt"));
+        faulty.inject(
+            Fault::nth(OpKind::Get, 1)
+                .times(u64::MAX)
+                .on_paths_containing(".txt"),
+        );
         let base = Versioned {
             version: 0,
             state: Arc::new(0),
@@ -499,7 +507,10 @@ mod tests {
             })
             .await
             .unwrap_err();
-        assert!(matches!(err, Error::CommitConflict { attempts: 3, .. }), "{err}");
+        assert!(
+            matches!(err, Error::CommitConflict { attempts: 3, .. }),
+            "{err}"
+        );
         assert_eq!(calls, 3);
     }
 }

@@ -18,27 +18,44 @@ fn ns(name: &str) -> ObjectPath {
 async fn setup() -> (Arc<FaultyStore>, Arc<Catalog>) {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
     let root = ObjectRoot::new(store.clone(), "memory://faulty");
-    let catalog = Catalog::open(root, CatalogOptions::default()).await.unwrap();
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
     (store, catalog)
 }
 
 /// A fresh handle on the same store, without faults: what a restart sees.
 async fn reopen(store: &Arc<FaultyStore>) -> Arc<Catalog> {
     store.clear();
-    Catalog::open(ObjectRoot::new(store.clone(), "memory://faulty"), CatalogOptions::default())
-        .await
-        .unwrap()
+    Catalog::open(
+        ObjectRoot::new(store.clone(), "memory://faulty"),
+        CatalogOptions::default(),
+    )
+    .await
+    .unwrap()
 }
 
 fn ids(catalog: &Catalog) -> Vec<String> {
-    catalog.snapshot().entries().iter().map(|e| e.object_id.clone()).collect()
+    catalog
+        .snapshot()
+        .entries()
+        .iter()
+        .map(|e| e.object_id.clone())
+        .collect()
 }
 
 #[tokio::test]
 async fn failed_version_write_is_retried_at_the_same_version() {
     let (store, catalog) = setup().await;
-    store.inject(Fault::nth(OpKind::Put, 1).times(2).on_paths_containing(VERSION));
-    assert_eq!(catalog.create_namespace(ns("a"), false).await.unwrap(), Outcome::Created);
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(2)
+            .on_paths_containing(VERSION),
+    );
+    assert_eq!(
+        catalog.create_namespace(ns("a"), false).await.unwrap(),
+        Outcome::Created
+    );
     assert_eq!(store.injected(), 2);
     let after = reopen(&store).await;
     assert_eq!(ids(&after), ["a"]);
@@ -49,8 +66,15 @@ async fn failed_version_write_is_retried_at_the_same_version() {
 async fn ambiguous_write_that_landed_is_committed_once() {
     let (store, catalog) = setup().await;
     catalog.create_namespace(ns("a"), false).await.unwrap();
-    store.inject(Fault::nth(OpKind::Put, 1).after_write().on_paths_containing(VERSION));
-    assert_eq!(catalog.create_namespace(ns("b"), false).await.unwrap(), Outcome::Created);
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .after_write()
+            .on_paths_containing(VERSION),
+    );
+    assert_eq!(
+        catalog.create_namespace(ns("b"), false).await.unwrap(),
+        Outcome::Created
+    );
     assert_eq!(store.injected(), 1);
     // Not applied twice: version 2 holds it and no version 3 was made.
     let after = reopen(&store).await;
@@ -62,39 +86,67 @@ async fn ambiguous_write_that_landed_is_committed_once() {
 #[tokio::test]
 async fn unknown_outcome_is_reported_and_resolves_on_reopen() {
     let (store, catalog) = setup().await;
-    store.inject(Fault::nth(OpKind::Put, 1).after_write().on_paths_containing(VERSION));
-    store.inject(Fault::nth(OpKind::Get, 1).times(u64::MAX).on_paths_containing(VERSION));
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .after_write()
+            .on_paths_containing(VERSION),
+    );
+    store.inject(
+        Fault::nth(OpKind::Get, 1)
+            .times(u64::MAX)
+            .on_paths_containing(VERSION),
+    );
     let err = catalog.create_namespace(ns("a"), false).await.unwrap_err();
     assert!(matches!(err, Error::CommitOutcomeUnknown { .. }), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("unknown") && msg.contains("v00000000000000000001.arrow"), "{msg}");
+    assert!(
+        msg.contains("unknown") && msg.contains("v00000000000000000001.arrow"),
+        "{msg}"
+    );
     // The write had landed: a reader sees it exactly once, and a retry with
     // IF NOT EXISTS finds it rather than duplicating it.
     let after = reopen(&store).await;
     assert_eq!(ids(&after), ["a"]);
-    assert_eq!(after.create_namespace(ns("a"), true).await.unwrap(), Outcome::AlreadyThere);
+    assert_eq!(
+        after.create_namespace(ns("a"), true).await.unwrap(),
+        Outcome::AlreadyThere
+    );
     assert_eq!(after.version(), 1);
 }
 
 #[tokio::test]
 async fn write_that_never_lands_fails_and_leaves_nothing() {
     let (store, catalog) = setup().await;
-    store.inject(Fault::nth(OpKind::Put, 1).times(u64::MAX).on_paths_containing(VERSION));
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing(VERSION),
+    );
     let err = catalog.create_namespace(ns("a"), false).await.unwrap_err();
     let msg = err.to_string();
-    assert!(msg.contains("was not written") && msg.contains("injected Put fault"), "{msg}");
+    assert!(
+        msg.contains("was not written") && msg.contains("injected Put fault"),
+        "{msg}"
+    );
     let after = reopen(&store).await;
     assert!(ids(&after).is_empty());
     assert_eq!(after.version(), 0);
     // The handle that failed is still usable once the store recovers.
-    assert_eq!(catalog.create_namespace(ns("a"), false).await.unwrap(), Outcome::Created);
+    assert_eq!(
+        catalog.create_namespace(ns("a"), false).await.unwrap(),
+        Outcome::Created
+    );
     assert_eq!(ids(&*reopen(&store).await), ["a"]);
 }
 
 #[tokio::test]
 async fn hint_failures_are_not_errors() {
     let (store, catalog) = setup().await;
-    store.inject(Fault::nth(OpKind::Put, 1).times(u64::MAX).on_paths_containing("_hint"));
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("_hint"),
+    );
     for name in ["a", "b", "c"] {
         catalog.create_namespace(ns(name), false).await.unwrap();
     }
@@ -105,7 +157,10 @@ async fn hint_failures_are_not_errors() {
 async fn failed_listing_when_the_hint_is_gone_is_a_clear_error() {
     let (store, catalog) = setup().await;
     for i in 0..8 {
-        catalog.create_namespace(ns(&format!("n{i}")), false).await.unwrap();
+        catalog
+            .create_namespace(ns(&format!("n{i}")), false)
+            .await
+            .unwrap();
     }
     // A hint pointing at a collected version forces a listing, which fails.
     use object_store::ObjectStoreExt;
@@ -114,9 +169,12 @@ async fn failed_listing_when_the_hint_is_gone_is_a_clear_error() {
         .await
         .unwrap();
     store.inject(Fault::nth(OpKind::List, 1));
-    let err = Catalog::open(ObjectRoot::new(store.clone(), "memory://faulty"), CatalogOptions::default())
-        .await
-        .unwrap_err();
+    let err = Catalog::open(
+        ObjectRoot::new(store.clone(), "memory://faulty"),
+        CatalogOptions::default(),
+    )
+    .await
+    .unwrap_err();
     assert!(err.to_string().contains("injected List fault"), "{err}");
     // Without the fault the same stale hint still finds the tip.
     assert_eq!(reopen(&store).await.version(), 8);

@@ -42,18 +42,32 @@ async fn eight_processes_create_400_namespaces() {
         .await
         .unwrap();
     let snapshot = catalog.snapshot();
-    let ids: Vec<&str> = snapshot.entries().iter().map(|e| e.object_id.as_str()).collect();
+    let ids: Vec<&str> = snapshot
+        .entries()
+        .iter()
+        .map(|e| e.object_id.as_str())
+        .collect();
     let unique: BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(ids.len(), PROCESSES * PER_PROCESS, "entries lost or added");
     assert_eq!(unique.len(), ids.len(), "an entry appears twice");
     for p in 0..PROCESSES {
         for i in 0..PER_PROCESS {
-            assert!(unique.contains(format!("p{p}_n{i}").as_str()), "p{p}_n{i} lost");
+            assert!(
+                unique.contains(format!("p{p}_n{i}").as_str()),
+                "p{p}_n{i} lost"
+            );
         }
     }
-    assert!(snapshot.entries().iter().all(|e| e.object_type == ObjectType::Namespace));
+    assert!(
+        snapshot
+            .entries()
+            .iter()
+            .all(|e| e.object_type == ObjectType::Namespace)
+    );
     // Collection kept the directory small: only the newest versions remain.
-    let versions = std::fs::read_dir(dir.path().join("__manifest")).unwrap().count();
+    let versions = std::fs::read_dir(dir.path().join("__manifest"))
+        .unwrap()
+        .count();
     assert!(versions <= 6, "{versions} objects left in __manifest");
 }
 
@@ -63,7 +77,9 @@ async fn eight_processes_create_400_namespaces() {
 async fn group_commit_shares_versions_and_keeps_results() {
     let dir = tempfile::tempdir().unwrap();
     let root = ObjectRoot::open(dir.path().to_str().unwrap()).unwrap();
-    let catalog = Catalog::open(root, CatalogOptions::default()).await.unwrap();
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
     catalog
         .create_namespace(ObjectPath::new(["dup"]).unwrap(), false)
         .await
@@ -73,7 +89,11 @@ async fn group_commit_shares_versions_and_keeps_results() {
             let catalog = Arc::clone(&catalog);
             tokio::spawn(async move {
                 // Every 8th task creates the existing namespace again.
-                let name = if i % 8 == 0 { "dup".to_string() } else { format!("n{i}") };
+                let name = if i % 8 == 0 {
+                    "dup".to_string()
+                } else {
+                    format!("n{i}")
+                };
                 catalog
                     .create_namespace(ObjectPath::new([name]).unwrap(), false)
                     .await
@@ -124,7 +144,10 @@ async fn racing_creators_exactly_one_wins() {
             tokio::spawn(async move { b.create_namespace(pb, false).await })
         );
         let results = [ra.unwrap(), rb.unwrap()];
-        let wins = results.iter().filter(|r| matches!(r, Ok(Outcome::Created))).count();
+        let wins = results
+            .iter()
+            .filter(|r| matches!(r, Ok(Outcome::Created)))
+            .count();
         let told = results
             .iter()
             .filter(|r| matches!(r, Err(memwal::Error::AlreadyExists(_))))

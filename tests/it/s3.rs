@@ -17,19 +17,29 @@ fn bucket() -> Option<String> {
 async fn catalog_commits_and_survives_reopen_on_s3() {
     let Some(bucket) = bucket() else { return };
     let url = format!("s3://{bucket}/it-{:016x}", rand::random::<u64>());
-    let open = || async { Catalog::open(ObjectRoot::open(&url).unwrap(), CatalogOptions::default()).await.unwrap() };
+    let open = || async {
+        Catalog::open(ObjectRoot::open(&url).unwrap(), CatalogOptions::default())
+            .await
+            .unwrap()
+    };
     let a = open().await;
     let b = open().await;
     for i in 0..12 {
         let who = if i % 2 == 0 { &a } else { &b };
-        let got = who.create_namespace(ObjectPath::new([format!("n{i}")]).unwrap(), false).await.unwrap();
+        let got = who
+            .create_namespace(ObjectPath::new([format!("n{i}")]).unwrap(), false)
+            .await
+            .unwrap();
         assert_eq!(got, Outcome::Created);
     }
     // b's commits rebased onto a's (and back): nothing lost.
     let again = open().await;
     assert_eq!(again.snapshot().entries().len(), 12);
     assert_eq!(again.version(), 12);
-    let err = again.create_namespace(ObjectPath::new(["n3"]).unwrap(), false).await.unwrap_err();
+    let err = again
+        .create_namespace(ObjectPath::new(["n3"]).unwrap(), false)
+        .await
+        .unwrap_err();
     assert!(matches!(err, memwal::Error::AlreadyExists(_)), "{err}");
 }
 

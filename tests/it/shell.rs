@@ -32,7 +32,13 @@ fn catalog_survives_between_shell_runs() {
     assert!(ok, "{err}");
     let (ok, out, err) = memwal(
         root,
-        &["-q", "--format", "csv", "-c", "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = 'shop'"],
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = 'shop'",
+        ],
     );
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "table_schema,table_name\nshop,items");
@@ -62,7 +68,11 @@ fn bad_statement_with_c_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, _, err) = memwal(
         dir.path().to_str().unwrap(),
-        &["-q", "-c", "CREATE TABLE t (id BIGINT) WITH ('colour' = 'red')"],
+        &[
+            "-q",
+            "-c",
+            "CREATE TABLE t (id BIGINT) WITH ('colour' = 'red')",
+        ],
     );
     assert!(!ok);
     assert!(err.contains("unknown table option 'colour'"), "{err}");
@@ -73,11 +83,22 @@ fn root_comes_from_the_environment_and_maxrows_limits_tables() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
         .env("MEMWAL_ROOT", dir.path())
-        .args(["--maxrows", "2", "-c", "SELECT * FROM (VALUES (1), (2), (3)) AS v(x)"])
+        .args([
+            "--maxrows",
+            "2",
+            "-c",
+            "SELECT * FROM (VALUES (1), (2), (3)) AS v(x)",
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(stdout.contains(dir.path().canonicalize().unwrap().to_str().unwrap()), "{stdout}");
-    assert!(stdout.contains("3 row(s) fetched. (First 2 displayed."), "{stdout}");
+    assert!(
+        stdout.contains(dir.path().canonicalize().unwrap().to_str().unwrap()),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("3 row(s) fetched. (First 2 displayed."),
+        "{stdout}"
+    );
 }
