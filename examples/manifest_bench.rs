@@ -7,13 +7,17 @@
 //! ```
 //!
 //! `seed-large` brings the catalog to N namespaces (bulk commits of 1,000).
-//! `run` has C workers each create namespaces in a loop, either as tasks of
+//! `run` has C workers each commit changes in a loop, either as tasks of
 //! one process (sharing one catalog handle, so group commit applies) or, with
 //! `--processes`, as C worker processes of this same program (each its own
 //! handle: every commit races through put-if-absent). It prints one JSON
 //! object: ops/s, latency percentiles, retry-budget errors, versions used,
-//! and the catalog directory's size against one version's size. After the
-//! run it checks that every acknowledged namespace is in the catalog.
+//! and the catalog directory's size against one version's size. Each op is
+//! one committed change: by default a worker creates a namespace and drops it
+//! again, alternately, so the catalog stays at its seeded size; with
+//! `--grow` it only creates. After the run it checks that every acknowledged
+//! change holds: each namespace acknowledged as created (and not dropped
+//! since) exists, each acknowledged as dropped does not.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, Write};
@@ -82,23 +86,41 @@ struct Tally {
     latencies_us: Vec<u64>,
     conflicts: u64,
     other_errors: u64,
-    created: Vec<String>,
+    /// Acknowledged as created and not dropped since.
+    alive: BTreeSet<String>,
+    /// Acknowledged as dropped.
+    gone: BTreeSet<String>,
 }
 
-async fn work(catalog: Arc<Catalog>, id: String, ops: Option<u64>, until: Instant) -> Tally {
+async fn work(
+    catalog: Arc<Catalog>,
+    id: String,
+    grow: bool,
+    ops: Option<u64>,
+    until: Instant,
+) -> Tally {
     let mut tally = Tally::default();
     let mut i = 0u64;
     while ops.map_or(Instant::now() < until, |n| i < n) {
-        let name = format!("{id}_{i}");
+        let create = grow || i % 2 == 0;
+        let name = format!("{id}_{}", if grow { i } else { i / 2 });
         i += 1;
+        let path = ObjectPath::new([name.clone()]).unwrap();
         let t = Instant::now();
-        let result = catalog
-            .create_namespace(ObjectPath::new([name.clone()]).unwrap(), false)
-            .await;
+        let result = if create {
+            catalog.create_namespace(path, false).await
+        } else {
+            catalog.drop_namespace(path, false, false).await
+        };
         match result {
             Ok(Outcome::Created) => {
                 tally.latencies_us.push(t.elapsed().as_micros() as u64);
-                tally.created.push(name);
+                tally.alive.insert(name);
+            }
+            Ok(Outcome::Dropped(_)) => {
+                tally.latencies_us.push(t.elapsed().as_micros() as u64);
+                tally.alive.remove(&name);
+                tally.gone.insert(name);
             }
             Ok(other) => panic!("unexpected outcome {other:?}"),
             Err(Error::CommitConflict { .. }) => tally.conflicts += 1,
@@ -128,12 +150,14 @@ async fn worker(root: &str, args: &[String]) {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
     let (ops, until) = limits(args);
-    let tally = work(catalog, id, ops, until).await;
+    let tally = work(catalog, id, args.iter().any(|a| a == "--grow"), ops, until).await;
     let mut out = std::io::stdout().lock();
     let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     writeln!(out, "{}", join(&tally.latencies_us)).unwrap();
     writeln!(out, "{} {}", tally.conflicts, tally.other_errors).unwrap();
-    writeln!(out, "{}", tally.created.join(",")).unwrap();
+    let names = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(",");
+    writeln!(out, "{}", names(&tally.alive)).unwrap();
+    writeln!(out, "{}", names(&tally.gone)).unwrap();
 }
 
 async fn run(root: &str, args: &[String]) {
@@ -154,6 +178,9 @@ async fn run(root: &str, args: &[String]) {
                     if let Some(v) = arg::<String>(args, flag) {
                         cmd.args([flag, &v]);
                     }
+                }
+                if args.iter().any(|a| a == "--grow") {
+                    cmd.arg("--grow");
                 }
                 let mut child = cmd
                     .stdin(Stdio::piped())
@@ -193,18 +220,22 @@ async fn run(root: &str, args: &[String]) {
                     .split(' ')
                     .map(|x| x.parse().unwrap());
                 let (conflicts, other_errors) = (errs.next().unwrap(), errs.next().unwrap());
-                let created = lines
-                    .next()
-                    .unwrap_or("")
-                    .split(',')
-                    .filter(|x| !x.is_empty())
-                    .map(str::to_string)
-                    .collect();
+                let mut names = || -> BTreeSet<String> {
+                    lines
+                        .next()
+                        .unwrap_or("")
+                        .split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                };
+                let (alive, gone) = (names(), names());
                 Tally {
                     latencies_us,
                     conflicts,
                     other_errors,
-                    created,
+                    alive,
+                    gone,
                 }
             })
             .collect();
@@ -223,12 +254,9 @@ async fn run(root: &str, args: &[String]) {
         let (ops, until) = limits(args);
         let tasks: Vec<_> = (0..workers)
             .map(|w| {
-                tokio::spawn(work(
-                    Arc::clone(&before),
-                    format!("t{w}_{:x}", rand::random::<u32>()),
-                    ops,
-                    until,
-                ))
+                let id = format!("t{w}_{:x}", rand::random::<u32>());
+                let grow = args.iter().any(|a| a == "--grow");
+                tokio::spawn(work(Arc::clone(&before), id, grow, ops, until))
             })
             .collect();
         let mut tallies = Vec::new();
@@ -276,7 +304,7 @@ async fn report(
         latencies[i] as f64 / 1000.0
     };
 
-    // Every acknowledged create must be in the catalog.
+    // Every acknowledged change must hold.
     let after = open(root).await;
     let snapshot = after.snapshot();
     let present: BTreeSet<&str> = snapshot
@@ -286,9 +314,17 @@ async fn report(
         .collect();
     let lost = tallies
         .iter()
-        .flat_map(|t| &t.created)
-        .filter(|name| !present.contains(name.as_str()))
-        .count();
+        .map(|t| {
+            t.alive
+                .iter()
+                .filter(|n| !present.contains(n.as_str()))
+                .count()
+                + t.gone
+                    .iter()
+                    .filter(|n| present.contains(n.as_str()))
+                    .count()
+        })
+        .sum::<usize>();
 
     let dir = std::path::Path::new(root).join("__manifest");
     let mut dir_bytes = 0;
@@ -322,5 +358,6 @@ async fn report(
         newest.1,
         dir_bytes as f64 / newest.1.max(1) as f64,
     );
-    assert_eq!(lost, 0, "acknowledged commits were lost");
+    assert_eq!(lost, 0, "acknowledged changes were lost");
+    assert_eq!(other_errors, 0, "commits failed");
 }

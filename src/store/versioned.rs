@@ -21,13 +21,21 @@
 //!   know and the hint, then probe forward until a version is missing. A
 //!   hint that is stale, missing, garbage or points at a collected version
 //!   falls back to a listing. A failed hint write is never an error.
-//! - **Garbage collection keeps the newest [`CommitOptions::keep_versions`]**
-//!   and deletes only older ones. A reader that loses a version to
-//!   collection while loading it re-resolves the tip and loads that instead,
-//!   so collection never fails a reader; it can only make it retry.
+//! - **A version number is never used twice.** Garbage collection keeps the
+//!   newest [`CommitOptions::keep_versions`] and empties older ones into
+//!   0-byte tombstones instead of deleting them, so a stale writer's
+//!   put-if-absent of a collected number still fails and it rebases. (With
+//!   plain deletes, a writer that loaded version N long ago could create a
+//!   collected N+1 "successfully" and its change would be lost.) Tombstones
+//!   are deleted once older than [`CommitOptions::tombstone_ttl`]; a writer
+//!   whose base was last confirmed as the tip more than half that long ago
+//!   re-reads the tip before it writes, so it never targets a number whose
+//!   tombstone may be gone.
+//! - **Collection never fails a reader.** A reader that finds a tombstone (or
+//!   nothing) where it resolved the tip re-resolves the tip and loads that.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -51,6 +59,9 @@ pub struct CommitOptions {
     pub transient_retries: u32,
     /// Versions kept by garbage collection, newest first (default 5).
     pub keep_versions: u64,
+    /// How long the tombstone of a collected version stays (default 1 h).
+    /// Also bounds how long a writer trusts that its base is the tip.
+    pub tombstone_ttl: Duration,
 }
 
 impl Default for CommitOptions {
@@ -61,6 +72,7 @@ impl Default for CommitOptions {
             backoff_max: Duration::from_millis(200),
             transient_retries: 3,
             keep_versions: 5,
+            tombstone_ttl: Duration::from_secs(3600),
         }
     }
 }
@@ -87,11 +99,30 @@ pub enum PutOutcome {
 }
 
 /// A decoded state together with the version it was read from (0: the
-/// object has no version yet).
+/// object has no version yet) and when that version was last known to be
+/// the tip.
 #[derive(Debug)]
 pub struct Versioned<S> {
     pub version: u64,
     pub state: Arc<S>,
+    checked_at: Instant,
+}
+
+impl<S> Versioned<S> {
+    /// `state` as of `version`, known to be the tip now.
+    pub fn new(version: u64, state: Arc<S>) -> Self {
+        Self {
+            version,
+            state,
+            checked_at: Instant::now(),
+        }
+    }
+
+    /// Records that `version` was confirmed to be the tip just now.
+    pub fn confirmed(mut self) -> Self {
+        self.checked_at = Instant::now();
+        self
+    }
 }
 
 impl<S> Clone for Versioned<S> {
@@ -99,6 +130,7 @@ impl<S> Clone for Versioned<S> {
         Self {
             version: self.version,
             state: Arc::clone(&self.state),
+            checked_at: self.checked_at,
         }
     }
 }
@@ -115,9 +147,9 @@ pub struct VersionedObjects {
 /// How often a reader re-resolves the tip when versions vanish under it.
 const RELOAD_ATTEMPTS: u32 = 50;
 
-/// Every this many versions the committer also sweeps old versions that an
-/// earlier (crashed) committer left behind.
-const SWEEP_EVERY: u64 = 64;
+/// Every this many versions the committer also sweeps: it deletes expired
+/// tombstones and empties old versions an earlier (crashed) committer left.
+const SWEEP_EVERY: u64 = 256;
 
 impl VersionedObjects {
     /// The versioned object whose versions are `<dir>/v<N>.<ext>`.
@@ -154,10 +186,10 @@ impl VersionedObjects {
     }
 
     /// Reads one version; `None` if it does not exist (never written, or
-    /// collected).
+    /// collected: a tombstone is empty).
     pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {
         match self.store.get(&self.path_of(version)).await {
-            Ok(got) => Ok(Some(got.bytes().await?)),
+            Ok(got) => Ok(Some(got.bytes().await?).filter(|b| !b.is_empty())),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -169,21 +201,34 @@ impl VersionedObjects {
         std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
     }
 
-    /// Every version present, ascending.
-    pub async fn list_versions(&self) -> Result<Vec<u64>> {
-        let mut versions: Vec<u64> = self
+    /// Every version present (tombstones included), ascending, with its
+    /// size and age.
+    async fn list_metas(&self) -> Result<Vec<(u64, object_store::ObjectMeta)>> {
+        let mut versions: Vec<_> = self
             .store
             .list(Some(&self.dir))
             .map_ok(|meta| {
-                meta.location
+                let version = meta
+                    .location
                     .filename()
-                    .and_then(|name| paths::parse_version_file(name, self.ext))
+                    .and_then(|name| paths::parse_version_file(name, self.ext));
+                version.map(|v| (v, meta))
             })
             .try_filter_map(|v| async move { Ok(v) })
             .try_collect()
             .await?;
-        versions.sort_unstable();
+        versions.sort_unstable_by_key(|(v, _)| *v);
         Ok(versions)
+    }
+
+    /// Every version number present (tombstones included), ascending.
+    pub async fn list_versions(&self) -> Result<Vec<u64>> {
+        Ok(self
+            .list_metas()
+            .await?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect())
     }
 
     /// The newest version (0 if none), starting from `known` (a version the
@@ -212,19 +257,13 @@ impl VersionedObjects {
         for _ in 0..RELOAD_ATTEMPTS {
             let version = self.latest_version(known).await?;
             if version == 0 {
-                return Ok(Versioned {
-                    version,
-                    state: Arc::new(S::default()),
-                });
+                return Ok(Versioned::new(0, Arc::new(S::default())));
             }
             // A version collected between resolving and reading sends us
             // back to resolve the tip again.
             if let Some(bytes) = self.read(version).await? {
                 let state = decode(&self.path_of(version), bytes)?;
-                return Ok(Versioned {
-                    version,
-                    state: Arc::new(state),
-                });
+                return Ok(Versioned::new(version, Arc::new(state)));
             }
         }
         Err(Error::CommitConflict {
@@ -296,6 +335,10 @@ impl VersionedObjects {
     ) -> Result<Versioned<S>> {
         let mut attempt = 0;
         loop {
+            if base.checked_at.elapsed() > self.options.tombstone_ttl / 2 {
+                // Too old to trust that N+1's tombstone (if any) still exists.
+                base = self.load_latest(base.version, &decode).await?;
+            }
             let Some((state, bytes)) = next(&base.state)? else {
                 return Ok(base);
             };
@@ -303,10 +346,7 @@ impl VersionedObjects {
             match self.put_version(version, bytes).await? {
                 PutOutcome::Written => {
                     self.after_commit(version).await;
-                    return Ok(Versioned {
-                        version,
-                        state: Arc::new(state),
-                    });
+                    return Ok(Versioned::new(version, Arc::new(state)));
                 }
                 PutOutcome::Taken => {
                     attempt += 1;
@@ -323,8 +363,9 @@ impl VersionedObjects {
         }
     }
 
-    /// Best-effort follow-ups of a commit: the hint, then garbage collection.
-    /// Failures are logged, never returned: the commit already happened.
+    /// Best-effort follow-ups of a commit: the hint, then garbage collection
+    /// (see the module doc). Failures are logged, never returned: the commit
+    /// already happened.
     async fn after_commit(&self, version: u64) {
         let hint = PutPayload::from(version.to_string());
         if let Err(e) = self.store.put(&paths::hint_file(&self.dir), hint).await {
@@ -335,22 +376,38 @@ impl VersionedObjects {
             return;
         }
         let oldest_kept = version + 1 - keep;
-        let doomed: Vec<u64> = if version.is_multiple_of(SWEEP_EVERY) {
-            match self.list_versions().await {
-                Ok(all) => all.into_iter().filter(|v| *v < oldest_kept).collect(),
-                Err(e) => {
-                    log::debug!("listing {} for collection failed: {e}", self.dir);
-                    vec![oldest_kept - 1]
+        if !version.is_multiple_of(SWEEP_EVERY) {
+            self.tombstone(oldest_kept - 1).await;
+            return;
+        }
+        let metas = match self.list_metas().await {
+            Ok(metas) => metas,
+            Err(e) => {
+                log::debug!("listing {} for collection failed: {e}", self.dir);
+                return;
+            }
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let ttl_ms = self.options.tombstone_ttl.as_millis() as i64;
+        for (v, meta) in metas.into_iter().take_while(|(v, _)| *v < oldest_kept) {
+            if meta.size > 0 {
+                self.tombstone(v).await;
+            } else if now_ms - meta.last_modified.timestamp_millis() > ttl_ms {
+                match self.store.delete(&meta.location).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => log::debug!("deleting tombstone {} failed: {e}", meta.location),
                 }
             }
-        } else {
-            vec![oldest_kept - 1]
-        };
-        for v in doomed {
-            match self.store.delete(&self.path_of(v)).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => log::debug!("collecting {} failed: {e}", self.path_of(v)),
-            }
+        }
+    }
+
+    /// Empties a collected version, keeping its number taken.
+    async fn tombstone(&self, version: u64) {
+        let path = self.path_of(version);
+        if let Err(e) = self.store.put(&path, PutPayload::new()).await {
+            log::debug!("collecting {path} failed: {e}");
         }
     }
 }
@@ -401,9 +458,49 @@ mod tests {
         let tip = objs.load_latest(0, decode).await.unwrap();
         assert_eq!(*tip.state, 80);
         assert_eq!(tip.version, 80);
-        // Collection kept only the newest versions.
-        let kept = objs.list_versions().await.unwrap();
-        assert_eq!(kept.len() as u64, objs.options().keep_versions);
+        // Collection kept only the newest versions; the others are empty.
+        let mut kept = 0;
+        for v in objs.list_versions().await.unwrap() {
+            kept += u64::from(objs.read(v).await.unwrap().is_some());
+        }
+        assert_eq!(kept, objs.options().keep_versions);
+    }
+
+    #[tokio::test]
+    async fn a_stale_writer_rebases_instead_of_reusing_a_collected_version() {
+        let objs = objects(Arc::new(InMemory::new()));
+        increment(&objs).await.unwrap();
+        let stale = objs.load_latest(0, decode).await.unwrap();
+        for _ in 0..10 {
+            increment(&objs).await.unwrap();
+        }
+        // Version 2 is collected now; the stale writer must not recreate it.
+        assert!(objs.read(2).await.unwrap().is_none());
+        let done = objs
+            .commit(stale, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap();
+        assert_eq!((done.version, *done.state), (12, 12));
+    }
+
+    #[tokio::test]
+    async fn expired_tombstones_are_deleted_by_the_sweep() {
+        let objs = VersionedObjects::new(
+            Arc::new(InMemory::new()),
+            Path::from("m"),
+            "txt",
+            CommitOptions {
+                tombstone_ttl: Duration::ZERO,
+                ..Default::default()
+            },
+        );
+        for _ in 0..SWEEP_EVERY {
+            increment(&objs).await.unwrap();
+            tokio::time::sleep(Duration::from_micros(50)).await;
+        }
+        let left = objs.list_versions().await.unwrap();
+        assert!(left.len() < 16, "{} versions left", left.len());
+        assert_eq!(objs.latest_version(0).await.unwrap(), SWEEP_EVERY);
     }
 
     #[tokio::test]
@@ -463,10 +560,7 @@ mod tests {
                 .times(u64::MAX)
                 .on_paths_containing(".txt"),
         );
-        let base = Versioned {
-            version: 0,
-            state: Arc::new(0),
-        };
+        let base = Versioned::new(0, Arc::new(0));
         let err = objs
             .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
             .await

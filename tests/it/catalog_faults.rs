@@ -162,12 +162,9 @@ async fn failed_listing_when_the_hint_is_gone_is_a_clear_error() {
             .await
             .unwrap();
     }
-    // A hint pointing at a collected version forces a listing, which fails.
+    // Without a hint the tip is found by listing, which fails.
     use object_store::ObjectStoreExt;
-    store
-        .put(&"__manifest/_hint".into(), "1".into())
-        .await
-        .unwrap();
+    store.delete(&"__manifest/_hint".into()).await.unwrap();
     store.inject(Fault::nth(OpKind::List, 1));
     let err = Catalog::open(
         ObjectRoot::new(store.clone(), "memory://faulty"),
@@ -176,7 +173,7 @@ async fn failed_listing_when_the_hint_is_gone_is_a_clear_error() {
     .await
     .unwrap_err();
     assert!(err.to_string().contains("injected List fault"), "{err}");
-    // Without the fault the same stale hint still finds the tip.
+    // Without the fault the listing finds the tip.
     assert_eq!(reopen(&store).await.version(), 8);
 }
 
@@ -192,4 +189,27 @@ async fn lost_races_rebase_instead_of_overwriting() {
     let err = b.create_namespace(ns("x"), false).await.unwrap_err();
     assert!(matches!(err, Error::AlreadyExists(_)));
     assert_eq!(ids(&*reopen(&store).await), ["x", "y"]);
+}
+
+/// A writer whose snapshot is many versions old (older than the versions
+/// kept by collection) must not reuse a collected version number: its
+/// change rebases onto the tip instead of vanishing.
+#[tokio::test]
+async fn stale_writer_cannot_reuse_a_collected_version() {
+    let (store, stale) = setup().await;
+    stale.create_namespace(ns("first"), false).await.unwrap();
+    let busy = reopen(&store).await;
+    for i in 0..20 {
+        busy.create_namespace(ns(&format!("n{i}")), false)
+            .await
+            .unwrap();
+    }
+    // `stale` still believes version 1 is the tip; version 2 was collected.
+    assert_eq!(stale.version(), 1);
+    stale.create_namespace(ns("late"), false).await.unwrap();
+    let after = reopen(&store).await;
+    assert_eq!(after.version(), 22);
+    let all = ids(&after);
+    assert_eq!(all.len(), 22);
+    assert!(all.contains(&"late".to_string()) && all.contains(&"n0".to_string()));
 }
