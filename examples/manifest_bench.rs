@@ -92,33 +92,36 @@ struct Tally {
     gone: BTreeSet<String>,
 }
 
-async fn work(
-    catalog: Arc<Catalog>,
-    id: String,
-    grow: bool,
-    ops: Option<u64>,
-    until: Instant,
-) -> Tally {
+async fn work(catalog: Arc<Catalog>, id: String, grow: bool, ops: Option<u64>, until: Instant) -> Tally {
     let mut tally = Tally::default();
+    // Without --grow: the namespace created last, dropped by the next op.
+    let mut to_drop: Option<String> = None;
     let mut i = 0u64;
     while ops.map_or(Instant::now() < until, |n| i < n) {
-        let create = grow || i % 2 == 0;
-        let name = format!("{id}_{}", if grow { i } else { i / 2 });
         i += 1;
-        let path = ObjectPath::new([name.clone()]).unwrap();
         let t = Instant::now();
-        let result = if create {
-            catalog.create_namespace(path, false).await
-        } else {
-            catalog.drop_namespace(path, false, false).await
+        let result = match &to_drop {
+            Some(name) => {
+                let path = ObjectPath::new([name.clone()]).unwrap();
+                catalog.drop_namespace(path, false, false).await
+            }
+            None => {
+                let path = ObjectPath::new([format!("{id}_{i}")]).unwrap();
+                catalog.create_namespace(path, false).await
+            }
         };
         match result {
             Ok(Outcome::Created) => {
                 tally.latencies_us.push(t.elapsed().as_micros() as u64);
-                tally.alive.insert(name);
+                let name = format!("{id}_{i}");
+                tally.alive.insert(name.clone());
+                if !grow {
+                    to_drop = Some(name);
+                }
             }
             Ok(Outcome::Dropped(_)) => {
                 tally.latencies_us.push(t.elapsed().as_micros() as u64);
+                let name = to_drop.take().expect("dropped what was created");
                 tally.alive.remove(&name);
                 tally.gone.insert(name);
             }

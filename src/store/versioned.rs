@@ -53,7 +53,7 @@ pub struct CommitOptions {
     pub retry_budget: u32,
     /// First backoff after losing a race (default 1 ms); doubles per attempt.
     pub backoff_base: Duration,
-    /// Largest backoff (default 200 ms).
+    /// Ceiling of the backoff (default 500 ms).
     pub backoff_max: Duration,
     /// Retries of one version write that failed without landing (default 3).
     pub transient_retries: u32,
@@ -69,7 +69,7 @@ impl Default for CommitOptions {
         Self {
             retry_budget: 20,
             backoff_base: Duration::from_millis(1),
-            backoff_max: Duration::from_millis(200),
+            backoff_max: Duration::from_millis(500),
             transient_retries: 3,
             keep_versions: 5,
             tombstone_ttl: Duration::from_secs(3600),
@@ -78,14 +78,15 @@ impl Default for CommitOptions {
 }
 
 impl CommitOptions {
-    /// The backoff before attempt `attempt` (1-based): exponential, capped,
-    /// with a uniform jitter of ±50 %.
+    /// The backoff before attempt `attempt` (1-based): "full jitter", a
+    /// uniform draw below an exponentially growing, capped ceiling. The wide
+    /// spread keeps many losers of one race from colliding again.
     pub fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
+        let ceiling = self
             .backoff_base
-            .saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-        let capped = exp.min(self.backoff_max);
-        capped.mul_f64(0.5 + rand::random::<f64>())
+            .saturating_mul(1u32 << attempt.min(16))
+            .min(self.backoff_max);
+        ceiling.mul_f64(rand::random::<f64>())
     }
 }
 
