@@ -92,7 +92,13 @@ struct Tally {
     gone: BTreeSet<String>,
 }
 
-async fn work(catalog: Arc<Catalog>, id: String, grow: bool, ops: Option<u64>, until: Instant) -> Tally {
+async fn work(
+    catalog: Arc<Catalog>,
+    id: String,
+    grow: bool,
+    ops: Option<u64>,
+    until: Instant,
+) -> Tally {
     let mut tally = Tally::default();
     // Without --grow: the namespace created last, dropped by the next op.
     let mut to_drop: Option<String> = None;

@@ -115,11 +115,15 @@ impl Catalog {
     /// check when nothing changed.
     pub async fn refresh(&self) -> Result<()> {
         let known = self.version();
-        let tip = self.versions.latest_version(known).await?;
-        if tip > known {
-            let next = self.versions.load_latest(tip, decode).await?;
-            self.install(next);
+        if !self.versions.has_newer(known).await? {
+            let mut current = self.current.write().expect("catalog lock poisoned");
+            if current.version == known {
+                *current = current.clone().confirmed();
+            }
+            return Ok(());
         }
+        let next = self.versions.load_latest(known, decode).await?;
+        self.install(next);
         Ok(())
     }
 
@@ -154,7 +158,11 @@ impl Catalog {
     }
 
     /// Creates a namespace; its parent must exist.
-    pub async fn create_namespace(&self, path: ObjectPath, if_not_exists: bool) -> Result<Outcome> {
+    pub async fn create_namespace(
+        self: &Arc<Self>,
+        path: ObjectPath,
+        if_not_exists: bool,
+    ) -> Result<Outcome> {
         self.mutate(Mutation::CreateNamespace {
             path,
             if_not_exists,
@@ -165,7 +173,7 @@ impl Catalog {
     /// Drops a namespace; with `cascade` also everything below it, without
     /// it a non-empty namespace is an error.
     pub async fn drop_namespace(
-        &self,
+        self: &Arc<Self>,
         path: ObjectPath,
         if_exists: bool,
         cascade: bool,
@@ -180,7 +188,7 @@ impl Catalog {
 
     /// Creates a table at a fresh, unique location.
     pub async fn create_table(
-        &self,
+        self: &Arc<Self>,
         path: ObjectPath,
         meta: TableMeta,
         if_not_exists: bool,
@@ -196,13 +204,17 @@ impl Catalog {
     }
 
     /// Drops a table.
-    pub async fn drop_table(&self, path: ObjectPath, if_exists: bool) -> Result<Outcome> {
+    pub async fn drop_table(
+        self: &Arc<Self>,
+        path: ObjectPath,
+        if_exists: bool,
+    ) -> Result<Outcome> {
         self.mutate(Mutation::DropTable { path, if_exists }).await
     }
 
     /// Commits one mutation, sharing a version with every other mutation
     /// queued in this process meanwhile (group commit).
-    pub async fn mutate(&self, mutation: Mutation) -> Result<Outcome> {
+    pub async fn mutate(self: &Arc<Self>, mutation: Mutation) -> Result<Outcome> {
         let mut results = self.mutate_all(vec![mutation]).await;
         results.pop().expect("one result per mutation")
     }
@@ -210,7 +222,10 @@ impl Catalog {
     /// Commits many mutations, in order, with as few versions as group
     /// commit allows (one, unless the batch is joined mid-way by others).
     /// Each mutation gets its own result; a rejected one changes nothing.
-    pub async fn mutate_all(&self, mutations: Vec<Mutation>) -> Vec<Result<Outcome>> {
+    ///
+    /// The commit runs in a task of its own: a caller cancelled mid-commit
+    /// neither aborts the commit nor strands the mutations batched with its.
+    pub async fn mutate_all(self: &Arc<Self>, mutations: Vec<Mutation>) -> Vec<Result<Outcome>> {
         let mut receivers = Vec::with_capacity(mutations.len());
         {
             let mut queue = self.queue.lock().expect("catalog queue poisoned");
@@ -220,26 +235,25 @@ impl Catalog {
                 receivers.push(result);
             }
         }
-        let leader = self.committer.lock().await;
-        // The previous leader may have committed ours along with its own;
-        // if not, ours are all still queued and we commit the queue.
-        let mut results: Vec<Option<Result<Outcome>>> =
-            receivers.iter_mut().map(|r| r.try_recv().ok()).collect();
-        if results.iter().any(Option::is_none) {
-            let batch = std::mem::take(&mut *self.queue.lock().expect("catalog queue poisoned"));
-            self.commit_batch(batch).await;
-        }
-        drop(leader);
-        let mut done = Vec::with_capacity(results.len());
-        for (result, receiver) in results.iter_mut().zip(receivers) {
-            done.push(match result.take() {
-                Some(r) => r,
-                None => receiver
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            // Whoever holds the lock first commits everything queued by then;
+            // later drainers may find the queue empty.
+            let _leader = this.committer.lock().await;
+            let batch = std::mem::take(&mut *this.queue.lock().expect("catalog queue poisoned"));
+            if !batch.is_empty() {
+                this.commit_batch(batch).await;
+            }
+        });
+        let mut results = Vec::with_capacity(receivers.len());
+        for receiver in receivers {
+            results.push(
+                receiver
                     .await
-                    .unwrap_or_else(|_| Err(Error::invalid("catalog commit was abandoned"))),
-            });
+                    .unwrap_or_else(|_| Err(Error::invalid("catalog commit task failed"))),
+            );
         }
-        done
+        results
     }
 
     /// Commits `batch` as one version and answers every waiter.

@@ -3,6 +3,8 @@
 //! DataFusion's planner rejects. Column types and key constraints are still
 //! planned by DataFusion, from the statement with its options removed.
 
+use std::sync::Arc;
+
 use datafusion::common::{Constraint, TableReference};
 use datafusion::logical_expr::{DdlStatement, LogicalPlan};
 use datafusion::sql::parser::Statement as DFStatement;
@@ -18,7 +20,7 @@ use crate::error::{Error, Result};
 /// Runs `statement` if it is memwal DDL; `Ok(false)` if it is not (the
 /// caller hands it to DataFusion).
 pub(crate) async fn try_execute(
-    catalog: &Catalog,
+    catalog: &Arc<Catalog>,
     state: &datafusion::execution::SessionState,
     statement: &DFStatement,
 ) -> Result<bool> {

@@ -186,6 +186,11 @@ impl VersionedObjects {
         }
     }
 
+    /// Whether a version after `known` exists: one existence check.
+    pub async fn has_newer(&self, known: u64) -> Result<bool> {
+        self.exists(known + 1).await
+    }
+
     /// Reads one version; `None` if it does not exist (never written, or
     /// collected: a tombstone is empty).
     pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {

@@ -213,3 +213,26 @@ async fn stale_writer_cannot_reuse_a_collected_version() {
     assert_eq!(all.len(), 22);
     assert!(all.contains(&"late".to_string()) && all.contains(&"n0".to_string()));
 }
+
+/// A caller cancelled in the middle of a commit (a Ctrl-C in the shell, a
+/// dropped query) neither aborts that commit nor strands the mutations that
+/// were batched with its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_caller_does_not_abort_the_group_commit() {
+    let (store, catalog) = setup().await;
+    store.set_latency(std::time::Duration::from_millis(30));
+    let first = tokio::spawn({
+        let catalog = Arc::clone(&catalog);
+        async move { catalog.create_namespace(ns("a"), false).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let second = tokio::spawn({
+        let catalog = Arc::clone(&catalog);
+        async move { catalog.create_namespace(ns("b"), false).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    first.abort();
+    assert_eq!(second.await.unwrap().unwrap(), Outcome::Created);
+    store.set_latency(std::time::Duration::ZERO);
+    assert_eq!(ids(&*reopen(&store).await), ["a", "b"]);
+}
