@@ -59,8 +59,10 @@ pub struct CommitOptions {
     pub transient_retries: u32,
     /// Versions kept by garbage collection, newest first (default 5).
     pub keep_versions: u64,
-    /// How long the tombstone of a collected version stays (default 1 h).
-    /// Also bounds how long a writer trusts that its base is the tip.
+    /// How long the tombstone of a collected version stays (default 10 min).
+    /// A writer re-checks that its base is still the tip when it was last
+    /// confirmed more than half of this ago, so the protocol assumes no
+    /// single store request takes longer than that.
     pub tombstone_ttl: Duration,
 }
 
@@ -72,7 +74,7 @@ impl Default for CommitOptions {
             backoff_max: Duration::from_millis(500),
             transient_retries: 3,
             keep_versions: 5,
-            tombstone_ttl: Duration::from_secs(3600),
+            tombstone_ttl: Duration::from_secs(600),
         }
     }
 }
@@ -143,14 +145,19 @@ pub struct VersionedObjects {
     dir: Path,
     ext: &'static str,
     options: CommitOptions,
+    /// Tombstones this handle made, oldest first, to delete once expired.
+    tombstones: Arc<std::sync::Mutex<std::collections::VecDeque<(u64, Instant)>>>,
 }
 
 /// How often a reader re-resolves the tip when versions vanish under it.
 const RELOAD_ATTEMPTS: u32 = 50;
 
-/// Every this many versions the committer also sweeps: it deletes expired
-/// tombstones and empties old versions an earlier (crashed) committer left.
-const SWEEP_EVERY: u64 = 256;
+/// Every this many versions the committer also sweeps (a listing): it
+/// deletes expired tombstones other handles left behind (short-lived or
+/// crashed ones) and empties old versions a crashed committer left with
+/// content. Each handle deletes the tombstones it made itself without a
+/// listing.
+const SWEEP_EVERY: u64 = 16_384;
 
 impl VersionedObjects {
     /// The versioned object whose versions are `<dir>/v<N>.<ext>`.
@@ -165,6 +172,7 @@ impl VersionedObjects {
             dir,
             ext,
             options,
+            tombstones: Default::default(),
         }
     }
 
@@ -343,7 +351,11 @@ impl VersionedObjects {
         loop {
             if base.checked_at.elapsed() > self.options.tombstone_ttl / 2 {
                 // Too old to trust that N+1's tombstone (if any) still exists.
-                base = self.load_latest(base.version, &decode).await?;
+                base = if self.has_newer(base.version).await? {
+                    self.load_latest(base.version, &decode).await?
+                } else {
+                    base.confirmed()
+                };
             }
             let Some((state, bytes)) = next(&base.state)? else {
                 return Ok(base);
@@ -382,8 +394,23 @@ impl VersionedObjects {
             return;
         }
         let oldest_kept = version + 1 - keep;
+        self.tombstone(oldest_kept - 1).await;
+        loop {
+            let expired = {
+                let mut own = self.tombstones.lock().expect("tombstone list poisoned");
+                match own.front() {
+                    Some((v, at)) if at.elapsed() > self.options.tombstone_ttl => {
+                        let v = *v;
+                        own.pop_front();
+                        Some(v)
+                    }
+                    _ => None,
+                }
+            };
+            let Some(v) = expired else { break };
+            self.delete_quietly(&self.path_of(v)).await;
+        }
         if !version.is_multiple_of(SWEEP_EVERY) {
-            self.tombstone(oldest_kept - 1).await;
             return;
         }
         let metas = match self.list_metas().await {
@@ -401,10 +428,7 @@ impl VersionedObjects {
             if meta.size > 0 {
                 self.tombstone(v).await;
             } else if now_ms - meta.last_modified.timestamp_millis() > ttl_ms {
-                match self.store.delete(&meta.location).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => log::debug!("deleting tombstone {} failed: {e}", meta.location),
-                }
+                self.delete_quietly(&meta.location).await;
             }
         }
     }
@@ -412,8 +436,20 @@ impl VersionedObjects {
     /// Empties a collected version, keeping its number taken.
     async fn tombstone(&self, version: u64) {
         let path = self.path_of(version);
-        if let Err(e) = self.store.put(&path, PutPayload::new()).await {
-            log::debug!("collecting {path} failed: {e}");
+        match self.store.put(&path, PutPayload::new()).await {
+            Ok(_) => self
+                .tombstones
+                .lock()
+                .expect("tombstone list poisoned")
+                .push_back((version, Instant::now())),
+            Err(e) => log::debug!("collecting {path} failed: {e}"),
+        }
+    }
+
+    async fn delete_quietly(&self, path: &Path) {
+        match self.store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => log::debug!("deleting {path} failed: {e}"),
         }
     }
 }
@@ -490,23 +526,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn expired_tombstones_are_deleted_by_the_sweep() {
-        let objs = VersionedObjects::new(
-            Arc::new(InMemory::new()),
-            Path::from("m"),
+    async fn expired_tombstones_are_deleted() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let options = |ttl| CommitOptions {
+            tombstone_ttl: ttl,
+            ..Default::default()
+        };
+        let dir = || Path::from("m");
+        // A handle whose tombstones live long keeps every number taken...
+        let keeper = VersionedObjects::new(
+            Arc::clone(&store),
+            dir(),
             "txt",
-            CommitOptions {
-                tombstone_ttl: Duration::ZERO,
-                ..Default::default()
-            },
+            options(Duration::from_secs(600)),
         );
-        for _ in 0..SWEEP_EVERY {
-            increment(&objs).await.unwrap();
-            tokio::time::sleep(Duration::from_micros(50)).await;
+        for _ in 0..20 {
+            increment(&keeper).await.unwrap();
         }
-        let left = objs.list_versions().await.unwrap();
-        assert!(left.len() < 16, "{} versions left", left.len());
-        assert_eq!(objs.latest_version(0).await.unwrap(), SWEEP_EVERY);
+        assert_eq!(keeper.list_versions().await.unwrap().len(), 20);
+        // ...one whose tombstones expire at once deletes its own right away.
+        let quick = VersionedObjects::new(store, dir(), "txt", options(Duration::ZERO));
+        for _ in 0..20 {
+            increment(&quick).await.unwrap();
+        }
+        // The keeper's tombstones 1..=15 stay; the quick one's 16..=35 went.
+        let left = quick.list_versions().await.unwrap();
+        assert_eq!(left, (1..=15).chain(36..=40).collect::<Vec<_>>());
+        assert_eq!(quick.latest_version(0).await.unwrap(), 40);
     }
 
     #[tokio::test]
