@@ -202,8 +202,13 @@ impl VersionedObjects {
     /// Reads one version; `None` if it does not exist (never written, or
     /// collected: a tombstone is empty).
     pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {
+        Ok(self.read_slot(version).await?.filter(|b| !b.is_empty()))
+    }
+
+    /// The object at a version's name: `None` if absent, empty if a tombstone.
+    async fn read_slot(&self, version: u64) -> Result<Option<Bytes>> {
         match self.store.get(&self.path_of(version)).await {
-            Ok(got) => Ok(Some(got.bytes().await?).filter(|b| !b.is_empty())),
+            Ok(got) => Ok(Some(got.bytes().await?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -306,8 +311,9 @@ impl VersionedObjects {
                 }
                 Err(e) => e,
             };
-            match self.read(version).await {
+            match self.read_slot(version).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
+                // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
                 Ok(None) if attempt < self.options.transient_retries => {
                     attempt += 1;
