@@ -175,8 +175,7 @@ async fn run(root: &str, args: &[String]) {
     let before = open(root).await;
     let (entries_before, version_before) = (before.snapshot().entries().len(), before.version());
 
-    let start = Instant::now();
-    let tallies: Vec<Tally> = if processes {
+    let (start, tallies): (Instant, Vec<Tally>) = if processes {
         let exe = std::env::current_exe().unwrap();
         let mut children: Vec<_> = (0..workers)
             .map(|w| {
@@ -248,18 +247,9 @@ async fn run(root: &str, args: &[String]) {
                 }
             })
             .collect();
-        report(
-            root,
-            workers,
-            processes,
-            entries_before,
-            version_before,
-            start_again,
-            tallies,
-        )
-        .await;
-        return;
+        (start_again, tallies)
     } else {
+        let start = Instant::now();
         let (ops, until) = limits(args);
         let tasks: Vec<_> = (0..workers)
             .map(|w| {
@@ -272,7 +262,7 @@ async fn run(root: &str, args: &[String]) {
         for t in tasks {
             tallies.push(t.await.unwrap());
         }
-        tallies
+        (start, tallies)
     };
     report(
         root,

@@ -180,7 +180,7 @@ fn main() {
         if let Some(bucket) = &s3_bucket
             && !complete
         {
-            let prefix = format!("slt-{:016x}", rand_id());
+            let prefix = format!("slt-{:016x}", rand::random::<u64>());
             roots.push(("s3", format!("s3://{bucket}/{prefix}")));
         }
         for (kind, root) in roots {
@@ -200,9 +200,4 @@ fn main() {
     if failed > 0 || files.is_empty() {
         std::process::exit(1);
     }
-}
-
-fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, RandomState};
-    RandomState::new().hash_one(std::time::SystemTime::now())
 }
