@@ -48,6 +48,18 @@ pub enum Error {
         read_back: String,
     },
 
+    /// Another writer claimed the shard: a newer epoch's fence (or another
+    /// writer's entry) holds the WAL position this writer needed. Nothing of
+    /// the rejected write is stored; recovery is to reopen the writer.
+    #[error(
+        "fenced: {path} is taken by a writer of epoch {by_epoch} (this writer's epoch is {epoch})"
+    )]
+    Fenced {
+        path: String,
+        epoch: u64,
+        by_epoch: u64,
+    },
+
     /// A stored object could not be decoded.
     #[error("corrupt object {path}: {reason}")]
     Corrupt { path: String, reason: String },

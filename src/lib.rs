@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod error;
 pub mod sql;
 pub mod store;
+pub mod wal;
 
 pub use catalog::{Catalog, CatalogOptions, ObjectPath, TableMeta};
 pub use error::{Error, Result};

@@ -38,6 +38,32 @@ pub fn hint_file(dir: &Path) -> Path {
     dir.clone().join(HINT_FILE)
 }
 
+/// `<table location>/shards/<shard>`: everything of one shard.
+pub fn shard_dir(table_location: &str, shard: u32) -> Path {
+    Path::from(format!("{table_location}/shards/{shard}"))
+}
+
+/// `<shard dir>/wal`: the shard's WAL entries.
+pub fn wal_dir(shard_dir: &Path) -> Path {
+    shard_dir.clone().join("wal")
+}
+
+/// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
+pub fn wal_file(wal_dir: &Path, position: u64) -> Path {
+    wal_dir
+        .clone()
+        .join(format!("{position:020}.arrow").as_str())
+}
+
+/// The position encoded in a WAL file name made by [`wal_file`].
+pub fn parse_wal_file(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".arrow")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// A fresh, unique location for a table's data: `tables/<name>-<16 hex>`.
 /// Unique so that a table dropped and created again never sees old data.
 pub fn new_table_location(name: &str) -> String {
@@ -62,5 +88,13 @@ mod tests {
             parse_version_file("v00000000000000000001.json", "arrow"),
             None
         );
+        let wal = wal_dir(&shard_dir("tables/t-1", 3));
+        let f = wal_file(&wal, 42);
+        assert_eq!(
+            f.as_ref(),
+            "tables/t-1/shards/3/wal/00000000000000000042.arrow"
+        );
+        assert_eq!(parse_wal_file(f.filename().unwrap()), Some(42));
+        assert_eq!(parse_wal_file("42.arrow"), None);
     }
 }

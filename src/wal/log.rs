@@ -1,0 +1,258 @@
+//! [`WalLog`]: the WAL entries of one shard as numbered immutable objects.
+//!
+//! Invariants:
+//! - an entry is only ever created with put-if-absent at the next position,
+//!   so two writers can never both own a position; a writer that finds its
+//!   position taken is fenced ([`Error::Fenced`]), unless the bytes there
+//!   are exactly its own (an earlier attempt that landed after all);
+//! - a new writer fences older ones by writing a fence entry at the first
+//!   free position after the tip: an older writer's next append collides
+//!   with it or with something after it;
+//! - positions are dense: replay reports a missing position as corruption
+//!   instead of skipping it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+
+use super::entry::WalEntry;
+use crate::error::{Error, Result};
+use crate::store::paths;
+
+/// The WAL of one shard.
+#[derive(Debug, Clone)]
+pub struct WalLog {
+    store: Arc<dyn ObjectStore>,
+    dir: Path,
+}
+
+impl WalLog {
+    /// The WAL in directory `dir` (see [`paths::wal_dir`]).
+    pub fn new(store: Arc<dyn ObjectStore>, dir: Path) -> Self {
+        Self { store, dir }
+    }
+
+    /// The object of position `position`.
+    pub fn path_of(&self, position: u64) -> Path {
+        paths::wal_file(&self.dir, position)
+    }
+
+    /// Creates the entry `bytes` (an encoded [`WalEntry`] of `epoch`) at
+    /// `position`. A taken position is [`Error::Fenced`], unless it holds
+    /// these very bytes. Any other failure is returned as is: whether the
+    /// write landed is then unknown, and the caller decides (retry the same
+    /// position, or give up).
+    pub async fn append(&self, position: u64, epoch: u64, bytes: Bytes) -> Result<()> {
+        let path = self.path_of(position);
+        let payload = PutPayload::from_bytes(bytes.clone());
+        match self
+            .store
+            .put_opts(&path, payload, PutMode::Create.into())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                let stored = self.store.get(&path).await?.bytes().await?;
+                if stored == bytes {
+                    return Ok(());
+                }
+                let by_epoch = WalEntry::decode(path.as_ref(), stored)?.epoch;
+                Err(Error::Fenced {
+                    path: path.to_string(),
+                    epoch,
+                    by_epoch,
+                })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The entry at `position`, if there is one.
+    pub async fn read(&self, position: u64) -> Result<Option<WalEntry>> {
+        let path = self.path_of(position);
+        match self.store.get(&path).await {
+            Ok(got) => Ok(Some(WalEntry::decode(path.as_ref(), got.bytes().await?)?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Positions present after `after`, ascending.
+    pub async fn positions_after(&self, after: u64) -> Result<Vec<u64>> {
+        let offset = self.path_of(after);
+        let mut positions: Vec<u64> = self
+            .store
+            .list_with_offset(Some(&self.dir), &offset)
+            .map_ok(|meta| meta.location.filename().and_then(paths::parse_wal_file))
+            .try_filter_map(|p| async move { Ok(p) })
+            .try_collect()
+            .await?;
+        positions.sort_unstable();
+        positions.retain(|p| *p > after);
+        Ok(positions)
+    }
+
+    /// The highest position at or after `after` that holds an entry
+    /// (`after` itself if none is later).
+    pub async fn tip(&self, after: u64) -> Result<u64> {
+        Ok(self
+            .positions_after(after)
+            .await?
+            .last()
+            .copied()
+            .unwrap_or(after))
+    }
+
+    /// Every entry after `after`, in position order. A gap in the positions
+    /// or an entry that fails its checksum is an error naming the object.
+    pub async fn replay(&self, after: u64) -> Result<Vec<(u64, WalEntry)>> {
+        let mut entries = Vec::new();
+        for (expected, position) in (after + 1..).zip(self.positions_after(after).await?) {
+            if position != expected {
+                return Err(Error::Corrupt {
+                    path: self.path_of(expected).to_string(),
+                    reason: format!("WAL position missing (next present is {position})"),
+                });
+            }
+            let entry = self.read(position).await?.ok_or_else(|| Error::Corrupt {
+                path: self.path_of(position).to_string(),
+                reason: "WAL entry vanished during replay".into(),
+            })?;
+            entries.push((position, entry));
+        }
+        Ok(entries)
+    }
+
+    /// Writes a fence of `epoch` at the first free position after the tip
+    /// (at or after `after`) and returns its position. Older writers' later
+    /// appends collide with it.
+    pub async fn fence(&self, epoch: u64, after: u64) -> Result<u64> {
+        let bytes = WalEntry::fence(epoch).encode()?;
+        let mut position = self.tip(after).await? + 1;
+        loop {
+            let path = self.path_of(position);
+            let payload = PutPayload::from_bytes(bytes.clone());
+            match self
+                .store
+                .put_opts(&path, payload, PutMode::Create.into())
+                .await
+            {
+                Ok(_) => return Ok(position),
+                // An older writer appended meanwhile: fence after it.
+                Err(object_store::Error::AlreadyExists { .. }) => position += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::entry::{EntryKind, entry_schema};
+    use datafusion::arrow::array::{BooleanArray, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use object_store::memory::InMemory;
+
+    fn entry(epoch: u64, ids: &[i64]) -> WalEntry {
+        let table = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+        let batch = RecordBatch::try_new(
+            entry_schema(&table),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(BooleanArray::from(vec![false; ids.len()])),
+            ],
+        )
+        .unwrap();
+        WalEntry::data(epoch, 1, vec![batch])
+    }
+
+    fn log() -> (Arc<dyn ObjectStore>, WalLog) {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let wal = WalLog::new(
+            Arc::clone(&store),
+            paths::wal_dir(&paths::shard_dir("t", 0)),
+        );
+        (store, wal)
+    }
+
+    #[tokio::test]
+    async fn appends_replay_in_order_and_a_retry_of_the_same_bytes_is_ok() {
+        let (_, wal) = log();
+        for (i, ids) in [[1, 2], [3, 4], [5, 6]].iter().enumerate() {
+            let bytes = entry(1, ids).encode().unwrap();
+            wal.append(i as u64 + 1, 1, bytes.clone()).await.unwrap();
+            // An attempt that landed, retried: not a fence.
+            wal.append(i as u64 + 1, 1, bytes).await.unwrap();
+        }
+        let replayed = wal.replay(1).await.unwrap();
+        assert_eq!(replayed.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(replayed[1].1, entry(1, &[5, 6]));
+        assert_eq!(wal.tip(0).await.unwrap(), 3);
+        assert_eq!(wal.tip(3).await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_fence_stops_the_older_writer() {
+        let (_, wal) = log();
+        wal.append(1, 1, entry(1, &[1]).encode().unwrap())
+            .await
+            .unwrap();
+        // Epoch 2 fences after the tip; epoch 1's next append collides.
+        assert_eq!(wal.fence(2, 0).await.unwrap(), 2);
+        let err = wal
+            .append(2, 1, entry(1, &[2]).encode().unwrap())
+            .await
+            .unwrap_err();
+        match err {
+            Error::Fenced {
+                epoch,
+                by_epoch,
+                ref path,
+            } => {
+                assert_eq!((epoch, by_epoch), (1, 2));
+                assert!(path.ends_with("00000000000000000002.arrow"));
+            }
+            other => panic!("expected Fenced, got {other}"),
+        }
+        let replayed = wal.replay(0).await.unwrap();
+        assert_eq!(replayed.len(), 2);
+        assert_eq!(replayed[1].1.kind, EntryKind::Fence);
+        // A second fence goes after the first.
+        assert_eq!(wal.fence(3, 0).await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn gaps_and_corrupt_entries_fail_replay_naming_the_object() {
+        let (store, wal) = log();
+        wal.append(1, 1, entry(1, &[1]).encode().unwrap())
+            .await
+            .unwrap();
+        wal.append(3, 1, entry(1, &[3]).encode().unwrap())
+            .await
+            .unwrap();
+        let err = wal.replay(0).await.unwrap_err().to_string();
+        assert!(
+            err.contains("00000000000000000002.arrow") && err.contains("missing"),
+            "{err}"
+        );
+
+        let good = entry(1, &[2]).encode().unwrap();
+        store
+            .put(
+                &wal.path_of(2),
+                PutPayload::from_bytes(good.slice(..good.len() - 3)),
+            )
+            .await
+            .unwrap();
+        let err = wal.replay(0).await.unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }));
+        assert!(
+            err.to_string().contains("00000000000000000002.arrow"),
+            "{err}"
+        );
+    }
+}

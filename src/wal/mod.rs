@@ -1,0 +1,10 @@
+//! The write-ahead log (DESIGN.md §6): one immutable object per group
+//! commit, at dense fixed-width positions, created with put-if-absent;
+//! fence entries for epochs; a replay reader. The ShardWriter that drives it
+//! (group commit cadence, retries, poisoning) is built on top.
+
+mod entry;
+mod log;
+
+pub use entry::{EntryKind, TOMBSTONE_COLUMN, WalEntry, entry_schema};
+pub use log::WalLog;
