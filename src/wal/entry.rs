@@ -190,7 +190,10 @@ impl WalEntry {
         let mut batches = Vec::new();
         for batch in reader {
             let batch = batch.map_err(|e| corrupt(format!("bad record batch: {e}")))?;
-            batches.push(RecordBatch::try_new(Arc::clone(&plain), batch.columns().to_vec())?);
+            batches.push(RecordBatch::try_new(
+                Arc::clone(&plain),
+                batch.columns().to_vec(),
+            )?);
         }
         Ok(Self {
             kind,

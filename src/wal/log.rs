@@ -47,13 +47,8 @@ impl WalLog {
     /// position, or give up).
     pub async fn append(&self, position: u64, epoch: u64, bytes: Bytes) -> Result<()> {
         let path = self.path_of(position);
-        let payload = PutPayload::from_bytes(bytes.clone());
-        match self
-            .store
-            .put_opts(&path, payload, PutMode::Create.into())
-            .await
-        {
-            Ok(_) => Ok(()),
+        match self.create(&path, &bytes).await {
+            Ok(()) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => {
                 let stored = self.store.get(&path).await?.bytes().await?;
                 if stored == bytes {
@@ -68,6 +63,15 @@ impl WalLog {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Put-if-absent of `bytes` at `path`.
+    async fn create(&self, path: &Path, bytes: &Bytes) -> object_store::Result<()> {
+        let payload = PutPayload::from_bytes(bytes.clone());
+        self.store
+            .put_opts(path, payload, PutMode::Create.into())
+            .await
+            .map(|_| ())
     }
 
     /// The entry at `position`, if there is one.
@@ -133,14 +137,8 @@ impl WalLog {
         let bytes = WalEntry::fence(epoch).encode()?;
         let mut position = self.tip(after).await? + 1;
         loop {
-            let path = self.path_of(position);
-            let payload = PutPayload::from_bytes(bytes.clone());
-            match self
-                .store
-                .put_opts(&path, payload, PutMode::Create.into())
-                .await
-            {
-                Ok(_) => return Ok(position),
+            match self.create(&self.path_of(position), &bytes).await {
+                Ok(()) => return Ok(position),
                 // An older writer appended meanwhile: fence after it.
                 Err(object_store::Error::AlreadyExists { .. }) => position += 1,
                 Err(e) => return Err(e.into()),
