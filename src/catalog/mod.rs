@@ -112,17 +112,17 @@ impl Catalog {
     }
 
     /// Catches up with versions committed elsewhere. Costs one existence
-    /// check when nothing changed.
+    /// check when nothing changed (a full tip resolution after long idling).
     pub async fn refresh(&self) -> Result<()> {
-        let known = self.version();
-        if !self.versions.has_newer(known).await? {
+        let base = self.read_current();
+        if !self.versions.has_newer(&base).await? {
             let mut current = self.current.write().expect("catalog lock poisoned");
-            if current.version == known {
-                *current = current.clone().confirmed();
+            if current.version == base.version {
+                *current = base.confirmed();
             }
             return Ok(());
         }
-        let next = self.versions.load_latest(known, decode).await?;
+        let next = self.versions.load_latest(base.version, decode).await?;
         self.install(next);
         Ok(())
     }

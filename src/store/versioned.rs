@@ -194,9 +194,16 @@ impl VersionedObjects {
         }
     }
 
-    /// Whether a version after `known` exists: one existence check.
-    pub async fn has_newer(&self, known: u64) -> Result<bool> {
-        self.exists(known + 1).await
+    /// Whether a version after `base` exists. While `base` was confirmed as
+    /// the tip less than half the tombstone TTL ago this is one existence
+    /// check (a successor made since cannot have lost its tombstone yet);
+    /// after that the tip is resolved in full, since N+1 may be gone.
+    pub async fn has_newer<S>(&self, base: &Versioned<S>) -> Result<bool> {
+        if base.checked_at.elapsed() <= self.options.tombstone_ttl / 2 {
+            self.exists(base.version + 1).await
+        } else {
+            Ok(self.latest_version(base.version).await? > base.version)
+        }
     }
 
     /// Reads one version; `None` if it does not exist (never written, or
@@ -357,7 +364,7 @@ impl VersionedObjects {
         loop {
             if base.checked_at.elapsed() > self.options.tombstone_ttl / 2 {
                 // Too old to trust that N+1's tombstone (if any) still exists.
-                base = if self.has_newer(base.version).await? {
+                base = if self.has_newer(&base).await? {
                     self.load_latest(base.version, &decode).await?
                 } else {
                     base.confirmed()
@@ -529,6 +536,33 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((done.version, *done.state), (12, 12));
+    }
+
+    #[tokio::test]
+    async fn a_long_idle_writer_rebases_even_after_tombstones_expired() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let ttl = Duration::from_millis(20);
+        let options = CommitOptions {
+            tombstone_ttl: ttl,
+            ..Default::default()
+        };
+        let idle =
+            VersionedObjects::new(Arc::clone(&store), Path::from("m"), "txt", options.clone());
+        let busy = VersionedObjects::new(store, Path::from("m"), "txt", options);
+        increment(&idle).await.unwrap();
+        let stale = idle.load_latest(0, decode).await.unwrap();
+        for _ in 0..10 {
+            increment(&busy).await.unwrap();
+        }
+        tokio::time::sleep(ttl * 3).await;
+        // This commit deletes busy's expired tombstones, version 2's included.
+        increment(&busy).await.unwrap();
+        assert!(!busy.list_versions().await.unwrap().contains(&2));
+        let done = idle
+            .commit(stale, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap();
+        assert_eq!((done.version, *done.state), (13, 13));
     }
 
     #[tokio::test]
