@@ -60,6 +60,13 @@ pub enum Error {
         by_epoch: u64,
     },
 
+    /// A shard writer stopped after a failure it cannot recover from (an
+    /// append whose outcome is unknown, exhausted retries): this write and
+    /// every later one on it fail, nothing unacknowledged is claimed
+    /// durable; recovery is to open the shard again.
+    #[error("shard writer stopped: {0}; reopen the shard to continue")]
+    Poisoned(String),
+
     /// A stored object could not be decoded.
     #[error("corrupt object {path}: {reason}")]
     Corrupt { path: String, reason: String },

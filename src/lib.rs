@@ -1,15 +1,23 @@
 //! memwal: tables for Apache DataFusion that take a high rate of small
 //! writes and answer SQL over fresh data, on any object store.
 //!
-//! Start with [`MemwalSession::open`]; see `DESIGN.md` for the architecture.
+//! Start with [`MemwalSession::open`] for SQL, or [`Table`] (through
+//! [`MemwalSession::table`]) for the Rust API; see `DESIGN.md` for the
+//! architecture.
 
 pub mod catalog;
 pub mod error;
+pub mod memtable;
+pub mod read;
 pub mod sql;
 pub mod store;
+pub mod table;
 pub mod wal;
+pub mod writer;
 
 pub use catalog::{Catalog, CatalogOptions, ObjectPath, TableMeta};
 pub use error::{Error, Result};
 pub use sql::MemwalSession;
 pub use store::ObjectRoot;
+pub use table::{Table, TableCache};
+pub use writer::{ShardWriter, WriterOptions, WriterStats};

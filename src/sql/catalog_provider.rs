@@ -13,6 +13,7 @@ use datafusion::error::{DataFusionError, Result};
 use super::table::MemwalTable;
 use super::{ROOT_SCHEMA, namespace_to_schema, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, ObjectType};
+use crate::table::TableCache;
 
 const DDL_HINT: &str = "memwal objects are created and dropped with SQL DDL run through \
                         MemwalSession (CREATE/DROP SCHEMA, CREATE/DROP TABLE)";
@@ -21,12 +22,13 @@ const DDL_HINT: &str = "memwal objects are created and dropped with SQL DDL run 
 #[derive(Debug)]
 pub struct MemwalCatalogProvider {
     catalog: Arc<Catalog>,
+    tables: Arc<TableCache>,
 }
 
 impl MemwalCatalogProvider {
-    /// The provider over `catalog`.
-    pub fn new(catalog: Arc<Catalog>) -> Self {
-        Self { catalog }
+    /// The provider over `catalog`, whose tables are opened in `tables`.
+    pub fn new(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
+        Self { catalog, tables }
     }
 }
 
@@ -51,6 +53,7 @@ impl CatalogProvider for MemwalCatalogProvider {
         let path = schema_to_namespace(name).ok()?;
         Some(Arc::new(NamespaceSchemaProvider {
             catalog: Arc::clone(&self.catalog),
+            tables: Arc::clone(&self.tables),
             path,
         }))
     }
@@ -76,6 +79,7 @@ impl CatalogProvider for MemwalCatalogProvider {
 #[derive(Debug)]
 pub struct NamespaceSchemaProvider {
     catalog: Arc<Catalog>,
+    tables: Arc<TableCache>,
     path: ObjectPath,
 }
 
@@ -94,11 +98,18 @@ impl SchemaProvider for NamespaceSchemaProvider {
         let Ok(path) = self.path.child(name) else {
             return Ok(None);
         };
-        Ok(self
-            .catalog
-            .table(&path)
-            .await?
-            .map(|(_, meta)| Arc::new(MemwalTable::new(path, meta)) as Arc<dyn TableProvider>))
+        let Some((entry, meta)) = self.catalog.table(&path).await? else {
+            return Ok(None);
+        };
+        let Some(location) = &entry.location else {
+            return Err(DataFusionError::Internal(format!(
+                "catalog entry of table {path} has no location"
+            )));
+        };
+        let table = self
+            .tables
+            .get_or_open(self.catalog.root().store(), location, &meta);
+        Ok(Some(Arc::new(MemwalTable::new(path, meta, table))))
     }
 
     fn table_exist(&self, name: &str) -> bool {

@@ -1,15 +1,17 @@
 //! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
-//! `TableProvider`s, DDL with memwal's options, and the session that ties
-//! them together.
+//! `TableProvider`s (scan, INSERT sink, DELETE), DDL with memwal's options,
+//! and the session that ties them together.
 
 mod catalog_provider;
 mod ddl;
+mod exec;
 mod session;
 mod table;
 
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
+pub use exec::{DeleteExec, ScanExec, ScanMode};
 pub use session::MemwalSession;
-pub use table::MemwalTable;
+pub use table::{InsertSink, MemwalTable};
 
 use crate::catalog::ObjectPath;
 use crate::error::Result;

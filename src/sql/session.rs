@@ -12,9 +12,17 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use super::catalog_provider::MemwalCatalogProvider;
 use super::ddl;
 use super::{CATALOG_NAME, ROOT_SCHEMA};
-use crate::catalog::{Catalog, CatalogOptions};
+use datafusion::arrow::array::{RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+
+use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
+use crate::table::{Table, TableCache};
+use crate::writer::WriterOptions;
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
@@ -24,6 +32,7 @@ use crate::store::ObjectRoot;
 pub struct MemwalSession {
     ctx: SessionContext,
     catalog: Arc<Catalog>,
+    tables: Arc<TableCache>,
 }
 
 impl std::fmt::Debug for MemwalSession {
@@ -38,23 +47,60 @@ impl MemwalSession {
     /// Opens the root at `location` (see [`ObjectRoot::open`]) with default
     /// options and starts a session on it.
     pub async fn open(location: &str) -> Result<Self> {
-        let root = ObjectRoot::open(location)?;
-        let catalog = Catalog::open(root, CatalogOptions::default()).await?;
-        Ok(Self::new(catalog))
+        Self::open_with(location, WriterOptions::default()).await
     }
 
-    /// A session over an open catalog.
-    pub fn new(catalog: Arc<Catalog>) -> Self {
+    /// Opens the root at `location`; tables write with `options`.
+    pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
+        let root = ObjectRoot::open(location)?;
+        let catalog = Catalog::open(root, CatalogOptions::default()).await?;
+        Ok(Self::new(catalog, options))
+    }
+
+    /// A session over an open catalog; tables write with `options`.
+    pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
         let ctx = SessionContext::new_with_config(config);
+        let tables = Arc::new(TableCache::new(options));
         ctx.register_catalog(
             CATALOG_NAME,
-            Arc::new(MemwalCatalogProvider::new(Arc::clone(&catalog))),
+            Arc::new(MemwalCatalogProvider::new(
+                Arc::clone(&catalog),
+                Arc::clone(&tables),
+            )),
         );
-        Self { ctx, catalog }
+        Self {
+            ctx,
+            catalog,
+            tables,
+        }
+    }
+
+    /// The table `name` (`table`, `schema.table`, or a dotted namespace path
+    /// ending in the table) for the Rust API: put, delete, get, scan.
+    pub async fn table(&self, name: &str) -> Result<Arc<Table>> {
+        let path = ObjectPath::parse_dotted(name)?;
+        let (entry, meta) = self
+            .catalog
+            .table(&path)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("table {path}")))?;
+        let location = entry
+            .location
+            .as_deref()
+            .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
+        Ok(self
+            .tables
+            .get_or_open(self.catalog.root().store(), location, &meta))
+    }
+
+    /// Makes everything written through this session durable and closes
+    /// its writers; reports the first error.
+    pub async fn close(&self) -> Result<()> {
+        self.tables.close().await
     }
 
     /// The DataFusion context, for everything that is not memwal DDL.
@@ -97,7 +143,67 @@ impl MemwalSession {
             let done = LogicalPlanBuilder::empty(false).build()?;
             return Ok(DataFrame::new(state, done));
         }
+        let is_delete_without_where = match &statement {
+            DFStatement::Statement(s) => match s.as_ref() {
+                SqlStatement::Delete(delete) => Some(delete.selection.is_none()),
+                _ => None,
+            },
+            _ => None,
+        };
         let plan = state.statement_to_plan(statement).await?;
+        let plan = match (is_delete_without_where, plan) {
+            (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
+                dml.table_name,
+                dml.target,
+                WriteOp::Truncate,
+                dml.input,
+            )),
+            (Some(false), plan) => {
+                if deletes_nothing(&state.optimize(&plan)?)? {
+                    let count = RecordBatch::try_new(
+                        Arc::new(Schema::new(vec![Field::new(
+                            "count",
+                            DataType::UInt64,
+                            false,
+                        )])),
+                        vec![Arc::new(UInt64Array::from(vec![0u64]))],
+                    )?;
+                    return Ok(self.ctx.read_batch(count)?);
+                }
+                plan
+            }
+            (_, plan) => plan,
+        };
         Ok(self.ctx.execute_logical_plan(plan).await?)
     }
+}
+
+/// Whether an optimized `DELETE ... WHERE` plan provably deletes nothing
+/// (its predicate folded to an empty relation). A predicate DataFusion 55
+/// would not hand to `delete_from` whole (a subquery became a join) is an
+/// error rather than a risk of deleting rows it did not select.
+fn deletes_nothing(plan: &LogicalPlan) -> Result<bool> {
+    let LogicalPlan::Dml(dml) = plan else {
+        return Ok(false);
+    };
+    let mut scans = 0;
+    let mut unsupported = None;
+    dml.input.apply(|node| {
+        match node {
+            LogicalPlan::TableScan(_) => scans += 1,
+            LogicalPlan::Filter(_)
+            | LogicalPlan::Projection(_)
+            | LogicalPlan::SubqueryAlias(_)
+            | LogicalPlan::EmptyRelation(_) => {}
+            other => unsupported = Some(other.display().to_string()),
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if let Some(node) = unsupported {
+        return Err(Error::invalid(format!(
+            "DELETE with this WHERE clause is not supported yet (it plans to {node}); \
+             select the keys first and delete by key"
+        )));
+    }
+    Ok(scans == 0)
 }

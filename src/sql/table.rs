@@ -1,33 +1,47 @@
 //! [`MemwalTable`]: a memwal table as a DataFusion `TableProvider`.
+//!
+//! Scans read the live rows (newest version per key, no tombstones; shards
+//! are partitions). `key = const` and `key IN (...)` on a one-column key
+//! become key lookups; every other filter, and LIMIT, DataFusion applies
+//! after de-duplication. INSERT goes to the shard writers through
+//! [`InsertSink`]; DELETE and TRUNCATE write tombstones in `execute()`.
 
+use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
-use datafusion::common::{Constraint, Constraints, project_schema};
+use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
+use datafusion::datasource::sink::{DataSink, DataSinkExec};
 use datafusion::datasource::{TableProvider, TableType};
-use datafusion::error::Result;
-use datafusion::logical_expr::Expr;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
+use futures::StreamExt;
 
+use super::exec::{DeleteExec, ScanExec, ScanMode};
 use crate::catalog::{ObjectPath, TableMeta};
+use crate::table::Table;
 
-/// A table of the catalog. Its schema and primary key come from the catalog
-/// entry; until the write path lands it holds no rows, so a scan is empty.
+/// A table of the catalog, backed by this process's [`Table`].
 #[derive(Debug)]
 pub struct MemwalTable {
     path: ObjectPath,
     meta: TableMeta,
-    schema: SchemaRef,
+    table: Arc<Table>,
     constraints: Constraints,
 }
 
 impl MemwalTable {
     /// The provider for the table at `path` with metadata `meta`.
-    pub fn new(path: ObjectPath, meta: TableMeta) -> Self {
-        let schema = meta.schema_ref();
+    pub fn new(path: ObjectPath, meta: TableMeta, table: Arc<Table>) -> Self {
         let key = meta.primary_key_indices();
         let constraints = if key.is_empty() {
             Constraints::default()
@@ -37,7 +51,7 @@ impl MemwalTable {
         Self {
             path,
             meta,
-            schema,
+            table,
             constraints,
         }
     }
@@ -51,12 +65,81 @@ impl MemwalTable {
     pub fn meta(&self) -> &TableMeta {
         &self.meta
     }
+
+    /// The table this provider reads and writes.
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// The literal keys `filter` selects, if it is `key = const`,
+    /// `key IN (consts)` or an OR of those, on a one-column key.
+    fn point_keys(&self, filter: &Expr) -> Option<Vec<ScalarValue>> {
+        let [key] = self.table.schema().key.as_slice() else {
+            return None;
+        };
+        let key_name = self.table.schema().schema.field(*key).name();
+        let is_key = |e: &Expr| matches!(e, Expr::Column(c) if c.name == *key_name);
+        let literal = |e: &Expr| match e {
+            Expr::Literal(v, _) if !v.is_null() => Some(v.clone()),
+            _ => None,
+        };
+        match filter {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => {
+                if is_key(left) {
+                    Some(vec![literal(right)?])
+                } else if is_key(right) {
+                    Some(vec![literal(left)?])
+                } else {
+                    None
+                }
+            }
+            Expr::InList(list) if !list.negated && is_key(&list.expr) => {
+                list.list.iter().map(literal).collect()
+            }
+            // DataFusion rewrites a short `IN` list to `=` terms joined by OR.
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Or,
+                right,
+            }) => {
+                let mut keys = self.point_keys(left)?;
+                keys.extend(self.point_keys(right)?);
+                Some(keys)
+            }
+            _ => None,
+        }
+    }
+
+    /// The keys selected by every point filter among `filters` (their
+    /// intersection is what matters; using one of them is enough, the
+    /// filters still apply above the scan).
+    fn lookup_keys(&self, filters: &[Expr]) -> Result<Option<RecordBatch>> {
+        let Some(values) = filters.iter().find_map(|f| self.point_keys(f)) else {
+            return Ok(None);
+        };
+        let schema = &self.table.schema().schema;
+        let key_field = schema.field(self.table.schema().key[0]);
+        let array = ScalarValue::iter_to_array(values)?;
+        let Ok(array) = cast(&array, key_field.data_type()) else {
+            // Not representable in the key's type: scan instead.
+            return Ok(None);
+        };
+        if array.null_count() > 0 {
+            return Ok(None);
+        }
+        let key_schema = Arc::new(schema.project(&self.table.schema().key)?);
+        Ok(Some(RecordBatch::try_new(key_schema, vec![array])?))
+    }
 }
 
 #[async_trait]
 impl TableProvider for MemwalTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
+        Arc::clone(&self.table.schema().schema)
     }
 
     fn constraints(&self) -> Option<&Constraints> {
@@ -67,14 +150,140 @@ impl TableProvider for MemwalTable {
         TableType::Base
     }
 
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| match self.point_keys(f) {
+                Some(_) => TableProviderFilterPushDown::Inexact,
+                None => TableProviderFilterPushDown::Unsupported,
+            })
+            .collect())
+    }
+
     async fn scan(
         &self,
         _state: &dyn Session,
         projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
+        filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let schema = project_schema(&self.schema, projection)?;
-        Ok(Arc::new(EmptyExec::new(schema)))
+        let mode = match self.lookup_keys(filters)? {
+            Some(keys) => ScanMode::Keys(keys),
+            None => ScanMode::All,
+        };
+        Ok(Arc::new(ScanExec::new(
+            Arc::clone(&self.table),
+            projection.cloned(),
+            mode,
+        )?))
+    }
+
+    async fn insert_into(
+        &self,
+        _state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if insert_op != InsertOp::Append {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{insert_op} is not supported by memwal tables; INSERT INTO appends (upserts by primary key)"
+            )));
+        }
+        let sink = InsertSink {
+            table: Arc::clone(&self.table),
+        };
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+    }
+
+    /// Deletes the live rows matching every filter. An empty filter list is
+    /// refused: DataFusion 55 also passes one for `WHERE false` and for
+    /// predicates it turned into joins (`WHERE id IN (SELECT ...)`), where
+    /// deleting every row would be wrong. [`crate::MemwalSession`] plans
+    /// those statements itself; `DELETE` without `WHERE` is `TRUNCATE`.
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(predicate) = conjunction(filters) else {
+            return Err(DataFusionError::Plan(
+                "memwal refuses a DELETE without a usable filter (DataFusion drops \
+                 WHERE false and subquery predicates); run it through MemwalSession, \
+                 or use TRUNCATE to delete every row"
+                    .into(),
+            ));
+        };
+        let df_schema = DFSchema::try_from(self.schema())?;
+        let predicate = state.create_physical_expr(predicate, &df_schema)?;
+        let scan = self.scan(state, None, &[], None).await?;
+        let matching = Arc::new(FilterExec::try_new(predicate, scan)?);
+        self.require_key()?;
+        Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), matching)))
+    }
+
+    /// Deletes every live row.
+    async fn truncate(&self, state: &dyn Session) -> Result<Arc<dyn ExecutionPlan>> {
+        self.require_key()?;
+        let scan = self.scan(state, None, &[], None).await?;
+        Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), scan)))
+    }
+}
+
+impl MemwalTable {
+    fn require_key(&self) -> Result<()> {
+        if self.table.schema().has_key() {
+            Ok(())
+        } else {
+            Err(DataFusionError::Plan(format!(
+                "table {} has no primary key: it is append-only, rows cannot be deleted",
+                self.path
+            )))
+        }
+    }
+}
+
+/// Routes inserted rows to the shard writers; reports the count once every
+/// row is durable (at once in non-durable mode).
+#[derive(Debug)]
+pub struct InsertSink {
+    table: Arc<Table>,
+}
+
+impl DisplayAs for InsertSink {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "MemwalInsertSink")
+    }
+}
+
+#[async_trait]
+impl DataSink for InsertSink {
+    fn schema(&self) -> &SchemaRef {
+        &self.table.schema().schema
+    }
+
+    async fn write_all(
+        &self,
+        mut data: SendableRecordBatchStream,
+        _context: &Arc<TaskContext>,
+    ) -> Result<u64> {
+        let mut acks = Vec::new();
+        let mut count = 0u64;
+        while let Some(batch) = data.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            count += batch.num_rows() as u64;
+            acks.push(self.table.put_nowait(&batch).await?);
+        }
+        if self.table.durable() {
+            for ack in acks {
+                ack.wait().await?;
+            }
+        }
+        Ok(count)
     }
 }

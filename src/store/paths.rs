@@ -48,6 +48,11 @@ pub fn wal_dir(shard_dir: &Path) -> Path {
     shard_dir.clone().join("wal")
 }
 
+/// `<shard dir>/manifest`: the shard manifest's versions (`v<N>.json`).
+pub fn shard_manifest_dir(shard_dir: &Path) -> Path {
+    shard_dir.clone().join("manifest")
+}
+
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
 pub fn wal_file(wal_dir: &Path, position: u64) -> Path {
     wal_dir

@@ -56,9 +56,14 @@ pub struct WalEntry {
     pub batches: Vec<RecordBatch>,
 }
 
-/// The schema of data entries: the table's columns plus [`TOMBSTONE_COLUMN`].
+/// The schema of data entries: the table's columns, all nullable (a
+/// tombstone carries only its key), plus [`TOMBSTONE_COLUMN`].
 pub fn entry_schema(table: &Schema) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = table.fields().iter().cloned().collect();
+    let mut fields: Vec<Arc<Field>> = table
+        .fields()
+        .iter()
+        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+        .collect();
     fields.push(Arc::new(Field::new(
         TOMBSTONE_COLUMN,
         DataType::Boolean,

@@ -14,13 +14,16 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use super::entry::WalEntry;
 use crate::error::{Error, Result};
 use crate::store::paths;
+
+/// WAL objects read at the same time during replay.
+const REPLAY_READS: usize = 16;
 
 /// The WAL of one shard.
 #[derive(Debug, Clone)]
@@ -74,13 +77,23 @@ impl WalLog {
             .map(|_| ())
     }
 
-    /// The entry at `position`, if there is one.
-    pub async fn read(&self, position: u64) -> Result<Option<WalEntry>> {
-        let path = self.path_of(position);
-        match self.store.get(&path).await {
-            Ok(got) => Ok(Some(WalEntry::decode(path.as_ref(), got.bytes().await?)?)),
+    /// The stored bytes at `position`, if there are any.
+    pub async fn read_bytes(&self, position: u64) -> Result<Option<Bytes>> {
+        match self.store.get(&self.path_of(position)).await {
+            Ok(got) => Ok(Some(got.bytes().await?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The entry at `position`, if there is one.
+    pub async fn read(&self, position: u64) -> Result<Option<WalEntry>> {
+        match self.read_bytes(position).await? {
+            Some(bytes) => Ok(Some(WalEntry::decode(
+                self.path_of(position).as_ref(),
+                bytes,
+            )?)),
+            None => Ok(None),
         }
     }
 
@@ -110,24 +123,30 @@ impl WalLog {
             .unwrap_or(after))
     }
 
-    /// Every entry after `after`, in position order. A gap in the positions
-    /// or an entry that fails its checksum is an error naming the object.
+    /// Every entry after `after`, in position order (read a few at a
+    /// time). A gap in the positions or an entry that fails its checksum is
+    /// an error naming the object.
     pub async fn replay(&self, after: u64) -> Result<Vec<(u64, WalEntry)>> {
-        let mut entries = Vec::new();
-        for (expected, position) in (after + 1..).zip(self.positions_after(after).await?) {
+        let positions = self.positions_after(after).await?;
+        for (expected, &position) in (after + 1..).zip(&positions) {
             if position != expected {
                 return Err(Error::Corrupt {
                     path: self.path_of(expected).to_string(),
                     reason: format!("WAL position missing (next present is {position})"),
                 });
             }
-            let entry = self.read(position).await?.ok_or_else(|| Error::Corrupt {
-                path: self.path_of(position).to_string(),
-                reason: "WAL entry vanished during replay".into(),
-            })?;
-            entries.push((position, entry));
         }
-        Ok(entries)
+        futures::stream::iter(positions)
+            .map(|position| async move {
+                let entry = self.read(position).await?.ok_or_else(|| Error::Corrupt {
+                    path: self.path_of(position).to_string(),
+                    reason: "WAL entry vanished during replay".into(),
+                })?;
+                Ok((position, entry))
+            })
+            .buffered(REPLAY_READS)
+            .try_collect()
+            .await
     }
 
     /// Writes a fence of `epoch` at the first free position after the tip

@@ -1,0 +1,309 @@
+//! The MemTable (DESIGN.md §2, §6): the rows of one shard's current
+//! generation, in put order, in memory.
+//!
+//! One writer appends; any number of readers read at the same time without
+//! taking a lock on the batches:
+//! - batches live in append-only slots that are written once and never
+//!   moved ([`OnceLock`] segments of doubling size);
+//! - `written` counts the batches of complete puts, `visible` the prefix
+//!   readers may see; both are published with release stores and read with
+//!   acquire loads, so a reader that sees a count sees every slot below it;
+//! - a put of several batches is published in one store, so readers see all
+//!   of it or none of it;
+//! - the primary-key index maps each key to its newest row and each row to
+//!   the previous row of its key, so a lookup capped at the visible prefix
+//!   finds the newest visible version even while newer rows are being added.
+//!
+//! `key` (the canonical key encoding and the shard hash) and `schema` (the
+//! stored row form and input checks) are the table-level halves.
+
+pub mod key;
+mod schema;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use datafusion::arrow::array::RecordBatch;
+
+pub use schema::TableSchema;
+
+use crate::error::Result;
+
+/// Slots in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
+const FIRST_SEGMENT: usize = 32;
+/// Enough segments for more batches than memory can hold.
+const SEGMENTS: usize = 40;
+
+/// Append-only storage of values, written once per slot.
+struct Slots<T> {
+    segments: [OnceLock<Box<[OnceLock<T>]>>; SEGMENTS],
+}
+
+impl<T> Slots<T> {
+    fn new() -> Self {
+        Self {
+            segments: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    fn locate(index: usize) -> (usize, usize) {
+        let n = index / FIRST_SEGMENT + 1;
+        let segment = (usize::BITS - 1 - n.leading_zeros()) as usize;
+        (segment, index - FIRST_SEGMENT * ((1 << segment) - 1))
+    }
+
+    fn segment(&self, segment: usize) -> &[OnceLock<T>] {
+        self.segments[segment].get_or_init(|| {
+            (0..FIRST_SEGMENT << segment)
+                .map(|_| OnceLock::new())
+                .collect()
+        })
+    }
+
+    /// Sets slot `index` (each slot is set once, by the one writer).
+    fn set(&self, index: usize, value: T) {
+        let (segment, offset) = Self::locate(index);
+        if self.segment(segment)[offset].set(value).is_err() {
+            unreachable!("MemTable slot {index} written twice");
+        }
+    }
+
+    /// The value of slot `index`, which must have been set.
+    fn get(&self, index: usize) -> &T {
+        let (segment, offset) = Self::locate(index);
+        self.segments[segment]
+            .get()
+            .and_then(|s| s[offset].get())
+            .expect("MemTable slot read before it was published")
+    }
+}
+
+/// One stored batch and the global row number of its first row.
+#[derive(Debug, Clone)]
+pub struct StoredBatch {
+    pub batch: RecordBatch,
+    pub first_row: u64,
+}
+
+/// One stored batch of a put with each row's key encoding (`None` for an
+/// append-only table).
+pub type KeyedBatch = (RecordBatch, Option<Vec<Box<[u8]>>>);
+
+/// Where a key's versions are.
+#[derive(Default)]
+struct KeyIndex {
+    /// Key → its newest row.
+    newest: HashMap<Box<[u8]>, u64>,
+    /// Row → the previous row of the same key (`u64::MAX`: none).
+    previous: Vec<u64>,
+}
+
+/// A MemTable. See the module doc for the concurrency contract.
+pub struct MemTable {
+    schema: Arc<TableSchema>,
+    slots: Slots<StoredBatch>,
+    written: AtomicUsize,
+    visible: AtomicUsize,
+    rows: AtomicU64,
+    bytes: AtomicUsize,
+    index: RwLock<KeyIndex>,
+}
+
+impl std::fmt::Debug for MemTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemTable")
+            .field("written", &self.written_batches())
+            .field("visible", &self.visible_batches())
+            .field("bytes", &self.bytes())
+            .finish()
+    }
+}
+
+impl MemTable {
+    /// An empty MemTable for rows of `schema`.
+    pub fn new(schema: Arc<TableSchema>) -> Self {
+        Self {
+            schema,
+            slots: Slots::new(),
+            written: AtomicUsize::new(0),
+            visible: AtomicUsize::new(0),
+            rows: AtomicU64::new(0),
+            bytes: AtomicUsize::new(0),
+            index: RwLock::new(KeyIndex::default()),
+        }
+    }
+
+    /// The table schema of the rows.
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        &self.schema
+    }
+
+    /// Appends the batches of one put (stored form, see [`TableSchema`])
+    /// after the last written one, with their key encodings (`None` for
+    /// append-only tables), and returns the new written count. The batches
+    /// are not visible until [`MemTable::publish`] covers them.
+    ///
+    /// Only one thread may append at a time (the shard's writer).
+    pub fn append(&self, batches: Vec<KeyedBatch>) -> usize {
+        let mut next = self.written.load(Ordering::Relaxed);
+        let mut row = self.rows.load(Ordering::Relaxed);
+        let mut bytes = 0;
+        for (batch, keys) in batches {
+            let rows = batch.num_rows() as u64;
+            if let Some(keys) = keys {
+                let mut index = self.index.write().expect("key index poisoned");
+                let KeyIndex { newest, previous } = &mut *index;
+                for (i, key) in keys.into_iter().enumerate() {
+                    let at = row + i as u64;
+                    let before = newest.insert(key, at).unwrap_or(u64::MAX);
+                    previous.push(before);
+                }
+            }
+            bytes += batch.get_array_memory_size();
+            self.slots.set(
+                next,
+                StoredBatch {
+                    batch,
+                    first_row: row,
+                },
+            );
+            next += 1;
+            row += rows;
+        }
+        self.rows.store(row, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.written.store(next, Ordering::Release);
+        next
+    }
+
+    /// Makes the first `batches` written batches visible (never moves the
+    /// visible prefix back). `batches` must end at a put boundary.
+    pub fn publish(&self, batches: usize) {
+        debug_assert!(batches <= self.written_batches());
+        self.visible.fetch_max(batches, Ordering::Release);
+    }
+
+    /// Batches of complete puts.
+    pub fn written_batches(&self) -> usize {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Batches readers may see.
+    pub fn visible_batches(&self) -> usize {
+        self.visible.load(Ordering::Acquire)
+    }
+
+    /// Bytes of all written batches (Arrow memory size).
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The written batches `from..to` (`to` at most the written count).
+    pub fn batches(&self, from: usize, to: usize) -> Vec<StoredBatch> {
+        assert!(
+            to <= self.written_batches(),
+            "batches beyond the written ones"
+        );
+        (from..to).map(|i| self.slots.get(i).clone()).collect()
+    }
+
+    /// The visible prefix, captured once: every batch readers may see now.
+    pub fn snapshot(&self) -> Vec<StoredBatch> {
+        self.batches(0, self.visible_batches())
+    }
+
+    /// The newest visible version of the key with encoding `key` among
+    /// `snapshot` (a [`MemTable::snapshot`]): the batch and row, or `None`
+    /// if the key has no visible row. The row may be a tombstone.
+    pub fn lookup(&self, snapshot: &[StoredBatch], key: &[u8]) -> Result<Option<(usize, usize)>> {
+        let Some(last) = snapshot.last() else {
+            return Ok(None);
+        };
+        let cap = last.first_row + last.batch.num_rows() as u64;
+        let index = self.index.read().expect("key index poisoned");
+        let mut row = match index.newest.get(key) {
+            Some(&row) => row,
+            None => return Ok(None),
+        };
+        while row != u64::MAX && row >= cap {
+            row = index.previous[row as usize];
+        }
+        if row == u64::MAX {
+            return Ok(None);
+        }
+        let batch = snapshot.partition_point(|b| b.first_row <= row) - 1;
+        Ok(Some((batch, (row - snapshot[batch].first_row) as usize)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::TableMeta;
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+
+    fn table() -> Arc<TableSchema> {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+        ]);
+        let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+        Arc::new(TableSchema::new(&meta))
+    }
+
+    fn put(t: &TableSchema, ids: &[i64], v: i64) -> KeyedBatch {
+        let batch = RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(Int64Array::from(vec![v; ids.len()])),
+            ],
+        )
+        .unwrap();
+        let stored = t.to_stored(&batch).unwrap();
+        let keys = t.encode_keys(&stored).unwrap();
+        (stored, Some(keys))
+    }
+
+    #[test]
+    fn slots_cover_every_index_once() {
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..10_000 {
+            let (s, o) = Slots::<()>::locate(i);
+            assert!(o < FIRST_SEGMENT << s, "{i}");
+            assert!(seen.insert((s, o)));
+        }
+    }
+
+    #[test]
+    fn lookups_see_the_newest_visible_version_only() {
+        let t = table();
+        let m = MemTable::new(Arc::clone(&t));
+        let one = key::encode_keys(&[Arc::new(Int64Array::from(vec![1]))], 1).unwrap();
+        assert_eq!(m.append(vec![put(&t, &[1, 2], 10)]), 1);
+        m.publish(1);
+        assert_eq!(m.append(vec![put(&t, &[1], 20), put(&t, &[3], 20)]), 3);
+
+        // The second put is written but not visible: version 10 wins.
+        let snap = m.snapshot();
+        assert_eq!(snap.len(), 1);
+        let (b, r) = m.lookup(&snap, &one[0]).unwrap().unwrap();
+        assert_eq!(
+            snap[b].batch.column(1).as_primitive::<Int64Type>().value(r),
+            10
+        );
+
+        m.publish(3);
+        let snap = m.snapshot();
+        assert_eq!(snap.len(), 3);
+        let (b, r) = m.lookup(&snap, &one[0]).unwrap().unwrap();
+        assert_eq!((b, r), (1, 0));
+        let missing = key::encode_keys(&[Arc::new(Int64Array::from(vec![9]))], 1).unwrap();
+        assert_eq!(m.lookup(&snap, &missing[0]).unwrap(), None);
+        // The visible prefix never moves back.
+        m.publish(1);
+        assert_eq!(m.visible_batches(), 3);
+    }
+}

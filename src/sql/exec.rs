@@ -1,0 +1,266 @@
+//! The physical operators memwal adds to DataFusion: [`ScanExec`] (the live
+//! rows of a table, one partition per shard, or a few keys looked up) and
+//! [`DeleteExec`] (tombstones for the rows its input yields). Both do their
+//! work in `execute()`, never while planning.
+
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::error::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use crate::table::Table;
+
+fn properties(schema: SchemaRef, partitions: usize, emission: EmissionType) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(schema),
+        Partitioning::UnknownPartitioning(partitions),
+        emission,
+        Boundedness::Bounded,
+    ))
+}
+
+/// A stream of the batches one future produces.
+fn stream_of(
+    schema: SchemaRef,
+    batches: impl Future<Output = crate::Result<Vec<RecordBatch>>> + Send + 'static,
+) -> SendableRecordBatchStream {
+    let stream = futures::stream::once(batches)
+        .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+        .map_err(datafusion::error::DataFusionError::from)
+        .try_flatten();
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
+}
+
+/// What a scan reads.
+#[derive(Debug, Clone)]
+pub enum ScanMode {
+    /// Every live row; partition `p` is shard `p`.
+    All,
+    /// Only the rows with these keys (one row per key, key columns only);
+    /// one partition.
+    Keys(RecordBatch),
+}
+
+/// The live rows of a table (newest version per key, no tombstones),
+/// captured when a partition starts executing.
+#[derive(Debug)]
+pub struct ScanExec {
+    table: Arc<Table>,
+    projection: Option<Vec<usize>>,
+    mode: ScanMode,
+    properties: Arc<PlanProperties>,
+}
+
+impl ScanExec {
+    /// A scan of `table` producing the columns `projection` (all if `None`).
+    pub fn new(table: Arc<Table>, projection: Option<Vec<usize>>, mode: ScanMode) -> Result<Self> {
+        let schema = match &projection {
+            Some(p) => Arc::new(table.schema().schema.project(p)?),
+            None => Arc::clone(&table.schema().schema),
+        };
+        let partitions = match mode {
+            ScanMode::All => table.shard_count(),
+            ScanMode::Keys(_) => 1,
+        };
+        Ok(Self {
+            properties: properties(schema, partitions, EmissionType::Incremental),
+            table,
+            projection,
+            mode,
+        })
+    }
+}
+
+impl DisplayAs for ScanExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match &self.mode {
+            ScanMode::All => write!(f, "MemwalScanExec: shards={}", self.table.shard_count())?,
+            ScanMode::Keys(keys) => write!(f, "MemwalScanExec: key lookups={}", keys.num_rows())?,
+        }
+        if let Some(p) = &self.projection {
+            write!(f, ", projection={p:?}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for ScanExec {
+    fn name(&self) -> &str {
+        "MemwalScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn execute(&self, partition: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let table = Arc::clone(&self.table);
+        let projection = self.projection.clone();
+        let mode = self.mode.clone();
+        let rows = async move {
+            let rows = match mode {
+                ScanMode::All => table.scan_shard(partition as u32).await?,
+                ScanMode::Keys(keys) => {
+                    let mut found = Vec::new();
+                    for row in 0..keys.num_rows() {
+                        found.extend(table.get(&keys.slice(row, 1)).await?);
+                    }
+                    found
+                }
+            };
+            match projection {
+                Some(p) => rows
+                    .iter()
+                    .map(|b| Ok(b.project(&p)?))
+                    .collect::<crate::Result<Vec<_>>>(),
+                None => Ok(rows),
+            }
+        };
+        Ok(stream_of(self.schema(), rows))
+    }
+}
+
+/// The `count` schema DML statements return.
+fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
+}
+
+/// Deletes the rows its input yields (by their key columns) and returns
+/// their count, once the tombstones are durable.
+#[derive(Debug)]
+pub struct DeleteExec {
+    table: Arc<Table>,
+    /// Rows of the table to delete (at least its key columns, named as in
+    /// the table).
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+impl DeleteExec {
+    /// Deletes from `table` the rows `input` produces.
+    pub fn new(table: Arc<Table>, input: Arc<dyn ExecutionPlan>) -> Self {
+        Self {
+            table,
+            input,
+            properties: properties(count_schema(), 1, EmissionType::Final),
+        }
+    }
+}
+
+impl DisplayAs for DeleteExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "MemwalDeleteExec")
+    }
+}
+
+impl ExecutionPlan for DeleteExec {
+    fn name(&self) -> &str {
+        "MemwalDeleteExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(
+            Arc::clone(&self.table),
+            children.remove(0),
+        )))
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let table = Arc::clone(&self.table);
+        let input = Arc::clone(&self.input);
+        let schema = self.schema();
+        let deleted = async move {
+            let key_schema = Arc::new(table.schema().schema.project(&table.schema().key)?);
+            let mut acks = Vec::new();
+            let mut count = 0u64;
+            for p in 0..input.output_partitioning().partition_count() {
+                let mut rows = input.execute(p, Arc::clone(&ctx))?;
+                while let Some(batch) = rows.next().await {
+                    let batch = batch?;
+                    if batch.num_rows() == 0 {
+                        continue;
+                    }
+                    let keys: Vec<ArrayRef> = key_schema
+                        .fields()
+                        .iter()
+                        .map(|f| {
+                            batch.column_by_name(f.name()).cloned().ok_or_else(|| {
+                                crate::Error::invalid(format!(
+                                    "DELETE input lacks key column {}",
+                                    f.name()
+                                ))
+                            })
+                        })
+                        .collect::<crate::Result<_>>()?;
+                    let keys = RecordBatch::try_new(Arc::clone(&key_schema), keys)?;
+                    count += keys.num_rows() as u64;
+                    acks.push(table.delete_nowait(&keys).await?);
+                }
+            }
+            if table.durable() {
+                for ack in acks {
+                    ack.wait().await?;
+                }
+            }
+            let count: ArrayRef = Arc::new(UInt64Array::from(vec![count]));
+            Ok(vec![RecordBatch::try_new(count_schema(), vec![count])?])
+        };
+        let _ = partition;
+        Ok(stream_of(schema, deleted))
+    }
+}

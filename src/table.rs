@@ -1,0 +1,376 @@
+//! [`Table`]: one table of a root as this process uses it — the Rust API
+//! for `put`, `delete`, `get` and scans, and what the SQL layer runs on.
+//!
+//! Writes route by the primary key's shard (see [`crate::memtable::key`]);
+//! a table without a key is append-only and sends each batch to the next
+//! shard in turn. Each shard's writer is opened on first write (one per
+//! shard per process) and re-opened after it stopped (fenced by another
+//! process, or poisoned).
+//!
+//! Reads of a shard come from this process's writer when it still owns the
+//! shard, checked with one read of the WAL position it would write next;
+//! otherwise from the durable WAL ([`WalTail`]). Either way a read sees
+//! every acknowledged durable row.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
+use object_store::ObjectStore;
+
+use crate::catalog::TableMeta;
+use crate::error::{Error, Result};
+use crate::memtable::{TableSchema, key};
+use crate::read::{WalTail, newest_live_rows};
+use crate::store::paths;
+use crate::wal::WalLog;
+use crate::writer::{Durability, ShardWriter, WriterOptions};
+
+/// One shard as seen by this process.
+struct Shard {
+    index: u32,
+    writer: RwLock<Option<Arc<ShardWriter>>>,
+    opening: tokio::sync::Mutex<()>,
+    tail: tokio::sync::Mutex<WalTail>,
+}
+
+/// A table of a root, opened in this process. Cheap to share.
+pub struct Table {
+    store: Arc<dyn ObjectStore>,
+    location: String,
+    schema: Arc<TableSchema>,
+    options: WriterOptions,
+    shards: Vec<Shard>,
+    next_append_shard: AtomicU32,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table")
+            .field("location", &self.location)
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+/// The durability of one table-level put (one handle per shard it touched).
+#[derive(Debug)]
+pub struct Acks(Vec<Durability>);
+
+impl Acks {
+    /// Waits until every part of the put is durable.
+    pub async fn wait(self) -> Result<()> {
+        for ack in self.0 {
+            ack.wait().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Table {
+    /// The table stored at `location` in `store`, described by `meta`.
+    /// Opens nothing yet: writers open on first write.
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        location: &str,
+        meta: &TableMeta,
+        options: WriterOptions,
+    ) -> Self {
+        let schema = Arc::new(TableSchema::new(meta));
+        let shards = (0..schema.shards)
+            .map(|index| {
+                let wal = WalLog::new(
+                    Arc::clone(&store),
+                    paths::wal_dir(&paths::shard_dir(location, index)),
+                );
+                Shard {
+                    index,
+                    writer: RwLock::new(None),
+                    opening: tokio::sync::Mutex::new(()),
+                    tail: tokio::sync::Mutex::new(WalTail::new(wal, Arc::clone(&schema), 0)),
+                }
+            })
+            .collect();
+        Self {
+            store,
+            location: location.to_string(),
+            schema,
+            options,
+            shards,
+            next_append_shard: AtomicU32::new(0),
+        }
+    }
+
+    /// The table's schema, key and stored row form.
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        &self.schema
+    }
+
+    /// Number of shards (scan partitions).
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Whether writes wait for durability.
+    pub fn durable(&self) -> bool {
+        self.options.durable
+    }
+
+    /// The writer of `shard`, opened (or re-opened after it stopped) if
+    /// needed.
+    pub async fn writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
+        let slot = &self.shards[shard as usize];
+        if let Some(w) = self.live_writer(slot) {
+            return Ok(w);
+        }
+        let _one_opener = slot.opening.lock().await;
+        if let Some(w) = self.live_writer(slot) {
+            return Ok(w);
+        }
+        let writer = Arc::new(
+            ShardWriter::open(
+                Arc::clone(&self.store),
+                &self.location,
+                shard,
+                Arc::clone(&self.schema),
+                self.options.clone(),
+            )
+            .await?,
+        );
+        *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
+        Ok(writer)
+    }
+
+    fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
+        let current = slot.writer.read().expect("writer slot poisoned").clone()?;
+        current.stopped().is_none().then_some(current)
+    }
+
+    /// Puts the rows of `batch` and, if the table is durable, waits until
+    /// they are durable. Bad input writes nothing.
+    pub async fn put(&self, batch: &RecordBatch) -> Result<()> {
+        let acks = self.put_nowait(batch).await?;
+        if self.options.durable {
+            acks.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// Puts the rows of `batch` into the MemTables and returns without
+    /// waiting for durability.
+    pub async fn put_nowait(&self, batch: &RecordBatch) -> Result<Acks> {
+        let stored = self.schema.to_stored(batch)?;
+        self.route(stored).await
+    }
+
+    /// Deletes the keys in `keys` (exactly the key columns, in key order).
+    pub async fn delete(&self, keys: &RecordBatch) -> Result<()> {
+        let acks = self.delete_nowait(keys).await?;
+        if self.options.durable {
+            acks.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// Like [`Table::delete`] without waiting for durability.
+    pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<Acks> {
+        let stored = self.schema.tombstones(keys)?;
+        self.route(stored).await
+    }
+
+    /// Sends stored rows to their shards' writers.
+    async fn route(&self, stored: RecordBatch) -> Result<Acks> {
+        let shards = self.shards.len() as u32;
+        if shards == 1 {
+            return Ok(Acks(vec![
+                self.writer(0).await?.put_stored(vec![stored]).await?,
+            ]));
+        }
+        if !self.schema.has_key() {
+            let shard = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
+            return Ok(Acks(vec![
+                self.writer(shard).await?.put_stored(vec![stored]).await?,
+            ]));
+        }
+        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+        for (row, k) in self.schema.encode_keys(&stored)?.iter().enumerate() {
+            rows[key::shard_of(k, shards) as usize].push(row as u32);
+        }
+        let mut acks = Vec::new();
+        for (shard, rows) in rows.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let part = take_record_batch(&stored, &UInt32Array::from(rows))?;
+            acks.push(
+                self.writer(shard as u32)
+                    .await?
+                    .put_stored(vec![part])
+                    .await?,
+            );
+        }
+        Ok(Acks(acks))
+    }
+
+    /// The shard a key (one row of exactly the key columns) belongs to, and
+    /// its encoding.
+    fn locate(&self, key: &RecordBatch) -> Result<(u32, Box<[u8]>)> {
+        if !self.schema.has_key() {
+            return Err(Error::invalid("the table has no primary key"));
+        }
+        if key.num_rows() != 1 {
+            return Err(Error::invalid("a lookup takes exactly one key"));
+        }
+        let stored = self.schema.tombstones(key)?;
+        let encoded = self.schema.encode_keys(&stored)?.remove(0);
+        Ok((key::shard_of(&encoded, self.shards.len() as u32), encoded))
+    }
+
+    /// The live row with key `key` (one row of exactly the key columns), in
+    /// user form, or `None`.
+    pub async fn get(&self, key: &RecordBatch) -> Result<Option<RecordBatch>> {
+        let (shard, encoded) = self.locate(key)?;
+        if let Some(writer) = self.owning_writer(shard).await? {
+            let memtable = writer.memtable();
+            let snapshot = memtable.snapshot();
+            let Some((batch, row)) = memtable.lookup(&snapshot, &encoded)? else {
+                return Ok(None);
+            };
+            let batch = &snapshot[batch].batch;
+            if self.schema.tombstone_flags(batch).value(row) {
+                return Ok(None);
+            }
+            return Ok(Some(self.schema.to_user(&batch.slice(row, 1))?));
+        }
+        for batch in self.scan_shard(shard).await? {
+            let keys = self.schema.encode_keys(&batch)?;
+            if let Some(row) = keys.iter().position(|k| *k == encoded) {
+                return Ok(Some(batch.slice(row, 1)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The live rows of `shard` (newest version per key, no tombstones), in
+    /// user form.
+    pub async fn scan_shard(&self, shard: u32) -> Result<Vec<RecordBatch>> {
+        let stored = self.stored_rows(shard).await?;
+        newest_live_rows(&self.schema, &stored)
+    }
+
+    /// The live rows of every shard.
+    pub async fn scan(&self) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for shard in 0..self.shards.len() as u32 {
+            out.extend(self.scan_shard(shard).await?);
+        }
+        Ok(out)
+    }
+
+    /// Every stored batch of `shard` a reader sees now, oldest first.
+    async fn stored_rows(&self, shard: u32) -> Result<Vec<RecordBatch>> {
+        if let Some(writer) = self.owning_writer(shard).await? {
+            return Ok(writer
+                .memtable()
+                .snapshot()
+                .into_iter()
+                .map(|b| b.batch)
+                .collect());
+        }
+        let mut tail = self.shards[shard as usize].tail.lock().await;
+        tail.refresh().await?;
+        Ok(tail.batches().to_vec())
+    }
+
+    /// This process's writer of `shard`, if it still owns the shard: nobody
+    /// else has written at the position it appends at next.
+    async fn owning_writer(&self, shard: u32) -> Result<Option<Arc<ShardWriter>>> {
+        let slot = &self.shards[shard as usize];
+        let Some(writer) = self.live_writer(slot) else {
+            return Ok(None);
+        };
+        if writer.still_owns_shard().await? {
+            return Ok(Some(writer));
+        }
+        log::debug!(
+            "shard {} of {}: another writer took over; reading the WAL",
+            slot.index,
+            self.location
+        );
+        Ok(None)
+    }
+
+    /// Makes everything put so far durable and closes every open writer;
+    /// reports the first error.
+    pub async fn close(&self) -> Result<()> {
+        let mut first = Ok(());
+        for slot in &self.shards {
+            let writer = slot.writer.write().expect("writer slot poisoned").take();
+            if let Some(writer) = writer
+                && let Err(e) = writer.close().await
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+}
+
+/// The tables this process has opened, by location (a location is never
+/// reused, so the entry stays valid for the table's life).
+#[derive(Debug, Default)]
+pub struct TableCache {
+    tables: Mutex<HashMap<String, Arc<Table>>>,
+    options: WriterOptions,
+}
+
+impl TableCache {
+    /// An empty cache whose tables write with `options`.
+    pub fn new(options: WriterOptions) -> Self {
+        Self {
+            tables: Mutex::default(),
+            options,
+        }
+    }
+
+    /// The table at `location`, opened on first use.
+    pub fn get_or_open(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        location: &str,
+        meta: &TableMeta,
+    ) -> Arc<Table> {
+        let mut tables = self.tables.lock().expect("table cache poisoned");
+        Arc::clone(tables.entry(location.to_string()).or_insert_with(|| {
+            Arc::new(Table::new(
+                Arc::clone(store),
+                location,
+                meta,
+                self.options.clone(),
+            ))
+        }))
+    }
+
+    /// Closes every open table (see [`Table::close`]).
+    pub async fn close(&self) -> Result<()> {
+        let tables: Vec<_> = self
+            .tables
+            .lock()
+            .expect("table cache poisoned")
+            .values()
+            .cloned()
+            .collect();
+        let mut first = Ok(());
+        for table in tables {
+            if let Err(e) = table.close().await
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
+    }
+}
