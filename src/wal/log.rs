@@ -151,17 +151,39 @@ impl WalLog {
 
     /// Writes a fence of `epoch` at the first free position after the tip
     /// (at or after `after`) and returns its position. Older writers' later
-    /// appends collide with it.
+    /// appends collide with it. Fences land in epoch order: finding an entry
+    /// of a newer epoch at the tip or in the way means a newer writer owns
+    /// the shard, and this one is [`Error::Fenced`] before it starts.
     pub async fn fence(&self, epoch: u64, after: u64) -> Result<u64> {
         let bytes = WalEntry::fence(epoch).encode()?;
-        let mut position = self.tip(after).await? + 1;
+        let tip = self.tip(after).await?;
+        if tip > after {
+            self.check_not_newer(tip, epoch).await?;
+        }
+        let mut position = tip + 1;
         loop {
             match self.create(&self.path_of(position), &bytes).await {
                 Ok(()) => return Ok(position),
-                // An older writer appended meanwhile: fence after it.
-                Err(object_store::Error::AlreadyExists { .. }) => position += 1,
+                // Another writer appended or fenced meanwhile.
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    self.check_not_newer(position, epoch).await?;
+                    position += 1;
+                }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// [`Error::Fenced`] if the entry at `position` is of an epoch newer
+    /// than `epoch`.
+    async fn check_not_newer(&self, position: u64, epoch: u64) -> Result<()> {
+        match self.read(position).await? {
+            Some(entry) if entry.epoch > epoch => Err(Error::Fenced {
+                path: self.path_of(position).to_string(),
+                epoch,
+                by_epoch: entry.epoch,
+            }),
+            _ => Ok(()),
         }
     }
 }

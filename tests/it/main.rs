@@ -3,4 +3,6 @@
 mod catalog_faults;
 mod catalog_processes;
 mod s3;
+mod sessions;
 mod shell;
+mod writer;

@@ -1,0 +1,354 @@
+//! The shard writer on real and fault-injecting stores: retries at the same
+//! position, poisoning, corrupt WAL objects, fencing, and what concurrent
+//! readers may see.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+use memwal::memtable::TableSchema;
+use memwal::store::{Fault, FaultyStore, OpKind, paths};
+use memwal::wal::WalLog;
+use memwal::{Error, ShardWriter, TableMeta, WriterOptions};
+use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+const LOCATION: &str = "tables/t-0000000000000001";
+
+fn table() -> Arc<TableSchema> {
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("put", DataType::Int64, false),
+        Field::new("v", DataType::Utf8, true),
+    ]);
+    let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+    Arc::new(TableSchema::new(&meta))
+}
+
+fn rows(schema: &SchemaRef, ids: std::ops::Range<i64>, put: i64) -> RecordBatch {
+    let n = ids.end - ids.start;
+    RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(Int64Array::from_iter_values(ids)),
+            Arc::new(Int64Array::from(vec![put; n as usize])),
+            Arc::new(StringArray::from(vec![Some("x"); n as usize])),
+        ],
+    )
+    .unwrap()
+}
+
+fn options(interval_ms: u64) -> WriterOptions {
+    WriterOptions {
+        wal_flush_interval: Duration::from_millis(interval_ms),
+        ..WriterOptions::default()
+    }
+}
+
+async fn open(store: &Arc<dyn ObjectStore>, interval_ms: u64) -> memwal::Result<ShardWriter> {
+    ShardWriter::open(
+        Arc::clone(store),
+        LOCATION,
+        0,
+        table(),
+        options(interval_ms),
+    )
+    .await
+}
+
+/// `(id, put)` of every visible row of the writer's MemTable.
+fn visible(writer: &ShardWriter) -> Vec<(i64, i64)> {
+    let mut out: Vec<(i64, i64)> = memwal::read::newest_live_rows(
+        writer.schema(),
+        &writer
+            .memtable()
+            .snapshot()
+            .into_iter()
+            .map(|b| b.batch)
+            .collect::<Vec<_>>(),
+    )
+    .unwrap()
+    .iter()
+    .flat_map(|b| {
+        let ids = b.column(0).as_primitive::<Int64Type>().clone();
+        let puts = b.column(1).as_primitive::<Int64Type>().clone();
+        (0..b.num_rows()).map(move |i| (ids.value(i), puts.value(i)))
+    })
+    .collect();
+    out.sort_unstable();
+    out
+}
+
+fn wal(store: &Arc<dyn ObjectStore>) -> WalLog {
+    WalLog::new(
+        Arc::clone(store),
+        paths::wal_dir(&paths::shard_dir(LOCATION, 0)),
+    )
+}
+
+#[tokio::test]
+async fn a_transient_wal_write_error_is_retried_at_the_same_position() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let writer = open(&store, 100).await.unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    // Fence at 1; the put's entry goes to 2 and fails twice before landing.
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(2)
+            .on_paths_containing("/wal/"),
+    );
+    writer.put(&[rows(&schema, 0..10, 1)]).await.unwrap();
+    assert_eq!(faulty.injected(), 2);
+    assert_eq!(wal(&store).positions_after(0).await.unwrap(), [1, 2]);
+    let stats = writer.stats();
+    assert_eq!((stats.wal_appends, stats.next_position), (1, 3));
+    writer.close().await.unwrap();
+
+    let reopened = open(&store, 100).await.unwrap();
+    assert_eq!(visible(&reopened).len(), 10);
+}
+
+#[tokio::test]
+async fn an_ambiguous_wal_write_poisons_the_writer_and_every_waiter_gets_the_error() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let writer = Arc::new(open(&store, 100).await.unwrap());
+    let schema = Arc::clone(&writer.schema().schema);
+    writer.put(&[rows(&schema, 0..5, 0)]).await.unwrap();
+
+    // The next entry lands but its acknowledgement is lost, and reading it
+    // back fails too: the outcome is unknown.
+    faulty.set_latency(Duration::from_millis(20));
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .after_write()
+            .on_paths_containing("/wal/"),
+    );
+    faulty.inject(Fault::nth(OpKind::Get, 1).on_paths_containing("/wal/"));
+    let waiters: Vec<_> = (1..=4)
+        .map(|p| {
+            let writer = Arc::clone(&writer);
+            let batch = rows(&schema, p * 100..p * 100 + 5, p);
+            tokio::spawn(async move { writer.put(&[batch]).await })
+        })
+        .collect();
+    for waiter in waiters {
+        match waiter.await.unwrap() {
+            Err(Error::Poisoned(reason)) => {
+                assert!(reason.contains("unknown"), "{reason}")
+            }
+            other => panic!("expected the writer to be poisoned, got {other:?}"),
+        }
+    }
+    // Later puts fail at once, and close reports the error.
+    faulty.clear();
+    assert!(matches!(
+        writer.put(&[rows(&schema, 900..901, 9)]).await,
+        Err(Error::Poisoned(_))
+    ));
+    assert!(writer.stopped().is_some());
+    assert!(matches!(writer.close().await, Err(Error::Poisoned(_))));
+
+    // Recovery is to reopen: the acknowledged rows are there.
+    let reopened = open(&store, 100).await.unwrap();
+    let seen = visible(&reopened);
+    assert!((0..5).all(|id| seen.contains(&(id, 0))), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_corrupt_truncated_or_missing_wal_entry_fails_open_naming_it() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let writer = open(&store, 0).await.unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    for p in 0..3 {
+        writer
+            .put(&[rows(&schema, p * 10..p * 10 + 10, p)])
+            .await
+            .unwrap();
+    }
+    writer.close().await.unwrap();
+    let log = wal(&store);
+    assert_eq!(log.positions_after(0).await.unwrap(), [1, 2, 3, 4]);
+
+    // Truncated.
+    let good = log.read_bytes(3).await.unwrap().unwrap();
+    store
+        .put(
+            &log.path_of(3),
+            PutPayload::from_bytes(good.slice(..good.len() / 2)),
+        )
+        .await
+        .unwrap();
+    let err = open(&store, 0).await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    assert!(
+        err.to_string().contains("00000000000000000003.arrow"),
+        "{err}"
+    );
+
+    // One flipped byte.
+    let mut bad = good.to_vec();
+    bad[good.len() / 3] ^= 0x40;
+    store
+        .put(&log.path_of(3), PutPayload::from(bad))
+        .await
+        .unwrap();
+    let err = open(&store, 0).await.unwrap_err();
+    assert!(
+        err.to_string().contains("00000000000000000003.arrow"),
+        "{err}"
+    );
+
+    // Missing (a gap before later entries).
+    store.delete(&log.path_of(3)).await.unwrap();
+    let err = open(&store, 0).await.unwrap_err();
+    assert!(
+        err.to_string().contains("00000000000000000003.arrow")
+            && err.to_string().contains("missing"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_writer_fences_the_first_and_nothing_acknowledged_is_lost() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let first = open(&store, 5).await.unwrap();
+    let schema = Arc::clone(&first.schema().schema);
+    first.put(&[rows(&schema, 0..10, 1)]).await.unwrap();
+
+    let second = open(&store, 5).await.unwrap();
+    assert!(second.epoch() > first.epoch());
+    // The second writer replayed what the first acknowledged.
+    assert_eq!(visible(&second).len(), 10);
+    assert!(!first.still_owns_shard().await.unwrap());
+
+    match first.put(&[rows(&schema, 10..20, 2)]).await {
+        Err(Error::Fenced {
+            epoch, by_epoch, ..
+        }) => assert_eq!((epoch, by_epoch), (first.epoch(), second.epoch())),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    // Every later put of the fenced writer fails the same way.
+    assert!(matches!(
+        first.put(&[rows(&schema, 20..30, 3)]).await,
+        Err(Error::Fenced { .. })
+    ));
+    second.put(&[rows(&schema, 0..5, 4)]).await.unwrap();
+    second.close().await.unwrap();
+
+    let third = open(&store, 5).await.unwrap();
+    let seen = visible(&third);
+    let expected: Vec<(i64, i64)> = (0..10).map(|id| (id, if id < 5 { 4 } else { 1 })).collect();
+    assert_eq!(
+        seen, expected,
+        "acknowledged rows lost or rejected rows present"
+    );
+}
+
+#[tokio::test]
+async fn racing_openers_get_distinct_epochs_and_only_the_newest_writes() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let opened = futures::future::join_all((0..4).map(|_| open(&store, 0))).await;
+    let mut writers = Vec::new();
+    for result in opened {
+        match result {
+            Ok(w) => writers.push(w),
+            // A fence of a newer epoch was already in the WAL.
+            Err(Error::Fenced {
+                epoch, by_epoch, ..
+            }) => assert!(by_epoch > epoch),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let newest = writers.iter().map(ShardWriter::epoch).max().unwrap();
+    let schema = Arc::clone(&writers[0].schema().schema);
+    for (i, w) in writers.iter().enumerate() {
+        let result = w.put(&[rows(&schema, 0..1, i as i64)]).await;
+        if w.epoch() == newest {
+            result.unwrap();
+        } else {
+            assert!(matches!(result, Err(Error::Fenced { .. })), "{result:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readers_never_see_a_partial_put_or_rows_beyond_the_durable_prefix() {
+    const PUTS: i64 = 300;
+    const BATCHES: i64 = 3;
+    const ROWS: i64 = 7;
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let writer = Arc::new(open(&store, 2).await.unwrap());
+    let schema = Arc::clone(&writer.schema().schema);
+
+    let put_task = {
+        let writer = Arc::clone(&writer);
+        tokio::spawn(async move {
+            let mut pending = Vec::new();
+            for p in 0..PUTS {
+                let batches: Vec<RecordBatch> = (0..BATCHES)
+                    .map(|b| {
+                        let start = (p * BATCHES + b) * ROWS;
+                        rows(&schema, start..start + ROWS, p)
+                    })
+                    .collect();
+                pending.push(writer.put_nowait(&batches).await.unwrap());
+                if pending.len() == 8 {
+                    for ack in pending.drain(..) {
+                        ack.wait().await.unwrap();
+                    }
+                }
+            }
+            for ack in pending {
+                ack.wait().await.unwrap();
+            }
+        })
+    };
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let writer = Arc::clone(&writer);
+            tokio::spawn(async move {
+                let mut scans = 0;
+                let mut last_seen = 0;
+                loop {
+                    let snapshot = writer.memtable().snapshot();
+                    let durable = writer.stats().durable_batches as usize;
+                    assert!(
+                        snapshot.len() <= durable,
+                        "saw {} batches, only {durable} durable",
+                        snapshot.len()
+                    );
+                    let mut per_put = std::collections::BTreeMap::<i64, i64>::new();
+                    for b in &snapshot {
+                        for p in b.batch.column(1).as_primitive::<Int64Type>().values() {
+                            *per_put.entry(*p).or_default() += 1;
+                        }
+                    }
+                    for (p, n) in &per_put {
+                        assert_eq!(*n, BATCHES * ROWS, "put {p} seen partially");
+                    }
+                    assert!(snapshot.len() >= last_seen, "the visible prefix moved back");
+                    last_seen = snapshot.len();
+                    scans += 1;
+                    if per_put.len() as i64 == PUTS {
+                        return scans;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    put_task.await.unwrap();
+    for reader in readers {
+        assert!(reader.await.unwrap() > 1);
+    }
+    let stats = writer.stats();
+    assert_eq!(stats.rows, (PUTS * BATCHES * ROWS) as u64);
+    assert_eq!(stats.pending_rows, 0);
+    assert!(
+        stats.wal_appends < PUTS as u64,
+        "group commit never grouped: {stats:?}"
+    );
+}
