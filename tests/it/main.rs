@@ -2,6 +2,7 @@
 
 mod catalog_faults;
 mod catalog_processes;
+mod crash;
 mod s3;
 mod sessions;
 mod shell;

@@ -12,7 +12,11 @@ async fn query(session: &MemwalSession, sql: &str) -> String {
 }
 
 async fn count(session: &MemwalSession, table: &str) -> String {
-    query(session, &format!("SELECT count(*) AS n, sum(v) AS s FROM {table}")).await
+    query(
+        session,
+        &format!("SELECT count(*) AS n, sum(v) AS s FROM {table}"),
+    )
+    .await
 }
 
 #[tokio::test]
