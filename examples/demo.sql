@@ -26,5 +26,17 @@ SHOW TABLES;
 
 DESCRIBE "shop.eu".items;
 
--- Until the write path lands, tables scan as empty with their schema.
-SELECT count(*) AS items FROM "shop.eu".items;
+-- INSERT returns once the rows are durable in the write-ahead log; an
+-- existing key is replaced (upsert). Run the demo twice: counts stay put.
+INSERT INTO "shop.eu".items VALUES
+  (1, 'lamp',  [0.1, 0.2, 0.3, 0.4]),
+  (2, 'desk',  [0.5, 0.1, 0.0, 0.2]),
+  (3, 'chair', [0.3, 0.3, 0.3, 0.3]);
+INSERT INTO "shop.eu".items VALUES (2, 'standing desk', [0.5, 0.2, 0.0, 0.2]);
+
+INSERT INTO shop.orders VALUES (100, 1, 1, 2), (100, 2, 3, 4), (101, 1, 2, 1);
+DELETE FROM shop.orders WHERE order_id = 101;
+
+SELECT id, title FROM "shop.eu".items ORDER BY id;
+SELECT * FROM "shop.eu".items WHERE id = 2;
+SELECT order_id, sum(qty) AS qty FROM shop.orders GROUP BY order_id ORDER BY 1;

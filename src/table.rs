@@ -7,14 +7,16 @@
 //! shard per process) and re-opened after it stopped (fenced by another
 //! process, or poisoned).
 //!
-//! Reads of a shard come from this process's writer when it still owns the
+//! Scans of a shard come from this process's writer when it still owns the
 //! shard, checked with one read of the WAL position it would write next;
-//! otherwise from the durable WAL ([`WalTail`]). Either way a read sees
-//! every acknowledged durable row.
+//! otherwise from the durable WAL ([`WalTail`]). Either way a scan sees
+//! every acknowledged durable row. [`Table::get`] may trust a recent check
+//! (see [`WriterOptions::owner_check_interval`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
@@ -229,17 +231,18 @@ impl Table {
     }
 
     /// The live row with key `key` (one row of exactly the key columns), in
-    /// user form, or `None`.
+    /// user form, or `None`. Served from this process's writer of the key's
+    /// shard when it owned the shard within the last
+    /// [`WriterOptions::owner_check_interval`] (so a write another process
+    /// made since may be missed for that long); otherwise from the WAL.
     pub async fn get(&self, key: &RecordBatch) -> Result<Option<RecordBatch>> {
         let (shard, encoded) = self.locate(key)?;
-        if let Some(writer) = self.owning_writer(shard).await? {
-            let memtable = writer.memtable();
-            let snapshot = memtable.snapshot();
-            let Some((batch, row)) = memtable.lookup(&snapshot, &encoded)? else {
+        let max_age = self.options.owner_check_interval;
+        if let Some(writer) = self.owning_writer(shard, max_age).await? {
+            let Some((batch, row)) = writer.memtable().get(&encoded) else {
                 return Ok(None);
             };
-            let batch = &snapshot[batch].batch;
-            if self.schema.tombstone_flags(batch).value(row) {
+            if self.schema.tombstone_flags(&batch).value(row) {
                 return Ok(None);
             }
             return Ok(Some(self.schema.to_user(&batch.slice(row, 1))?));
@@ -271,7 +274,7 @@ impl Table {
 
     /// Every stored batch of `shard` a reader sees now, oldest first.
     async fn stored_rows(&self, shard: u32) -> Result<Vec<RecordBatch>> {
-        if let Some(writer) = self.owning_writer(shard).await? {
+        if let Some(writer) = self.owning_writer(shard, Duration::ZERO).await? {
             return Ok(writer
                 .memtable()
                 .snapshot()
@@ -284,14 +287,19 @@ impl Table {
         Ok(tail.batches().to_vec())
     }
 
-    /// This process's writer of `shard`, if it still owns the shard: nobody
-    /// else has written at the position it appends at next.
-    async fn owning_writer(&self, shard: u32) -> Result<Option<Arc<ShardWriter>>> {
+    /// This process's writer of `shard`, if it still owns the shard (nobody
+    /// else has written at the position it appends at next), as checked at
+    /// most `max_age` ago.
+    async fn owning_writer(
+        &self,
+        shard: u32,
+        max_age: Duration,
+    ) -> Result<Option<Arc<ShardWriter>>> {
         let slot = &self.shards[shard as usize];
         let Some(writer) = self.live_writer(slot) else {
             return Ok(None);
         };
-        if writer.still_owns_shard().await? {
+        if writer.owned_within(max_age) || writer.still_owns_shard().await? {
             return Ok(Some(writer));
         }
         log::debug!(

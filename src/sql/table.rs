@@ -12,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
@@ -77,8 +77,18 @@ impl MemwalTable {
         let [key] = self.table.schema().key.as_slice() else {
             return None;
         };
-        let key_name = self.table.schema().schema.field(*key).name();
-        let is_key = |e: &Expr| matches!(e, Expr::Column(c) if c.name == *key_name);
+        let key_field = self.table.schema().schema.field(*key);
+        let is_key = |e: &Expr| match e {
+            Expr::Column(c) => c.name == *key_field.name(),
+            // A cast that maps distinct keys to distinct values (DataFusion
+            // adds one to compare a fixed-size binary key with a binary
+            // literal, or a narrow integer with a wide one).
+            Expr::Cast(cast) => {
+                matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key_field.name())
+                    && injective_cast(key_field.data_type(), cast.field.data_type())
+            }
+            _ => false,
+        };
         let literal = |e: &Expr| match e {
             Expr::Literal(v, _) if !v.is_null() => Some(v.clone()),
             _ => None,
@@ -230,6 +240,20 @@ impl TableProvider for MemwalTable {
         let scan = self.scan(state, None, &[], None).await?;
         Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), scan)))
     }
+}
+
+/// Whether casting `from` to `to` keeps distinct values distinct, so a
+/// literal cast back to `from` names the one key that can match.
+fn injective_cast(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let binary = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView | FixedSizeBinary(_));
+    let string = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    let signed = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | Int64);
+    let unsigned = |t: &DataType| matches!(t, UInt8 | UInt16 | UInt32 | UInt64);
+    (binary(from) && binary(to))
+        || (string(from) && string(to))
+        || (signed(from) && *to == Int64)
+        || (unsigned(from) && (*to == UInt64 || *to == Int64 && *from != UInt64))
 }
 
 impl MemwalTable {

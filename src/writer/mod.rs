@@ -55,6 +55,12 @@ pub struct WriterOptions {
     pub append_retries: u32,
     /// Commit behaviour of the shard manifest (and the retry backoff).
     pub commit: CommitOptions,
+    /// [`crate::Table::get`] trusts that this process's writer still owns
+    /// its shard for this long after it last confirmed it (by an append or
+    /// a check), and reads its MemTable without any store request; a write
+    /// another process made to the shard within that window may be missed.
+    /// Scans always check. Default 100 ms; zero checks on every read.
+    pub owner_check_interval: Duration,
 }
 
 impl Default for WriterOptions {
@@ -66,6 +72,7 @@ impl Default for WriterOptions {
             max_unflushed_bytes: 256 << 20,
             append_retries: 5,
             commit: CommitOptions::default(),
+            owner_check_interval: Duration::from_millis(100),
         }
     }
 }
@@ -111,6 +118,8 @@ struct Counters {
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
     next_position: AtomicU64,
+    /// Microseconds after `opened` when ownership was last confirmed.
+    owned_at_us: AtomicU64,
 }
 
 struct Shared {
@@ -128,6 +137,7 @@ struct Shared {
     closing: AtomicBool,
     progress: watch::Sender<Progress>,
     counters: Counters,
+    opened: Instant,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
@@ -281,6 +291,7 @@ impl ShardWriter {
                 next_position: AtomicU64::new(fence + 1),
                 ..Counters::default()
             },
+            opened: Instant::now(),
         });
         let flusher = tokio::spawn(Arc::clone(&shared).run_flusher(fence + 1));
         Ok(Self {
@@ -317,11 +328,22 @@ impl ShardWriter {
     /// Whether this writer still owns the shard: the WAL position it
     /// appends at next is free or holds its own entry. One object read.
     pub async fn still_owns_shard(&self) -> Result<bool> {
+        let started = Instant::now();
         let next = self.shared.counters.next_position.load(Ordering::Acquire);
-        Ok(match self.shared.wal.read(next).await? {
+        let owned = match self.shared.wal.read(next).await? {
             None => true,
             Some(entry) => entry.epoch == self.shared.epoch,
-        })
+        };
+        if owned {
+            self.shared.confirm_owned(started);
+        }
+        Ok(owned)
+    }
+
+    /// Whether ownership was confirmed less than `max_age` ago (no I/O).
+    pub fn owned_within(&self, max_age: Duration) -> bool {
+        let at = self.shared.counters.owned_at_us.load(Ordering::Acquire);
+        at > 0 && self.shared.opened.elapsed().as_micros() as u64 - at < max_age.as_micros() as u64
     }
 
     /// Puts `batches` (user rows of the table; several batches become
@@ -469,6 +491,14 @@ impl Drop for ShardWriter {
 }
 
 impl Shared {
+    /// Records that nobody else had written to the shard by `at`.
+    fn confirm_owned(&self, at: Instant) {
+        let at = at.saturating_duration_since(self.opened).as_micros() as u64;
+        self.counters
+            .owned_at_us
+            .fetch_max(at.max(1), Ordering::AcqRel);
+    }
+
     /// The group-commit loop: one WAL append at a time, each carrying every
     /// batch written and not yet durable when it starts.
     async fn run_flusher(self: Arc<Self>, mut position: u64) {
@@ -527,6 +557,8 @@ impl Shared {
                     c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
                     position += 1;
                     c.next_position.store(position, Ordering::Release);
+                    // Our entry landed, so nobody had fenced when it started.
+                    self.confirm_owned(last_start.expect("set above"));
                     if self.options.durable {
                         self.memtable.publish(written);
                     }

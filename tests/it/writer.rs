@@ -352,3 +352,84 @@ async fn readers_never_see_a_partial_put_or_rows_beyond_the_durable_prefix() {
         "group commit never grouped: {stats:?}"
     );
 }
+
+#[tokio::test]
+async fn puts_wait_while_too_much_is_not_durable() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let writer = Arc::new(
+        ShardWriter::open(
+            Arc::clone(&store),
+            LOCATION,
+            0,
+            table(),
+            WriterOptions {
+                wal_flush_interval: Duration::ZERO,
+                max_unflushed_bytes: 1,
+                ..WriterOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let schema = Arc::clone(&writer.schema().schema);
+    faulty.set_latency(Duration::from_millis(300));
+    let first = writer.put_nowait(&[rows(&schema, 0..10, 1)]).await.unwrap();
+    // The first put is pending in a slow append: the second waits for it.
+    let second = {
+        let writer = Arc::clone(&writer);
+        let batch = rows(&schema, 10..20, 2);
+        tokio::spawn(async move { writer.put_nowait(&[batch]).await.map(|_| ()) })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !second.is_finished(),
+        "a put went past the unflushed-bytes ceiling"
+    );
+    assert_eq!(writer.stats().pending_batches, 1);
+    first.wait().await.unwrap();
+    second.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_writes_nothing_and_the_writer_stays_usable() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let writer = open(&store, 0).await.unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    let null_key = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("put", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![Some(1), None])),
+            Arc::new(Int64Array::from(vec![1, 1])),
+            Arc::new(StringArray::from(vec!["a", "b"])),
+        ],
+    )
+    .unwrap();
+    let wrong_schema = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
+        vec![Arc::new(Int64Array::from(vec![1]))],
+    )
+    .unwrap();
+    let empty = rows(&schema, 0..0, 1);
+    for (what, bad) in [
+        ("a NULL primary key", vec![rows(&schema, 5..6, 1), null_key]),
+        ("a schema mismatch", vec![wrong_schema.clone()]),
+        ("an empty batch", vec![empty]),
+        ("no batch", vec![]),
+    ] {
+        let err = writer.put(&bad).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{what}: {err}");
+    }
+    assert!(matches!(
+        writer.delete(&wrong_schema.project(&[]).unwrap()).await,
+        Err(Error::InvalidInput(_))
+    ));
+    let stats = writer.stats();
+    assert_eq!((stats.puts, stats.rows, stats.wal_appends), (0, 0, 0));
+    writer.put(&[rows(&schema, 0..3, 1)]).await.unwrap();
+    assert_eq!(visible(&writer), [(0, 1), (1, 1), (2, 1)]);
+}

@@ -1,0 +1,248 @@
+//! The seed's KV write protocol on a local directory, one shard: `--rows`
+//! rows of the PEERS.md KV schema (`id` key + int64, int32, float64, a
+//! 72-character string) in `--put-rows`-row puts, `--window` puts in flight
+//! (each awaiting durability), WAL interval `--interval-ms` (0: latency
+//! mode), durable unless `--non-durable`; integer or 16-byte UUID keys.
+//! Then point reads of MemTable-resident keys through the Rust API and
+//! through SQL. Prints one JSON object.
+//!
+//! ```text
+//! cargo run --example kv_bench -- --keys int --window 32
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use datafusion::arrow::array::{
+    ArrayRef, FixedSizeBinaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
+use memwal::{MemwalSession, Table, WriterOptions};
+use rand::{Rng, SeedableRng};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Keys {
+    Int,
+    Uuid,
+}
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, value_enum, default_value = "int")]
+    keys: Keys,
+    #[arg(long, default_value_t = 1_000_000)]
+    rows: usize,
+    #[arg(long, default_value_t = 1_000)]
+    put_rows: usize,
+    #[arg(long, default_value_t = 32)]
+    window: usize,
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    #[arg(long)]
+    non_durable: bool,
+    /// Point reads through the Rust API (and a tenth of that through SQL).
+    #[arg(long, default_value_t = 10_000)]
+    reads: usize,
+    /// Directory for the root (a fresh subdirectory is made in it).
+    #[arg(long, default_value = "target/kv-bench")]
+    dir: String,
+}
+
+const STRING_LEN: usize = 72;
+
+fn key_array(keys: Keys, ids: &[u64]) -> ArrayRef {
+    match keys {
+        Keys::Int => Arc::new(Int64Array::from_iter_values(ids.iter().map(|&i| i as i64))),
+        Keys::Uuid => {
+            Arc::new(FixedSizeBinaryArray::try_from_iter(ids.iter().map(|&i| uuid_of(i))).unwrap())
+        }
+    }
+}
+
+/// A random-looking (v4-shaped) UUID derived from the row number, so reads
+/// can name keys that were written.
+fn uuid_of(i: u64) -> [u8; 16] {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(i);
+    let mut b: [u8; 16] = rng.random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    b
+}
+
+fn batch(table: &Table, keys: Keys, ids: &[u64]) -> RecordBatch {
+    let n = ids.len();
+    let text: String = "x".repeat(STRING_LEN);
+    RecordBatch::try_new(
+        Arc::clone(&table.schema().schema),
+        vec![
+            key_array(keys, ids),
+            Arc::new(Int64Array::from_iter_values(
+                ids.iter().map(|&i| i as i64 * 7),
+            )),
+            Arc::new(Int32Array::from_iter_values(ids.iter().map(|&i| i as i32))),
+            Arc::new(Float64Array::from_iter_values(
+                ids.iter().map(|&i| i as f64 * 0.5),
+            )),
+            Arc::new(StringArray::from(vec![text.as_str(); n])),
+        ],
+    )
+    .unwrap()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+fn dir_bytes_and_files(path: &std::path::Path) -> (u64, u64) {
+    let mut out = (0, 0);
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                let (b, f) = dir_bytes_and_files(&e.path());
+                out.0 += b;
+                out.1 += f;
+            } else {
+                out.0 += meta.len();
+                out.1 += 1;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    std::fs::create_dir_all(&args.dir).unwrap();
+    let dir = tempfile::tempdir_in(&args.dir).unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let options = WriterOptions {
+        durable: !args.non_durable,
+        wal_flush_interval: Duration::from_millis(args.interval_ms),
+        ..WriterOptions::default()
+    };
+    let session = MemwalSession::open_with(&root, options).await.unwrap();
+    let table = create_table(&session, args.keys).await;
+
+    // Every batch is made before the clock starts.
+    let batches: Arc<Vec<RecordBatch>> = Arc::new(
+        (0..args.rows as u64)
+            .collect::<Vec<_>>()
+            .chunks(args.put_rows)
+            .map(|ids| batch(&table, args.keys, ids))
+            .collect(),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..args.window)
+        .map(|_| {
+            let (table, batches, next) =
+                (Arc::clone(&table), Arc::clone(&batches), Arc::clone(&next));
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(b) = batches.get(i) else { return };
+                    table.put(b).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+    let write_seconds = started.elapsed().as_secs_f64();
+    let writer = table.writer(0).await.unwrap();
+    let stats = writer.stats();
+    table.close().await.unwrap();
+    let close_seconds = started.elapsed().as_secs_f64();
+    let (disk_bytes, disk_files) = dir_bytes_and_files(dir.path());
+
+    // Point reads of MemTable-resident keys (the writer is reopened: the
+    // reads below come from its replayed MemTable).
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let pick = |rng: &mut rand::rngs::StdRng| rng.random_range(0..args.rows as u64);
+    let key_schema = Arc::new(table.schema().schema.project(&[0]).unwrap());
+    let mut rust = Vec::with_capacity(args.reads);
+    let _ = table.writer(0).await.unwrap();
+    for _ in 0..args.reads {
+        let id = pick(&mut rng);
+        let key = RecordBatch::try_new(Arc::clone(&key_schema), vec![key_array(args.keys, &[id])])
+            .unwrap();
+        let t = Instant::now();
+        let row = table.get(&key).await.unwrap();
+        rust.push(t.elapsed());
+        assert!(row.is_some(), "key {id} missing");
+    }
+    rust.sort_unstable();
+    let mut sql = Vec::with_capacity(args.reads / 10 + 1);
+    for _ in 0..(args.reads / 10).max(1) {
+        let id = pick(&mut rng);
+        let literal = match args.keys {
+            Keys::Int => id.to_string(),
+            Keys::Uuid => {
+                let hex: String = uuid_of(id).iter().map(|b| format!("{b:02x}")).collect();
+                format!("X'{hex}'")
+            }
+        };
+        let t = Instant::now();
+        let rows = session
+            .sql(&format!("SELECT * FROM kv WHERE id = {literal}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        sql.push(t.elapsed());
+        assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
+    }
+    sql.sort_unstable();
+    let report = serde_json::json!({
+        "keys": format!("{:?}", args.keys).to_lowercase(),
+        "rows": args.rows,
+        "put_rows": args.put_rows,
+        "window": args.window,
+        "wal_interval_ms": args.interval_ms,
+        "durable": !args.non_durable,
+        "write_seconds": write_seconds,
+        "rows_per_s": args.rows as f64 / write_seconds,
+        "rows_per_s_including_close": args.rows as f64 / close_seconds,
+        "wal_appends": stats.wal_appends,
+        "wal_bytes": stats.wal_bytes,
+        "append_latency_avg_ms": stats.append_latency_total.as_secs_f64() * 1e3 / stats.wal_appends.max(1) as f64,
+        "append_latency_max_ms": stats.append_latency_max.as_secs_f64() * 1e3,
+        "disk_files": disk_files,
+        "disk_bytes": disk_bytes,
+        "rust_get_p50_ms": percentile(&rust, 0.5),
+        "rust_get_p99_ms": percentile(&rust, 0.99),
+        "sql_point_p50_ms": percentile(&sql, 0.5),
+        "sql_point_p99_ms": percentile(&sql, 0.99),
+    });
+    println!("{report}");
+}
+
+/// The KV table `kv`, with an `Int64` or `FixedSizeBinary(16)` key.
+async fn create_table(session: &MemwalSession, keys: Keys) -> Arc<Table> {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let key_type = match keys {
+        Keys::Int => DataType::Int64,
+        Keys::Uuid => DataType::FixedSizeBinary(16),
+    };
+    let schema = Schema::new(vec![
+        Field::new("id", key_type, false),
+        Field::new("a", DataType::Int64, true),
+        Field::new("b", DataType::Int32, true),
+        Field::new("c", DataType::Float64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]);
+    let meta = memwal::TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+    let path = memwal::ObjectPath::new(["kv"]).unwrap();
+    session
+        .catalog()
+        .create_table(path, meta, false)
+        .await
+        .unwrap();
+    session.table("kv").await.unwrap()
+}
