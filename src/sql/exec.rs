@@ -1,7 +1,8 @@
 //! The physical operators memwal adds to DataFusion: [`ScanExec`] (the live
 //! rows of a table, one partition per shard, or a few keys looked up) and
 //! [`DeleteExec`] (tombstones for the rows its input yields). Both do their
-//! work in `execute()`, never while planning.
+//! work in `execute()`, never while planning. [`PlannedStatement`] hands a
+//! planned statement back to DataFusion as a lazy table.
 
 use std::fmt;
 use std::sync::Arc;
@@ -20,6 +21,9 @@ use datafusion::physical_plan::{
 use futures::{StreamExt, TryStreamExt};
 
 use crate::table::Table;
+use datafusion::catalog::Session;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::logical_expr::Expr;
 
 fn properties(schema: SchemaRef, partitions: usize, emission: EmissionType) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
@@ -262,5 +266,32 @@ impl ExecutionPlan for DeleteExec {
         };
         let _ = partition;
         Ok(stream_of(schema, deleted))
+    }
+}
+
+/// A statement planned ahead (a [`DeleteExec`] over the rows to delete) as
+/// a one-use table, so the session can return it as a lazy `DataFrame`:
+/// nothing runs until the frame is collected.
+#[derive(Debug)]
+pub struct PlannedStatement(pub Arc<dyn ExecutionPlan>);
+
+#[async_trait::async_trait]
+impl TableProvider for PlannedStatement {
+    fn schema(&self) -> SchemaRef {
+        self.0.schema()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        _projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::clone(&self.0))
     }
 }

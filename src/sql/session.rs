@@ -11,10 +11,13 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 
 use super::catalog_provider::MemwalCatalogProvider;
 use super::ddl;
+use super::exec::{DeleteExec, PlannedStatement};
+use super::table::MemwalTable;
 use super::{CATALOG_NAME, ROOT_SCHEMA};
-use datafusion::arrow::array::{RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::datasource::source_as_provider;
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 
@@ -158,52 +161,49 @@ impl MemwalSession {
                 WriteOp::Truncate,
                 dml.input,
             )),
-            (Some(false), plan) => {
-                if deletes_nothing(&state.optimize(&plan)?)? {
-                    let count = RecordBatch::try_new(
-                        Arc::new(Schema::new(vec![Field::new(
-                            "count",
-                            DataType::UInt64,
-                            false,
-                        )])),
-                        vec![Arc::new(UInt64Array::from(vec![0u64]))],
-                    )?;
-                    return Ok(self.ctx.read_batch(count)?);
-                }
-                plan
-            }
+            (Some(false), plan) => match self.plan_delete_by_rows(&state, plan).await? {
+                Ok(rows) => return Ok(self.ctx.read_table(rows)?),
+                Err(plan) => plan,
+            },
             (_, plan) => plan,
         };
         Ok(self.ctx.execute_logical_plan(plan).await?)
     }
-}
 
-/// Whether an optimized `DELETE ... WHERE` plan provably deletes nothing
-/// (its predicate folded to an empty relation). A predicate DataFusion 55
-/// would not hand to `delete_from` whole (a subquery became a join) is an
-/// error rather than a risk of deleting rows it did not select.
-fn deletes_nothing(plan: &LogicalPlan) -> Result<bool> {
-    let LogicalPlan::Dml(dml) = plan else {
-        return Ok(false);
-    };
-    let mut scans = 0;
-    let mut unsupported = None;
-    dml.input.apply(|node| {
-        match node {
-            LogicalPlan::TableScan(_) => scans += 1,
-            LogicalPlan::Filter(_)
-            | LogicalPlan::Projection(_)
-            | LogicalPlan::SubqueryAlias(_)
-            | LogicalPlan::EmptyRelation(_) => {}
-            other => unsupported = Some(other.display().to_string()),
+    /// `DELETE ... WHERE` whose predicate DataFusion 55 would not hand to
+    /// `delete_from` whole — folded to an empty relation (`WHERE false`),
+    /// or turned into a join (`WHERE id IN (SELECT ...)`): `delete_from`
+    /// would get no filter, or only some, and delete rows the statement did
+    /// not select. Such a statement becomes a [`DeleteExec`] over the rows
+    /// its optimized plan yields. Any other plan is handed back as is.
+    async fn plan_delete_by_rows(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+    ) -> Result<Result<Arc<dyn TableProvider>, LogicalPlan>> {
+        let LogicalPlan::Dml(dml) = state.optimize(&plan)? else {
+            return Ok(Err(plan));
+        };
+        let mut whole = true;
+        dml.input.apply(|node| {
+            whole &= matches!(
+                node,
+                LogicalPlan::TableScan(_)
+                    | LogicalPlan::Filter(_)
+                    | LogicalPlan::Projection(_)
+                    | LogicalPlan::SubqueryAlias(_)
+            );
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if whole {
+            return Ok(Err(plan));
         }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    if let Some(node) = unsupported {
-        return Err(Error::invalid(format!(
-            "DELETE with this WHERE clause is not supported yet (it plans to {node}); \
-             select the keys first and delete by key"
-        )));
+        let provider = source_as_provider(&dml.target)?;
+        let Some(table) = provider.downcast_ref::<MemwalTable>() else {
+            return Ok(Err(plan));
+        };
+        let rows = state.create_physical_plan(&dml.input).await?;
+        let delete = DeleteExec::new(Arc::clone(table.table()), rows);
+        Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }
-    Ok(scans == 0)
 }

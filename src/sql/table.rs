@@ -212,7 +212,9 @@ impl TableProvider for MemwalTable {
     /// refused: DataFusion 55 also passes one for `WHERE false` and for
     /// predicates it turned into joins (`WHERE id IN (SELECT ...)`), where
     /// deleting every row would be wrong. [`crate::MemwalSession`] plans
-    /// those statements itself; `DELETE` without `WHERE` is `TRUNCATE`.
+    /// those statements itself (and `DELETE` without `WHERE` as `TRUNCATE`);
+    /// a plain `SessionContext` is safe only for predicates on the table's
+    /// own columns.
     async fn delete_from(
         &self,
         state: &dyn Session,
