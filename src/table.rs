@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
@@ -342,6 +342,24 @@ impl TableCache {
             tables: Mutex::default(),
             options,
         }
+    }
+
+    /// The cache of this process for root `url` and `options`: the same
+    /// one for as long as any holder keeps it alive.
+    pub fn shared(url: &str, options: WriterOptions) -> Arc<Self> {
+        static CACHES: OnceLock<Mutex<HashMap<String, Weak<TableCache>>>> = OnceLock::new();
+        let key = format!("{url}\n{options:?}");
+        let mut caches = CACHES
+            .get_or_init(Mutex::default)
+            .lock()
+            .expect("table caches poisoned");
+        caches.retain(|_, cache| cache.strong_count() > 0);
+        if let Some(cache) = caches.get(&key).and_then(Weak::upgrade) {
+            return cache;
+        }
+        let cache = Arc::new(Self::new(options));
+        caches.insert(key, Arc::downgrade(&cache));
+        cache
     }
 
     /// The table at `location`, opened on first use.

@@ -53,21 +53,30 @@ impl MemwalSession {
         Self::open_with(location, WriterOptions::default()).await
     }
 
-    /// Opens the root at `location`; tables write with `options`.
+    /// Opens the root at `location`; tables write with `options`. Sessions
+    /// opened on the same root with the same options in one process share
+    /// their table handles, so a table has one writer per shard in the
+    /// process however many sessions write it.
     pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
         let root = ObjectRoot::open(location)?;
+        let tables = TableCache::shared(root.url(), options);
         let catalog = Catalog::open(root, CatalogOptions::default()).await?;
-        Ok(Self::new(catalog, options))
+        Ok(Self::with_tables(catalog, tables))
     }
 
-    /// A session over an open catalog; tables write with `options`.
+    /// A session over an open catalog with table handles of its own: its
+    /// writers behave like another process's (a write through it fences the
+    /// writers of other sessions on the same tables).
     pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
+        Self::with_tables(catalog, Arc::new(TableCache::new(options)))
+    }
+
+    fn with_tables(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
         let ctx = SessionContext::new_with_config(config);
-        let tables = Arc::new(TableCache::new(options));
         ctx.register_catalog(
             CATALOG_NAME,
             Arc::new(MemwalCatalogProvider::new(

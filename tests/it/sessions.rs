@@ -1,10 +1,20 @@
-//! Two sessions on one root act like two shells (each has its own table
-//! handles and writers): each sees the other's durable rows, and when both
-//! write one table the loser of the shard fails one statement with
-//! `Fenced`, then re-opens and keeps working.
+//! Sessions on one root. Made with `MemwalSession::new` they act like two
+//! shells (each has its own table handles and writers): each sees the
+//! other's durable rows, and when both write one table the loser of the
+//! shard fails one statement with `Fenced`, then re-opens and keeps
+//! working. Opened with `MemwalSession::open` in one process they share one
+//! writer per shard.
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use memwal::MemwalSession;
+use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, WriterOptions};
+
+/// A session with writers of its own, as another process would have.
+async fn isolated(root: &str) -> MemwalSession {
+    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
+        .await
+        .unwrap();
+    MemwalSession::new(catalog, WriterOptions::default())
+}
 
 async fn query(session: &MemwalSession, sql: &str) -> String {
     let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
@@ -23,8 +33,8 @@ async fn count(session: &MemwalSession, table: &str) -> String {
 async fn two_sessions_on_one_table_both_keep_working() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let a = MemwalSession::open(root).await.unwrap();
-    let b = MemwalSession::open(root).await.unwrap();
+    let a = isolated(root).await;
+    let b = isolated(root).await;
     query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
 
     query(&a, "INSERT INTO t VALUES (1, 10), (2, 20)").await;
@@ -57,4 +67,20 @@ async fn two_sessions_on_one_table_both_keep_working() {
     drop((a, b));
     let c = MemwalSession::open(root).await.unwrap();
     assert!(count(&c, "t").await.contains("| 4 | 101 |"));
+}
+
+#[tokio::test]
+async fn sessions_opened_in_one_process_share_one_writer_per_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let a = MemwalSession::open(root).await.unwrap();
+    let b = MemwalSession::open(root).await.unwrap();
+    query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    for (i, session) in [&a, &b, &a, &b].into_iter().enumerate() {
+        query(session, &format!("INSERT INTO t VALUES ({i}, {i})")).await;
+    }
+    assert!(count(&b, "t").await.contains("| 4 | 6 |"));
+    let writer = a.table("t").await.unwrap().writer(0).await.unwrap();
+    assert_eq!(writer.epoch(), 1, "the sessions fenced each other");
+    assert_eq!(writer.stats().puts, 4);
 }
