@@ -163,7 +163,18 @@ impl Table {
     /// Puts the rows of `batch` into the MemTables and returns without
     /// waiting for durability.
     pub async fn put_nowait(&self, batch: &RecordBatch) -> Result<Acks> {
-        let stored = self.schema.to_stored(batch)?;
+        self.put_all_nowait(std::slice::from_ref(batch)).await
+    }
+
+    /// Puts the rows of every batch as one put per shard (each shard makes
+    /// its part visible and durable at once; shards are independent) and
+    /// returns without waiting for durability. Every batch is checked
+    /// before anything is written.
+    pub async fn put_all_nowait(&self, batches: &[RecordBatch]) -> Result<Acks> {
+        let stored = batches
+            .iter()
+            .map(|b| self.schema.to_stored(b))
+            .collect::<Result<Vec<_>>>()?;
         self.route(stored).await
     }
 
@@ -179,39 +190,36 @@ impl Table {
     /// Like [`Table::delete`] without waiting for durability.
     pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<Acks> {
         let stored = self.schema.tombstones(keys)?;
-        self.route(stored).await
+        self.route(vec![stored]).await
     }
 
-    /// Sends stored rows to their shards' writers.
-    async fn route(&self, stored: RecordBatch) -> Result<Acks> {
+    /// Sends stored rows to their shards' writers, one put per shard.
+    async fn route(&self, stored: Vec<RecordBatch>) -> Result<Acks> {
         let shards = self.shards.len() as u32;
+        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); shards as usize];
         if shards == 1 {
-            return Ok(Acks(vec![
-                self.writer(0).await?.put_stored(vec![stored]).await?,
-            ]));
-        }
-        if !self.schema.has_key() {
+            parts[0] = stored;
+        } else if !self.schema.has_key() {
             let shard = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
-            return Ok(Acks(vec![
-                self.writer(shard).await?.put_stored(vec![stored]).await?,
-            ]));
-        }
-        let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
-        for (row, k) in self.schema.encode_keys(&stored)?.iter().enumerate() {
-            rows[key::shard_of(k, shards) as usize].push(row as u32);
+            parts[shard as usize] = stored;
+        } else {
+            for batch in stored {
+                let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+                for (row, k) in self.schema.encode_keys(&batch)?.iter().enumerate() {
+                    rows[key::shard_of(k, shards) as usize].push(row as u32);
+                }
+                for (shard, rows) in rows.into_iter().enumerate() {
+                    if !rows.is_empty() {
+                        parts[shard].push(take_record_batch(&batch, &UInt32Array::from(rows))?);
+                    }
+                }
+            }
         }
         let mut acks = Vec::new();
-        for (shard, rows) in rows.into_iter().enumerate() {
-            if rows.is_empty() {
-                continue;
+        for (shard, part) in parts.into_iter().enumerate() {
+            if !part.is_empty() {
+                acks.push(self.writer(shard as u32).await?.put_stored(part).await?);
             }
-            let part = take_record_batch(&stored, &UInt32Array::from(rows))?;
-            acks.push(
-                self.writer(shard as u32)
-                    .await?
-                    .put_stored(vec![part])
-                    .await?,
-            );
         }
         Ok(Acks(acks))
     }
@@ -236,8 +244,19 @@ impl Table {
     /// [`WriterOptions::owner_check_interval`] (so a write another process
     /// made since may be missed for that long); otherwise from the WAL.
     pub async fn get(&self, key: &RecordBatch) -> Result<Option<RecordBatch>> {
+        self.get_checked_within(key, self.options.owner_check_interval)
+            .await
+    }
+
+    /// Like [`Table::get`], trusting this process's writer only if it
+    /// confirmed owning the shard less than `max_age` ago (zero: check now,
+    /// which sees every durable row, like a scan).
+    pub async fn get_checked_within(
+        &self,
+        key: &RecordBatch,
+        max_age: Duration,
+    ) -> Result<Option<RecordBatch>> {
         let (shard, encoded) = self.locate(key)?;
-        let max_age = self.options.owner_check_interval;
         if let Some(writer) = self.owning_writer(shard, max_age).await? {
             let Some((batch, row)) = writer.memtable().get(&encoded) else {
                 return Ok(None);

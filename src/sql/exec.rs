@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -136,7 +137,8 @@ impl ExecutionPlan for ScanExec {
                 ScanMode::Keys(keys) => {
                     let mut found = Vec::new();
                     for row in 0..keys.num_rows() {
-                        found.extend(table.get(&keys.slice(row, 1)).await?);
+                        let key = keys.slice(row, 1);
+                        found.extend(table.get_checked_within(&key, Duration::ZERO).await?);
                     }
                     found
                 }

@@ -180,10 +180,10 @@ impl MemwalSession {
     }
 
     /// `DELETE ... WHERE` whose predicate DataFusion 55 would not hand to
-    /// `delete_from` whole — folded to an empty relation (`WHERE false`),
-    /// or turned into a join (`WHERE id IN (SELECT ...)`): `delete_from`
-    /// would get no filter, or only some, and delete rows the statement did
-    /// not select. Such a statement becomes a [`DeleteExec`] over the rows
+    /// `delete_from` whole — folded to an empty relation (`WHERE false`) or
+    /// to nothing (`WHERE true`), or turned into a join (`WHERE id IN
+    /// (SELECT ...)`): `delete_from` would get no filter, or only some, and
+    /// delete rows the statement did not select. Such a statement becomes a [`DeleteExec`] over the rows
     /// its optimized plan yields. Any other plan is handed back as is.
     async fn plan_delete_by_rows(
         &self,
@@ -193,18 +193,17 @@ impl MemwalSession {
         let LogicalPlan::Dml(dml) = state.optimize(&plan)? else {
             return Ok(Err(plan));
         };
-        let mut whole = true;
+        let (mut whole, mut filtered) = (true, false);
         dml.input.apply(|node| {
-            whole &= matches!(
-                node,
-                LogicalPlan::TableScan(_)
-                    | LogicalPlan::Filter(_)
-                    | LogicalPlan::Projection(_)
-                    | LogicalPlan::SubqueryAlias(_)
-            );
+            match node {
+                LogicalPlan::Filter(_) => filtered = true,
+                LogicalPlan::TableScan(scan) => filtered |= !scan.filters.is_empty(),
+                LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {}
+                _ => whole = false,
+            }
             Ok(TreeNodeRecursion::Continue)
         })?;
-        if whole {
+        if whole && filtered {
             return Ok(Err(plan));
         }
         let provider = source_as_provider(&dml.target)?;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
@@ -132,15 +131,22 @@ impl MemwalTable {
             return Ok(None);
         };
         let schema = &self.table.schema().schema;
-        let key_field = schema.field(self.table.schema().key[0]);
-        let array = ScalarValue::iter_to_array(values)?;
-        let Ok(array) = cast(&array, key_field.data_type()) else {
-            // Not representable in the key's type: scan instead.
-            return Ok(None);
-        };
-        if array.null_count() > 0 {
-            return Ok(None);
+        let key_type = schema.field(self.table.schema().key[0]).data_type();
+        let mut keys = Vec::with_capacity(values.len());
+        let mut seen = std::collections::HashSet::new();
+        for value in values {
+            // A literal the key's type cannot hold: scan instead.
+            let Ok(key) = value.cast_to(key_type) else {
+                return Ok(None);
+            };
+            if key.is_null() {
+                return Ok(None);
+            }
+            if seen.insert(key.clone()) {
+                keys.push(key);
+            }
         }
+        let array = ScalarValue::iter_to_array(keys)?;
         let key_schema = Arc::new(schema.project(&self.table.schema().key)?);
         Ok(Some(RecordBatch::try_new(key_schema, vec![array])?))
     }
@@ -272,7 +278,9 @@ impl MemwalTable {
 }
 
 /// Routes inserted rows to the shard writers; reports the count once every
-/// row is durable (at once in non-durable mode).
+/// row is durable (at once in non-durable mode). A statement is checked
+/// whole before anything is written and is one put per shard, so within a
+/// shard it becomes visible and durable all at once.
 #[derive(Debug)]
 pub struct InsertSink {
     table: Arc<Table>,
@@ -295,20 +303,22 @@ impl DataSink for InsertSink {
         mut data: SendableRecordBatchStream,
         _context: &Arc<TaskContext>,
     ) -> Result<u64> {
-        let mut acks = Vec::new();
-        let mut count = 0u64;
+        // The whole statement is checked before anything is written, and
+        // goes in as one put per shard.
+        let mut batches = Vec::new();
         while let Some(batch) = data.next().await {
             let batch = batch?;
-            if batch.num_rows() == 0 {
-                continue;
+            if batch.num_rows() > 0 {
+                batches.push(batch);
             }
-            count += batch.num_rows() as u64;
-            acks.push(self.table.put_nowait(&batch).await?);
         }
+        let count = batches.iter().map(|b| b.num_rows() as u64).sum();
+        if batches.is_empty() {
+            return Ok(0);
+        }
+        let acks = self.table.put_all_nowait(&batches).await?;
         if self.table.durable() {
-            for ack in acks {
-                ack.wait().await?;
-            }
+            acks.wait().await?;
         }
         Ok(count)
     }

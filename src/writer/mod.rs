@@ -326,18 +326,22 @@ impl ShardWriter {
     }
 
     /// Whether this writer still owns the shard: the WAL position it
-    /// appends at next is free or holds its own entry. One object read.
+    /// appends at next is free, or holds its own entry followed by a free
+    /// position. One object read, in the common case.
     pub async fn still_owns_shard(&self) -> Result<bool> {
         let started = Instant::now();
-        let next = self.shared.counters.next_position.load(Ordering::Acquire);
-        let owned = match self.shared.wal.read(next).await? {
-            None => true,
-            Some(entry) => entry.epoch == self.shared.epoch,
-        };
-        if owned {
-            self.shared.confirm_owned(started);
+        let mut next = self.shared.counters.next_position.load(Ordering::Acquire);
+        // Our own entry there is an append that landed and is not counted
+        // yet; someone may have fenced after it, so look on.
+        loop {
+            match self.shared.wal.read(next).await? {
+                None => break,
+                Some(entry) if entry.epoch == self.shared.epoch => next += 1,
+                Some(_) => return Ok(false),
+            }
         }
-        Ok(owned)
+        self.shared.confirm_owned(started);
+        Ok(true)
     }
 
     /// Whether ownership was confirmed less than `max_age` ago (no I/O).
@@ -406,6 +410,12 @@ impl ShardWriter {
             if let Some(e) = &shared.progress.borrow().error {
                 return Err(shared_error(e));
             }
+            // Checked under the lock `close` sets it under: the flusher,
+            // which reads `closing` before `written`, sees every put that
+            // got past here.
+            if shared.closing.load(Ordering::Acquire) {
+                return Err(Error::Poisoned("the shard writer is closed".into()));
+            }
             let end = shared.memtable.append(put);
             shared.written_rows.fetch_add(rows, Ordering::Relaxed);
             end
@@ -467,7 +477,14 @@ impl ShardWriter {
     /// Makes everything put so far durable, stops the flusher and reports
     /// the error that stopped the writer, if any.
     pub async fn close(&self) -> Result<()> {
-        self.shared.closing.store(true, Ordering::Release);
+        {
+            let _no_put_in_flight = self
+                .shared
+                .append_lock
+                .lock()
+                .expect("append lock poisoned");
+            self.shared.closing.store(true, Ordering::Release);
+        }
         self.shared.wake.notify_one();
         let flusher = self.flusher.lock().expect("flusher handle poisoned").take();
         if let Some(flusher) = flusher {
@@ -505,9 +522,11 @@ impl Shared {
         let interval = self.options.wal_flush_interval;
         let mut last_start: Option<Instant> = None;
         loop {
+            // `closing` first: once it is set no put enters the MemTable, so
+            // `written` read after it is final.
+            let closing = self.closing.load(Ordering::Acquire);
             let durable = self.progress.borrow().clone();
             let written = self.memtable.written_batches();
-            let closing = self.closing.load(Ordering::Acquire);
             if written == durable.batches {
                 if closing {
                     return;

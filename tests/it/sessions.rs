@@ -46,6 +46,15 @@ async fn two_sessions_on_one_table_both_keep_working() {
     // A sees B's rows: its writer no longer owns the shard, so A reads the WAL.
     assert!(count(&a, "t").await.contains("| 3 | 60 |"));
 
+    // A key lookup in A sees B's newest version too.
+    query(&b, "INSERT INTO t VALUES (1, 15)").await;
+    assert!(
+        query(&a, "SELECT v FROM t WHERE id = 1")
+            .await
+            .contains("| 15 |")
+    );
+    query(&b, "INSERT INTO t VALUES (1, 10)").await;
+
     // A's next write hits the fence: a clear error, nothing written.
     let err = a
         .sql("INSERT INTO t VALUES (4, 40)")

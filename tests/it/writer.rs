@@ -436,3 +436,34 @@ async fn bad_input_writes_nothing_and_the_writer_stays_usable() {
     writer.put(&[rows(&schema, 0..3, 1)]).await.unwrap();
     assert_eq!(visible(&writer), [(0, 1), (1, 1), (2, 1)]);
 }
+
+#[tokio::test]
+async fn close_makes_every_put_durable_and_later_puts_fail() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let writer = ShardWriter::open(
+        Arc::clone(&store),
+        LOCATION,
+        0,
+        table(),
+        WriterOptions {
+            durable: false,
+            ..options(100)
+        },
+    )
+    .await
+    .unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    for p in 0..20 {
+        writer
+            .put(&[rows(&schema, p * 5..p * 5 + 5, p)])
+            .await
+            .unwrap();
+    }
+    writer.close().await.unwrap();
+    assert!(matches!(
+        writer.put(&[rows(&schema, 500..501, 0)]).await,
+        Err(Error::Poisoned(_))
+    ));
+    let reopened = open(&store, 100).await.unwrap();
+    assert_eq!(visible(&reopened).len(), 100, "close lost non-durable puts");
+}
