@@ -79,6 +79,10 @@ pub enum Error {
     #[error("arrow: {0}")]
     Arrow(#[from] ArrowError),
 
+    /// Parquet encoding or decoding failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] datafusion::parquet::errors::ParquetError),
+
     /// An error raised inside DataFusion.
     #[error("{0}")]
     DataFusion(Box<DataFusionError>),

@@ -10,6 +10,7 @@ pub mod error;
 pub mod memtable;
 pub mod read;
 pub mod sql;
+pub mod sstable;
 pub mod store;
 pub mod table;
 pub mod wal;

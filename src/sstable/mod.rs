@@ -1,0 +1,222 @@
+//! SSTables (DESIGN.md §2, §6): the rows of one flushed MemTable
+//! generation as one plain Parquet file, sorted by primary key, one row per
+//! key — its newest version, tombstones kept (they hide older SSTables'
+//! versions until compaction drops them).
+//!
+//! The file is readable by any Parquet reader: the table's columns plus
+//! `_tombstone`, zstd-compressed, page-level statistics (page index) on
+//! every column, a Parquet bloom filter on each key column, and row groups
+//! of at most [`ROW_GROUP_ROWS`] rows so key predicates can prune them.
+//! Append-only tables keep insert order and every row.
+//!
+//! Not yet wired into the writer: the flush that freezes a MemTable, writes
+//! an SSTable and commits it to the shard manifest is the next step of the
+//! SSTables issue.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::{concat_batches, take_record_batch};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::file::metadata::SortingColumn;
+use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
+use datafusion::parquet::schema::types::ColumnPath;
+
+use crate::error::{Error, Result};
+use crate::memtable::TableSchema;
+
+/// Rows per Parquet row group: small enough for key predicates to skip
+/// most of a large SSTable, large enough to compress well.
+pub const ROW_GROUP_ROWS: usize = 64 * 1024;
+
+/// The rows of `batches` (stored form, oldest first) as an SSTable body:
+/// for a table with a key, sorted by key with only each key's newest row
+/// (a tombstone included); for an append-only table, every row in order.
+pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let all = concat_batches(&schema.stored, batches)?;
+    if !schema.has_key() || all.num_rows() == 0 {
+        return Ok(all);
+    }
+    let fields = schema
+        .key
+        .iter()
+        .map(|&k| SortField::new(schema.schema.field(k).data_type().clone()))
+        .collect();
+    let keys = RowConverter::new(fields)?.convert_columns(&schema.key_columns(&all))?;
+    // By key, and within a key newest (highest position) first.
+    let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        keys.row(a as usize)
+            .cmp(&keys.row(b as usize))
+            .then(b.cmp(&a))
+    });
+    order.dedup_by(|later, first| keys.row(*later as usize) == keys.row(*first as usize));
+    Ok(take_record_batch(&all, &UInt32Array::from(order))?)
+}
+
+/// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
+pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
+    let mut props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+    if schema.has_key() {
+        props = props.set_sorting_columns(Some(
+            schema
+                .key
+                .iter()
+                .map(|&k| SortingColumn {
+                    column_idx: k as i32,
+                    descending: false,
+                    nulls_first: false,
+                })
+                .collect(),
+        ));
+        for &k in &schema.key {
+            let column = ColumnPath::from(schema.schema.field(k).name().as_str());
+            props = props.set_column_bloom_filter_enabled(column, true);
+        }
+    }
+    let mut out = Vec::new();
+    let mut writer =
+        ArrowWriter::try_new(&mut out, Arc::clone(&schema.stored), Some(props.build()))?;
+    writer.write(rows)?;
+    writer.close()?;
+    Ok(Bytes::from(out))
+}
+
+/// Decodes a whole SSTable (stored form), naming `path` in errors.
+pub fn decode(schema: &TableSchema, path: &str, bytes: Bytes) -> Result<Vec<RecordBatch>> {
+    let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt {
+        path: path.to_string(),
+        reason: format!("SSTable: {e}"),
+    };
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .map_err(|e| corrupt(&e))?
+        .build()
+        .map_err(|e| corrupt(&e))?;
+    reader
+        .map(|batch| {
+            let batch = batch.map_err(|e| corrupt(&e))?;
+            RecordBatch::try_new(Arc::clone(&schema.stored), batch.columns().to_vec())
+                .map_err(|e| corrupt(&e))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::TableMeta;
+    use datafusion::arrow::array::{Array, AsArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+
+    fn table(key: bool) -> TableSchema {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]);
+        let key = if key { vec!["id".into()] } else { vec![] };
+        TableSchema::new(&TableMeta::new(&schema, key, &[]).unwrap())
+    }
+
+    fn put(t: &TableSchema, ids: &[i64], v: i64) -> RecordBatch {
+        let b = RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(Int64Array::from(vec![v; ids.len()])),
+            ],
+        )
+        .unwrap();
+        t.to_stored(&b).unwrap()
+    }
+
+    fn triples(t: &TableSchema, b: &RecordBatch) -> Vec<(i64, Option<i64>, bool)> {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let vs = b.column(1).as_primitive::<Int64Type>();
+        let dead = t.tombstone_flags(b);
+        (0..b.num_rows())
+            .map(|i| {
+                (
+                    ids.value(i),
+                    vs.is_valid(i).then(|| vs.value(i)),
+                    dead.value(i),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sorted_newest_per_key_with_tombstones_kept() {
+        let t = table(true);
+        let keys = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
+            vec![Arc::new(Int64Array::from(vec![2]))],
+        )
+        .unwrap();
+        let batches = vec![
+            put(&t, &[5, 2, 9], 1),
+            put(&t, &[9, 5], 2),
+            t.tombstones(&keys).unwrap(),
+            put(&t, &[5, 1], 3),
+        ];
+        let body = newest_per_key_sorted(&t, &batches).unwrap();
+        assert_eq!(
+            triples(&t, &body),
+            [
+                (1, Some(3), false),
+                (2, None, true),
+                (5, Some(3), false),
+                (9, Some(2), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn append_only_keeps_every_row_in_order() {
+        let t = table(false);
+        let body = newest_per_key_sorted(&t, &[put(&t, &[3, 1], 1), put(&t, &[3], 2)]).unwrap();
+        assert_eq!(
+            triples(&t, &body),
+            [
+                (3, Some(1), false),
+                (1, Some(1), false),
+                (3, Some(2), false)
+            ]
+        );
+    }
+
+    #[test]
+    fn parquet_round_trip_with_bloom_filter_zstd_and_page_index() {
+        let t = table(true);
+        let ids: Vec<i64> = (0..(ROW_GROUP_ROWS as i64 + 10)).rev().collect();
+        let body = newest_per_key_sorted(&t, &[put(&t, &ids, 7)]).unwrap();
+        let bytes = encode(&t, &body).unwrap();
+        let decoded = decode(&t, "sst/1/data.parquet", bytes.clone()).unwrap();
+        let rows: usize = decoded.iter().map(RecordBatch::num_rows).sum();
+        assert_eq!(rows, ids.len());
+        assert_eq!(decoded[0].column(0).as_primitive::<Int64Type>().value(0), 0);
+
+        let file = SerializedFileReader::new(bytes.clone()).unwrap();
+        let meta = file.metadata();
+        assert_eq!(meta.num_row_groups(), 2, "row groups sized for pruning");
+        let id = meta.row_group(0).column(0);
+        // The file records the codec, not its level.
+        assert!(matches!(id.compression(), Compression::ZSTD(_)));
+        assert!(
+            id.bloom_filter_offset().is_some(),
+            "no bloom filter on the key"
+        );
+        assert!(id.offset_index_offset().is_some(), "no page index");
+        assert!(meta.row_group(0).column(1).bloom_filter_offset().is_none());
+
+        let err = decode(&t, "sst/1/data.parquet", bytes.slice(..bytes.len() / 2)).unwrap_err();
+        assert!(err.to_string().contains("sst/1/data.parquet"), "{err}");
+    }
+}
