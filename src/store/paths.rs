@@ -53,6 +53,17 @@ pub fn shard_manifest_dir(shard_dir: &Path) -> Path {
     shard_dir.clone().join("manifest")
 }
 
+/// `<shard dir>/sst/<20-digit generation>-<16 hex>/data.parquet`: a fresh
+/// name for an SSTable of `generation` (random, so a retried or raced flush
+/// never overwrites one a manifest may already name).
+pub fn new_sstable_file(shard_dir: &Path, generation: u64) -> Path {
+    shard_dir
+        .clone()
+        .join("sst")
+        .join(format!("{generation:020}-{:016x}", rand::random::<u64>()).as_str())
+        .join("data.parquet")
+}
+
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
 pub fn wal_file(wal_dir: &Path, position: u64) -> Path {
     wal_dir

@@ -9,6 +9,7 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::sstable::SstableFile;
 use crate::store::{Versioned, VersionedObjects};
 
 /// One version of a shard manifest.
@@ -21,6 +22,9 @@ pub struct ShardManifest {
     pub replay_after: u64,
     /// Generation of the active MemTable.
     pub generation: u64,
+    /// The shard's SSTables, oldest generation first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sstables: Vec<SstableFile>,
 }
 
 impl ShardManifest {

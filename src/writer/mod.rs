@@ -232,6 +232,7 @@ impl ShardWriter {
             epoch,
             replay_after,
             generation,
+            ..
         } = claimed.state.as_ref().clone();
         let wal = WalLog::new(store, paths::wal_dir(&dir));
         let fence = wal.fence(epoch, replay_after).await?;
