@@ -147,7 +147,7 @@ impl Table {
 
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
         let current = slot.writer.read().expect("writer slot poisoned").clone()?;
-        current.stopped().is_none().then_some(current)
+        (current.stopped().is_none() && !current.is_closed()).then_some(current)
     }
 
     /// Puts the rows of `batch` and, if the table is durable, waits until
@@ -397,6 +397,25 @@ impl TableCache {
                 self.options.clone(),
             ))
         }))
+    }
+
+    /// Closes and forgets every open table whose location `keep` rejects
+    /// (a dropped table); reports the first error.
+    pub async fn close_unless(&self, keep: impl Fn(&str) -> bool) -> Result<()> {
+        let gone: Vec<Arc<Table>> = {
+            let mut tables = self.tables.lock().expect("table cache poisoned");
+            let locations: Vec<String> = tables.keys().filter(|l| !keep(l)).cloned().collect();
+            locations.iter().filter_map(|l| tables.remove(l)).collect()
+        };
+        let mut first = Ok(());
+        for table in gone {
+            if let Err(e) = table.close().await
+                && first.is_ok()
+            {
+                first = Err(e);
+            }
+        }
+        first
     }
 
     /// Closes every open table (see [`Table::close`]).

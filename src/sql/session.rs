@@ -152,6 +152,15 @@ impl MemwalSession {
         self.catalog.refresh().await?;
         let state = self.ctx.state();
         if ddl::try_execute(&self.catalog, &state, &statement).await? {
+            // A dropped table's writers stop with the statement.
+            let catalog = self.catalog.snapshot();
+            let live = |location: &str| {
+                catalog
+                    .entries()
+                    .iter()
+                    .any(|e| e.location.as_deref() == Some(location))
+            };
+            self.tables.close_unless(live).await?;
             let done = LogicalPlanBuilder::empty(false).build()?;
             return Ok(DataFrame::new(state, done));
         }

@@ -316,6 +316,11 @@ impl ShardWriter {
         &self.shared.schema
     }
 
+    /// Whether [`ShardWriter::close`] was called (then every put fails).
+    pub fn is_closed(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
     /// The error that stopped the writer, if any (then every put fails).
     pub fn stopped(&self) -> Option<Error> {
         self.shared

@@ -93,3 +93,20 @@ async fn sessions_opened_in_one_process_share_one_writer_per_shard() {
     assert_eq!(writer.epoch(), 1, "the sessions fenced each other");
     assert_eq!(writer.stats().puts, 4);
 }
+
+#[tokio::test]
+async fn drop_table_stops_its_writers_and_a_new_table_of_that_name_starts_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let a = MemwalSession::open(root).await.unwrap();
+    query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    query(&a, "INSERT INTO t VALUES (1, 1)").await;
+    let old = a.table("t").await.unwrap();
+    let writer = old.writer(0).await.unwrap();
+    query(&a, "DROP TABLE t").await;
+    assert!(writer.is_closed(), "the dropped table's writer still runs");
+    query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    assert!(count(&a, "t").await.contains("| 0 |"));
+    query(&a, "INSERT INTO t VALUES (2, 2)").await;
+    assert!(count(&a, "t").await.contains("| 1 | 2 |"));
+}
