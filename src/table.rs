@@ -24,7 +24,7 @@ use object_store::ObjectStore;
 
 use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
-use crate::memtable::{TableSchema, key};
+use crate::memtable::{KeyedBatch, TableSchema, key};
 use crate::read::{WalTail, newest_live_rows};
 use crate::store::paths;
 use crate::wal::WalLog;
@@ -193,32 +193,45 @@ impl Table {
         self.route(vec![stored]).await
     }
 
-    /// Sends stored rows to their shards' writers, one put per shard.
+    /// Sends stored rows to their shards' writers, one put per shard. Each
+    /// row's key is encoded once, for routing and the MemTable index alike.
     async fn route(&self, stored: Vec<RecordBatch>) -> Result<Acks> {
         let shards = self.shards.len() as u32;
-        let mut parts: Vec<Vec<RecordBatch>> = vec![Vec::new(); shards as usize];
-        if shards == 1 {
-            parts[0] = stored;
-        } else if !self.schema.has_key() {
-            let shard = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
-            parts[shard as usize] = stored;
+        let mut parts: Vec<Vec<KeyedBatch>> = vec![Vec::new(); shards as usize];
+        // Where rows go that need no key to route: the only shard, or the
+        // next one in turn for an append-only table.
+        let whole_shard = if self.schema.has_key() {
+            0
         } else {
-            for batch in stored {
-                let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
-                for (row, k) in self.schema.encode_keys(&batch)?.iter().enumerate() {
-                    rows[key::shard_of(k, shards) as usize].push(row as u32);
+            self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards
+        };
+        for batch in stored {
+            let (batch, keys) = self.schema.keyed(batch)?;
+            let keys = match keys {
+                Some(keys) if shards > 1 => keys,
+                keys => {
+                    parts[whole_shard as usize].push((batch, keys));
+                    continue;
                 }
-                for (shard, rows) in rows.into_iter().enumerate() {
-                    if !rows.is_empty() {
-                        parts[shard].push(take_record_batch(&batch, &UInt32Array::from(rows))?);
-                    }
+            };
+            let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+            let mut shard_keys: Vec<Vec<Box<[u8]>>> = vec![Vec::new(); shards as usize];
+            for (row, k) in keys.into_iter().enumerate() {
+                let shard = key::shard_of(&k, shards) as usize;
+                rows[shard].push(row as u32);
+                shard_keys[shard].push(k);
+            }
+            for (shard, (rows, keys)) in rows.into_iter().zip(shard_keys).enumerate() {
+                if !rows.is_empty() {
+                    let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
+                    parts[shard].push((part, Some(keys)));
                 }
             }
         }
         let mut acks = Vec::new();
         for (shard, part) in parts.into_iter().enumerate() {
             if !part.is_empty() {
-                acks.push(self.writer(shard as u32).await?.put_stored(part).await?);
+                acks.push(self.writer(shard as u32).await?.put_keyed(part).await?);
             }
         }
         Ok(Acks(acks))

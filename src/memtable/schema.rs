@@ -8,7 +8,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 
-use super::key;
+use super::{KeyedBatch, key};
 use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
 use crate::wal::entry_schema;
@@ -135,6 +135,17 @@ impl TableSchema {
     /// form).
     pub fn encode_keys(&self, stored: &RecordBatch) -> Result<Vec<Box<[u8]>>> {
         key::encode_keys(&self.key_columns(stored), stored.num_rows())
+    }
+
+    /// A stored batch with its rows' key encodings, as the MemTable takes
+    /// it (`None` for an append-only table).
+    pub fn keyed(&self, stored: RecordBatch) -> Result<KeyedBatch> {
+        let keys = if self.has_key() {
+            Some(self.encode_keys(&stored)?)
+        } else {
+            None
+        };
+        Ok((stored, keys))
     }
 
     /// The tombstone flags of a stored batch.

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 pub use manifest::ShardManifest;
 
 use crate::error::{Error, Result};
-use crate::memtable::{MemTable, TableSchema};
+use crate::memtable::{KeyedBatch, MemTable, TableSchema};
 use crate::store::{CommitOptions, VersionedObjects, paths};
 use crate::wal::{EntryKind, WalEntry, WalLog};
 
@@ -254,13 +254,8 @@ impl ShardWriter {
                             path: wal.path_of(position).to_string(),
                             reason: format!("rows do not fit the table: {e}"),
                         })?;
-                let keys = if schema.has_key() {
-                    Some(schema.encode_keys(&batch)?)
-                } else {
-                    None
-                };
                 rows += batch.num_rows() as u64;
-                put.push((batch, keys));
+                put.push(schema.keyed(batch)?);
             }
             memtable.append(put);
         }
@@ -373,11 +368,12 @@ impl ShardWriter {
         if batches.is_empty() {
             return Err(Error::invalid("a put needs at least one batch"));
         }
-        let stored = batches
+        let schema = &self.shared.schema;
+        let put = batches
             .iter()
-            .map(|b| self.shared.schema.to_stored(b))
+            .map(|b| schema.keyed(schema.to_stored(b)?))
             .collect::<Result<Vec<_>>>()?;
-        self.put_stored(stored).await
+        self.put_keyed(put).await
     }
 
     /// Deletes the keys in `keys` (exactly the key columns, in key order):
@@ -392,25 +388,17 @@ impl ShardWriter {
 
     /// Like [`ShardWriter::delete`] without waiting for durability.
     pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<Durability> {
-        let stored = self.shared.schema.tombstones(keys)?;
-        self.put_stored(vec![stored]).await
+        let schema = &self.shared.schema;
+        self.put_keyed(vec![schema.keyed(schema.tombstones(keys)?)?])
+            .await
     }
 
-    /// Appends already checked rows in stored form (see [`TableSchema`]).
-    pub(crate) async fn put_stored(&self, stored: Vec<RecordBatch>) -> Result<Durability> {
+    /// Appends already checked rows in stored form with their key
+    /// encodings (see [`TableSchema::keyed`]) as one put.
+    pub(crate) async fn put_keyed(&self, put: Vec<KeyedBatch>) -> Result<Durability> {
         let shared = &self.shared;
         self.backpressure().await?;
-        let mut put = Vec::with_capacity(stored.len());
-        let mut rows = 0;
-        for batch in stored {
-            let keys = if shared.schema.has_key() {
-                Some(shared.schema.encode_keys(&batch)?)
-            } else {
-                None
-            };
-            rows += batch.num_rows() as u64;
-            put.push((batch, keys));
-        }
+        let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
         let end = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
             if let Some(e) = &shared.progress.borrow().error {
