@@ -415,11 +415,13 @@ impl TableCache {
     /// Closes and forgets every open table whose location `keep` rejects
     /// (a dropped table); reports the first error.
     pub async fn close_unless(&self, keep: impl Fn(&str) -> bool) -> Result<()> {
-        let gone: Vec<Arc<Table>> = {
-            let mut tables = self.tables.lock().expect("table cache poisoned");
-            let locations: Vec<String> = tables.keys().filter(|l| !keep(l)).cloned().collect();
-            locations.iter().filter_map(|l| tables.remove(l)).collect()
-        };
+        let gone: Vec<Arc<Table>> = self
+            .tables
+            .lock()
+            .expect("table cache poisoned")
+            .extract_if(|location, _| !keep(location))
+            .map(|(_, table)| table)
+            .collect();
         let mut first = Ok(());
         for table in gone {
             if let Err(e) = table.close().await
@@ -433,21 +435,6 @@ impl TableCache {
 
     /// Closes every open table (see [`Table::close`]).
     pub async fn close(&self) -> Result<()> {
-        let tables: Vec<_> = self
-            .tables
-            .lock()
-            .expect("table cache poisoned")
-            .values()
-            .cloned()
-            .collect();
-        let mut first = Ok(());
-        for table in tables {
-            if let Err(e) = table.close().await
-                && first.is_ok()
-            {
-                first = Err(e);
-            }
-        }
-        first
+        self.close_unless(|_| false).await
     }
 }
