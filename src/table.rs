@@ -7,35 +7,50 @@
 //! shard per process) and re-opened after it stopped (fenced by another
 //! process, or poisoned).
 //!
-//! Scans of a shard come from this process's writer when it still owns the
-//! shard, checked with one read of the WAL position it would write next;
-//! otherwise from the durable WAL ([`WalTail`]). Either way a scan sees
-//! every acknowledged durable row. [`Table::get`] may trust a recent check
-//! (see [`WriterOptions::owner_check_interval`]).
+//! Reads take a [`ShardSnapshot`] of each shard: from this process's
+//! writer when it still owns the shard (checked with one read of the WAL
+//! position it would write next), otherwise from the shard manifest (one
+//! existence check per query when unchanged) and the durable WAL after its
+//! cursor ([`WalTail`]). Either way a scan sees every acknowledged durable
+//! row. [`Table::get`] may trust a recent check (see
+//! [`WriterOptions::owner_check_interval`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
+use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use object_store::ObjectStore;
 
 use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, TableSchema, key};
-use crate::read::{WalTail, newest_live_rows};
-use crate::store::paths;
+use crate::read::{ShardSnapshot, WalTail};
+use crate::sstable::SstableReader;
+use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
-use crate::writer::{Durability, ShardWriter, WriterOptions};
+use crate::writer::{Durability, ShardManifest, ShardWriter, WriterOptions};
+
+/// Manifest reads a snapshot retries when the WAL moved under it.
+const SNAPSHOT_ATTEMPTS: usize = 10;
 
 /// One shard as seen by this process.
 struct Shard {
     index: u32,
     writer: RwLock<Option<Arc<ShardWriter>>>,
     opening: tokio::sync::Mutex<()>,
-    tail: tokio::sync::Mutex<WalTail>,
+    reader: tokio::sync::Mutex<ShardReader>,
+}
+
+/// The shard as a process that does not write it reads it.
+struct ShardReader {
+    versions: VersionedObjects,
+    manifest: Option<Versioned<ShardManifest>>,
+    refreshed: Option<Instant>,
+    tail: WalTail,
 }
 
 /// A table of a root, opened in this process. Cheap to share.
@@ -46,6 +61,7 @@ pub struct Table {
     options: WriterOptions,
     shards: Vec<Shard>,
     next_append_shard: AtomicU32,
+    sstables: Arc<SstableReader>,
 }
 
 impl std::fmt::Debug for Table {
@@ -83,19 +99,29 @@ impl Table {
         let schema = Arc::new(TableSchema::new(meta));
         let shards = (0..schema.shards)
             .map(|index| {
-                let wal = WalLog::new(
+                let dir = paths::shard_dir(location, index);
+                let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
+                let versions = VersionedObjects::new(
                     Arc::clone(&store),
-                    paths::wal_dir(&paths::shard_dir(location, index)),
+                    paths::shard_manifest_dir(&dir),
+                    "json",
+                    options.commit.clone(),
                 );
                 Shard {
                     index,
                     writer: RwLock::new(None),
                     opening: tokio::sync::Mutex::new(()),
-                    tail: tokio::sync::Mutex::new(WalTail::new(wal, Arc::clone(&schema), 0)),
+                    reader: tokio::sync::Mutex::new(ShardReader {
+                        versions,
+                        manifest: None,
+                        refreshed: None,
+                        tail: WalTail::new(wal, Arc::clone(&schema)),
+                    }),
                 }
             })
             .collect();
         Self {
+            sstables: Arc::new(SstableReader::new(Arc::clone(&store), Arc::clone(&schema))),
             store,
             location: location.to_string(),
             schema,
@@ -237,9 +263,9 @@ impl Table {
         Ok(Acks(acks))
     }
 
-    /// The shard a key (one row of exactly the key columns) belongs to, and
-    /// its encoding.
-    fn locate(&self, key: &RecordBatch) -> Result<(u32, Box<[u8]>)> {
+    /// The shard a key (one row of exactly the key columns) belongs to, its
+    /// encoding, and the key in stored form.
+    fn locate(&self, key: &RecordBatch) -> Result<(u32, Box<[u8]>, RecordBatch)> {
         if !self.schema.has_key() {
             return Err(Error::invalid("the table has no primary key"));
         }
@@ -248,51 +274,61 @@ impl Table {
         }
         let stored = self.schema.tombstones(key)?;
         let encoded = self.schema.encode_keys(&stored)?.remove(0);
-        Ok((key::shard_of(&encoded, self.shards.len() as u32), encoded))
+        Ok((
+            key::shard_of(&encoded, self.shards.len() as u32),
+            encoded,
+            stored,
+        ))
     }
 
     /// The live row with key `key` (one row of exactly the key columns), in
     /// user form, or `None`. Served from this process's writer of the key's
     /// shard when it owned the shard within the last
-    /// [`WriterOptions::owner_check_interval`] (so a write another process
-    /// made since may be missed for that long); otherwise from the WAL.
+    /// [`WriterOptions::owner_check_interval`], otherwise from a snapshot of
+    /// the shard refreshed at most that long ago (so a write another
+    /// process made since may be missed for that long).
     pub async fn get(&self, key: &RecordBatch) -> Result<Option<RecordBatch>> {
         self.get_checked_within(key, self.options.owner_check_interval)
             .await
     }
 
-    /// Like [`Table::get`], trusting this process's writer only if it
-    /// confirmed owning the shard less than `max_age` ago (zero: check now,
-    /// which sees every durable row, like a scan).
+    /// Like [`Table::get`], from a snapshot at most `max_age` old (zero:
+    /// refreshed now, which sees every durable row, like a scan).
     pub async fn get_checked_within(
         &self,
         key: &RecordBatch,
         max_age: Duration,
     ) -> Result<Option<RecordBatch>> {
-        let (shard, encoded) = self.locate(key)?;
-        if let Some(writer) = self.owning_writer(shard, max_age).await? {
-            let Some((batch, row)) = writer.memtable().get(&encoded) else {
-                return Ok(None);
-            };
-            if self.schema.tombstone_flags(&batch).value(row) {
-                return Ok(None);
-            }
-            return Ok(Some(self.schema.to_user(&batch.slice(row, 1))?));
-        }
-        for batch in self.scan_shard(shard).await? {
-            let keys = self.schema.encode_keys(&batch)?;
-            if let Some(row) = keys.iter().position(|k| *k == encoded) {
-                return Ok(Some(batch.slice(row, 1)));
-            }
-        }
-        Ok(None)
+        let (shard, _, _) = self.locate(key)?;
+        let snapshot = self.snapshot(shard, max_age).await?;
+        self.get_in(&snapshot, key).await
+    }
+
+    /// The live row with key `key` in `snapshot` (of the key's shard).
+    pub async fn get_in(
+        &self,
+        snapshot: &ShardSnapshot,
+        key: &RecordBatch,
+    ) -> Result<Option<RecordBatch>> {
+        let (_, encoded, stored) = self.locate(key)?;
+        snapshot
+            .get(&encoded, &self.schema.key_columns(&stored))
+            .await
+    }
+
+    /// The shard of `key` (one row of exactly the key columns).
+    pub fn shard_of(&self, key: &RecordBatch) -> Result<u32> {
+        Ok(self.locate(key)?.0)
     }
 
     /// The live rows of `shard` (newest version per key, no tombstones), in
     /// user form.
     pub async fn scan_shard(&self, shard: u32) -> Result<Vec<RecordBatch>> {
-        let stored = self.stored_rows(shard).await?;
-        newest_live_rows(&self.schema, &stored)
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        self.snapshot(shard, Duration::ZERO)
+            .await?
+            .collect(&pool)
+            .await
     }
 
     /// The live rows of every shard.
@@ -304,19 +340,53 @@ impl Table {
         Ok(out)
     }
 
-    /// Every stored batch of `shard` a reader sees now, oldest first.
-    async fn stored_rows(&self, shard: u32) -> Result<Vec<RecordBatch>> {
-        if let Some(writer) = self.owning_writer(shard, Duration::ZERO).await? {
-            return Ok(writer
-                .memtable()
-                .snapshot()
-                .into_iter()
-                .map(|b| b.batch)
-                .collect());
+    /// What a reader sees of `shard` now, or as of at most `max_age` ago.
+    pub async fn snapshot(&self, shard: u32, max_age: Duration) -> Result<ShardSnapshot> {
+        if let Some(writer) = self.owning_writer(shard, max_age).await? {
+            return Ok(writer.snapshot());
         }
-        let mut tail = self.shards[shard as usize].tail.lock().await;
-        tail.refresh().await?;
-        Ok(tail.batches().to_vec())
+        let mut reader = self.shards[shard as usize].reader.lock().await;
+        let fresh = reader
+            .refreshed
+            .is_some_and(|at| !max_age.is_zero() && at.elapsed() < max_age);
+        if !fresh {
+            self.refresh(&mut reader).await?;
+        }
+        let manifest = reader.manifest.as_ref().expect("refreshed above");
+        Ok(ShardSnapshot {
+            schema: Arc::clone(&self.schema),
+            reader: Arc::clone(&self.sstables),
+            memtables: vec![reader.tail.layer()],
+            sstables: Arc::new(manifest.state.sstables.clone()),
+        })
+    }
+
+    /// Reads the shard manifest if it changed (one existence check when it
+    /// did not) and the WAL after its cursor.
+    async fn refresh(&self, reader: &mut ShardReader) -> Result<()> {
+        let started = Instant::now();
+        for _ in 0..SNAPSHOT_ATTEMPTS {
+            let manifest = match reader.manifest.take() {
+                Some(known) if !reader.versions.has_newer(&known).await? => known.confirmed(),
+                known => {
+                    let from = known.map_or(0, |m| m.version);
+                    reader
+                        .versions
+                        .load_latest(from, ShardManifest::decode)
+                        .await?
+                }
+            };
+            let cursor = manifest.state.replay_after;
+            reader.manifest = Some(manifest);
+            if reader.tail.refresh(cursor).await? {
+                reader.refreshed = Some(started);
+                return Ok(());
+            }
+        }
+        Err(Error::CommitConflict {
+            what: format!("a consistent snapshot of {}", self.location),
+            attempts: SNAPSHOT_ATTEMPTS as u32,
+        })
     }
 
     /// This process's writer of `shard`, if it still owns the shard (nobody

@@ -215,7 +215,11 @@ impl MemTable {
     /// and row, or `None` if the key has no visible row. The row may be a
     /// tombstone. Costs one hash lookup and a binary search; copies nothing.
     pub fn get(&self, key: &[u8]) -> Option<(RecordBatch, usize)> {
-        let visible = self.visible_batches();
+        self.get_within(key, self.visible_batches())
+    }
+
+    /// Like [`MemTable::get`], among the first `visible` batches only.
+    pub fn get_within(&self, key: &[u8], visible: usize) -> Option<(RecordBatch, usize)> {
         let last = self.slots.get(visible.checked_sub(1)?);
         let cap = last.first_row + last.batch.num_rows() as u64;
         let mut row = {

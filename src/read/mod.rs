@@ -1,108 +1,182 @@
-//! The read path over one shard's layers (DESIGN.md §7): the newest
-//! version of each key, tombstones dropped, and the durable WAL as seen by
-//! a process that does not write the shard.
+//! The read path over one shard's layers (DESIGN.md §2, §7): a
+//! [`ShardSnapshot`] (MemTables over SSTables) answers scans with the
+//! newest version of each key and point lookups newest layer first;
+//! [`WalTail`] is the durable WAL after the replay cursor, as a process that
+//! does not write the shard sees it.
 
 mod wal_tail;
 
-use std::collections::HashSet;
+use std::sync::Arc;
 
-use datafusion::arrow::array::{RecordBatch, UInt32Array};
-use datafusion::arrow::compute::take_record_batch;
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
 
 pub use wal_tail::WalTail;
 
 use crate::error::Result;
-use crate::memtable::TableSchema;
+use crate::memtable::{MemTable, TableSchema};
+use crate::sstable::{SstableFile, SstableReader, merge, newest_per_key_sorted};
 
-/// The live rows of `batches` (stored form, oldest first): for a table with
-/// a key, the newest row of each key unless it is a tombstone; for an
-/// append-only table, every row. User form, in the order the rows were put.
-pub fn newest_live_rows(schema: &TableSchema, batches: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
-    if !schema.has_key() {
-        return batches.iter().map(|b| schema.to_user(b)).collect();
-    }
-    let fields = schema
-        .key
-        .iter()
-        .map(|&k| SortField::new(schema.schema.field(k).data_type().clone()))
-        .collect();
-    let converter = RowConverter::new(fields)?;
-    let keys = batches
-        .iter()
-        .map(|b| converter.convert_columns(&schema.key_columns(b)))
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let total = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut seen = HashSet::with_capacity(total);
-    let mut live = vec![Vec::new(); batches.len()];
-    for (i, batch) in batches.iter().enumerate().rev() {
-        let tombstones = schema.tombstone_flags(batch);
-        for row in (0..batch.num_rows()).rev() {
-            if seen.insert(keys[i].row(row)) && !tombstones.value(row) {
-                live[i].push(row as u32);
-            }
-        }
-        live[i].reverse();
-    }
-    batches
-        .iter()
-        .zip(live)
-        .filter(|(_, rows)| !rows.is_empty())
-        .map(|(batch, rows)| {
-            let rows = take_record_batch(batch, &UInt32Array::from(rows))?;
-            schema.to_user(&rows)
-        })
-        .collect()
+/// A MemTable as a snapshot sees it: its first `batches` batches.
+#[derive(Debug, Clone)]
+pub struct MemLayer {
+    pub memtable: Arc<MemTable>,
+    pub batches: usize,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::catalog::TableMeta;
-    use datafusion::arrow::array::{AsArray, Int64Array};
-    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
-    use std::sync::Arc;
+/// What a reader sees of one shard at one moment: MemTable layers (the
+/// writer's frozen and active MemTables, or the durable WAL after the
+/// replay cursor) over the SSTables of one shard manifest version. Rows of
+/// a later layer are newer than every row of an earlier one.
+#[derive(Debug, Clone)]
+pub struct ShardSnapshot {
+    pub schema: Arc<TableSchema>,
+    pub reader: Arc<SstableReader>,
+    /// Oldest first.
+    pub memtables: Vec<MemLayer>,
+    /// Oldest generations first.
+    pub sstables: Arc<Vec<SstableFile>>,
+}
 
-    #[test]
-    fn newest_wins_and_tombstones_hide_older_versions() {
-        let schema = Schema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("v", DataType::Int64, false),
-        ]);
-        let t = TableSchema::new(&TableMeta::new(&schema, vec!["id".into()], &[]).unwrap());
-        let rows = |ids: Vec<i64>, vs: Vec<i64>| {
-            let b = RecordBatch::try_new(
-                Arc::clone(&t.schema),
-                vec![
-                    Arc::new(Int64Array::from(ids)),
-                    Arc::new(Int64Array::from(vs)),
-                ],
-            )
-            .unwrap();
-            t.to_stored(&b).unwrap()
-        };
-        let batches = vec![
-            rows(vec![1, 2, 3], vec![10, 20, 30]),
-            rows(vec![2, 2], vec![21, 22]),
-            t.tombstones(
-                &RecordBatch::try_new(
-                    Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
-                    vec![Arc::new(Int64Array::from(vec![3]))],
-                )
-                .unwrap(),
-            )
-            .unwrap(),
-        ];
-        let live = newest_live_rows(&t, &batches).unwrap();
-        let pairs: Vec<(i64, i64)> = live
+impl ShardSnapshot {
+    /// Rows in every layer, before de-duplication.
+    pub fn stored_rows(&self) -> u64 {
+        let memtable_rows: usize = self
+            .memtables
             .iter()
-            .flat_map(|b| {
-                let ids = b.column(0).as_primitive::<Int64Type>().clone();
-                let vs = b.column(1).as_primitive::<Int64Type>().clone();
-                (0..b.num_rows()).map(move |i| (ids.value(i), vs.value(i)))
+            .flat_map(|l| l.memtable.batches(0, l.batches))
+            .map(|b| b.batch.num_rows())
+            .sum();
+        memtable_rows as u64 + self.sstables.iter().map(|f| f.rows).sum::<u64>()
+    }
+
+    /// A one-line description of the layers (for `EXPLAIN`).
+    pub fn describe(&self) -> String {
+        let batches: usize = self.memtables.iter().map(|l| l.batches).sum();
+        let sstable_rows: u64 = self.sstables.iter().map(|f| f.rows).sum();
+        format!(
+            "memtables={} ({batches} batches), sstables={} ({sstable_rows} rows)",
+            self.memtables.len(),
+            self.sstables.len()
+        )
+    }
+
+    /// The newest version of the key whose encoding is `encoded` and whose
+    /// key columns (one row, stored types) are `key`: newest layer first,
+    /// stopping at the first hit. A tombstone means absent. User form.
+    pub async fn get(&self, encoded: &[u8], key: &[ArrayRef]) -> Result<Option<RecordBatch>> {
+        let hit = 'found: {
+            for layer in self.memtables.iter().rev() {
+                if let Some((batch, row)) = layer.memtable.get_within(encoded, layer.batches) {
+                    break 'found Some(batch.slice(row, 1));
+                }
+            }
+            for file in self.sstables.iter().rev() {
+                if let Some(row) = self.reader.lookup(file, key).await? {
+                    break 'found Some(row);
+                }
+            }
+            None
+        };
+        match hit {
+            Some(row) if !self.schema.tombstone_flags(&row).value(0) => {
+                Ok(Some(self.schema.to_user(&row)?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The live rows (newest version per key, no tombstones), user form
+    /// projected to `projection` (all columns if `None`); sorted by key
+    /// for a table with a key, in write order for an append-only one.
+    pub async fn scan(
+        &self,
+        projection: Option<&[usize]>,
+        pool: &Arc<dyn MemoryPool>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = &self.schema;
+        let user: Vec<usize> = match projection {
+            Some(p) => p.to_vec(),
+            None => (0..schema.schema.fields().len()).collect(),
+        };
+        let tombstone = schema.stored.fields().len() - 1;
+        // What the merge needs besides the projection: keys and tombstones.
+        let mut columns: Vec<usize> = user.clone();
+        columns.extend(schema.key.iter().copied());
+        columns.push(tombstone);
+        columns.sort_unstable();
+        columns.dedup();
+
+        let mut streams = Vec::with_capacity(self.sstables.len() + 1);
+        for file in self.sstables.iter() {
+            streams.push(self.reader.stream(file, &columns).await?);
+        }
+        let memtable: Vec<RecordBatch> = self
+            .memtables
+            .iter()
+            .flat_map(|l| l.memtable.batches(0, l.batches))
+            .map(|b| b.batch)
+            .collect();
+        let rows = if schema.has_key() {
+            let mut runs = streams
+                .into_iter()
+                .zip(self.sstables.iter())
+                .map(|(s, f)| merge::as_run(schema, &columns, s, f.generation))
+                .collect::<Result<Vec<_>>>()?;
+            if !memtable.is_empty() {
+                let sorted = newest_per_key_sorted(schema, &memtable)?.project(&columns)?;
+                runs.push(merge::as_run(
+                    schema,
+                    &columns,
+                    one_batch(Arc::new(schema.stored.project(&columns)?), sorted),
+                    u64::MAX,
+                )?);
+            }
+            merge::merge_runs(schema, &columns, runs, false, pool)?
+        } else {
+            let projected = Arc::new(schema.stored.project(&columns)?);
+            for batch in memtable {
+                streams.push(one_batch(Arc::clone(&projected), batch.project(&columns)?));
+            }
+            merge::concat(projected, streams)
+        };
+        // The projection's positions among `columns`, in user form.
+        let positions: Vec<usize> = user
+            .iter()
+            .map(|c| {
+                columns
+                    .binary_search(c)
+                    .expect("projected columns are read")
             })
             .collect();
-        assert_eq!(pairs, [(1, 10), (2, 22)]);
-        assert_eq!(live[0].schema(), t.schema);
+        let out: SchemaRef = Arc::new(schema.schema.project(&user)?);
+        let out_schema = Arc::clone(&out);
+        let rows = rows.map(move |batch| {
+            let batch = batch?;
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            Ok(RecordBatch::try_new_with_options(
+                Arc::clone(&out_schema),
+                batch.project(&positions)?.columns().to_vec(),
+                &options,
+            )?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
+
+    /// Every live row, collected (user form, all columns).
+    pub async fn collect(&self, pool: &Arc<dyn MemoryPool>) -> Result<Vec<RecordBatch>> {
+        let stream = self.scan(None, pool).await?;
+        Ok(futures::TryStreamExt::try_collect(stream).await?)
+    }
+}
+
+fn one_batch(schema: SchemaRef, batch: RecordBatch) -> SendableRecordBatchStream {
+    Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        futures::stream::once(async move { Ok(batch) }),
+    ))
 }

@@ -1,14 +1,15 @@
-//! [`WalTail`]: the durable WAL of a shard as a process that does not write
-//! it sees it. Entries are immutable, so each is read and decoded once and
-//! kept; a refresh reads only positions it has not seen.
+//! [`WalTail`]: the durable WAL of a shard after the manifest's replay
+//! cursor, as a process that does not write the shard sees it. Entries are
+//! immutable, so each is read and decoded once and kept (in a MemTable, so
+//! lookups use its key index) until the cursor passes it.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 
+use super::MemLayer;
 use crate::error::{Error, Result};
-use crate::memtable::TableSchema;
+use crate::memtable::{MemTable, TableSchema};
 use crate::wal::{EntryKind, WalLog};
 
 /// WAL objects read at the same time by a refresh.
@@ -20,49 +21,59 @@ const READS: usize = 16;
 pub struct WalTail {
     wal: WalLog,
     schema: Arc<TableSchema>,
-    /// The highest position read so far.
-    after: u64,
-    batches: Vec<RecordBatch>,
+    /// The replay cursor the cached entries are after.
+    cursor: u64,
+    /// The highest position read so far (at least `cursor`).
+    read_through: u64,
+    memtable: Arc<MemTable>,
+    /// `(position, MemTable batches up to and including it)` of every
+    /// cached data entry.
+    entries: Vec<(u64, usize)>,
 }
 
 impl WalTail {
-    /// The tail of `wal` after position `after` (nothing read yet).
-    pub fn new(wal: WalLog, schema: Arc<TableSchema>, after: u64) -> Self {
+    /// The tail of `wal` (nothing read yet).
+    pub fn new(wal: WalLog, schema: Arc<TableSchema>) -> Self {
         Self {
+            memtable: Arc::new(MemTable::new(Arc::clone(&schema))),
             wal,
             schema,
-            after,
-            batches: Vec::new(),
+            cursor: 0,
+            read_through: 0,
+            entries: Vec::new(),
         }
     }
 
-    /// Reads the entries written since the last refresh. Stops before a
-    /// missing position (an append still in flight) and picks up from there
-    /// next time, so rows are always a prefix of the log.
-    pub async fn refresh(&mut self) -> Result<()> {
-        let mut dense = Vec::new();
-        for position in self.wal.positions_after(self.after).await? {
-            if position != self.after + 1 + dense.len() as u64 {
-                break;
+    /// Brings the tail to the entries after `cursor` (a replay cursor of
+    /// the shard manifest) that exist now. Returns `false` if entries
+    /// after `cursor` are gone: a writer moved them into an SSTable and a
+    /// newer manifest; the caller should read it and refresh again.
+    pub async fn refresh(&mut self, cursor: u64) -> Result<bool> {
+        if cursor > self.cursor {
+            self.drop_through(cursor)?;
+        }
+        let positions = self.wal.positions_after(self.read_through).await?;
+        // Positions are created one after another, so the listing is dense
+        // unless entries were deleted under the cursor we were given.
+        for (expected, &position) in (self.read_through + 1..).zip(&positions) {
+            if position != expected {
+                return Ok(false);
             }
-            dense.push(position);
         }
         let wal = &self.wal;
-        let entries: Vec<_> = futures::stream::iter(dense)
-            .map(|position| async move {
-                let entry = wal.read(position).await?.ok_or_else(|| Error::Corrupt {
-                    path: wal.path_of(position).to_string(),
-                    reason: "WAL entry vanished".into(),
-                })?;
-                Ok::<_, Error>((position, entry))
-            })
+        let entries: Vec<_> = futures::stream::iter(positions)
+            .map(|position| async move { Ok::<_, Error>((position, wal.read(position).await?)) })
             .buffered(READS)
             .try_collect()
             .await?;
         for (position, entry) in entries {
+            let Some(entry) = entry else {
+                return Ok(false);
+            };
             if entry.kind == EntryKind::Data {
+                let mut put = Vec::with_capacity(entry.batches.len());
                 for batch in entry.batches {
-                    let batch = RecordBatch::try_new(
+                    let batch = datafusion::arrow::array::RecordBatch::try_new(
                         Arc::clone(&self.schema.stored),
                         batch.columns().to_vec(),
                     )
@@ -70,16 +81,55 @@ impl WalTail {
                         path: self.wal.path_of(position).to_string(),
                         reason: format!("rows do not fit the table: {e}"),
                     })?;
-                    self.batches.push(batch);
+                    put.push(self.schema.keyed(batch)?);
                 }
+                let end = self.memtable.append(put);
+                self.memtable.publish(end);
+                self.entries.push((position, end));
             }
-            self.after = position;
+            self.read_through = position;
         }
+        Ok(true)
+    }
+
+    /// Forgets the entries at or below `cursor`.
+    fn drop_through(&mut self, cursor: u64) -> Result<()> {
+        let gone = self.entries.partition_point(|(p, _)| *p <= cursor);
+        let memtable = Arc::new(MemTable::new(Arc::clone(&self.schema)));
+        if gone < self.entries.len() {
+            let from = if gone == 0 {
+                0
+            } else {
+                self.entries[gone - 1].1
+            };
+            let mut start = from;
+            let mut kept = Vec::with_capacity(self.entries.len() - gone);
+            for &(position, end) in &self.entries[gone..] {
+                let put = self
+                    .memtable
+                    .batches(start, end)
+                    .into_iter()
+                    .map(|b| self.schema.keyed(b.batch))
+                    .collect::<Result<Vec<_>>>()?;
+                kept.push((position, memtable.append(put)));
+                start = end;
+            }
+            memtable.publish(memtable.written_batches());
+            self.entries = kept;
+        } else {
+            self.entries.clear();
+        }
+        self.memtable = memtable;
+        self.cursor = cursor;
+        self.read_through = self.read_through.max(cursor);
         Ok(())
     }
 
-    /// The stored batches read so far, oldest first.
-    pub fn batches(&self) -> &[RecordBatch] {
-        &self.batches
+    /// The cached rows as a MemTable layer.
+    pub fn layer(&self) -> MemLayer {
+        MemLayer {
+            memtable: Arc::clone(&self.memtable),
+            batches: self.memtable.written_batches(),
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! The physical operators memwal adds to DataFusion: [`ScanExec`] (the live
-//! rows of a table, one partition per shard, or a few keys looked up) and
+//! rows of a table, one partition per shard — the shard's layers merged by
+//! key, see [`crate::read`] — or a few keys looked up) and
 //! [`DeleteExec`] (tombstones for the rows its input yields). Both do their
 //! work in `execute()`, never while planning. [`PlannedStatement`] hands a
 //! planned statement back to DataFusion as a lazy table.
@@ -7,6 +8,12 @@
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+use datafusion::arrow::compute::SortOptions;
+use datafusion::common::stats::Precision;
+use datafusion::common::{DataFusionError, Statistics};
+use datafusion::physical_expr::PhysicalSortExpr;
+use datafusion::physical_expr::expressions::Column;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -21,6 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
+use crate::read::ShardSnapshot;
 use crate::table::Table;
 use datafusion::catalog::Session;
 use datafusion::datasource::{TableProvider, TableType};
@@ -57,34 +65,92 @@ pub enum ScanMode {
     Keys(RecordBatch),
 }
 
-/// The live rows of a table (newest version per key, no tombstones),
-/// captured when a partition starts executing.
+/// The live rows of a table (newest version per key, no tombstones) as of
+/// snapshots of its shards taken when the plan was made: one partition
+/// per shard, each sorted by key, or a few keys looked up newest layer
+/// first.
 #[derive(Debug)]
 pub struct ScanExec {
     table: Arc<Table>,
     projection: Option<Vec<usize>>,
     mode: ScanMode,
+    /// By shard; `None` for shards a key lookup does not touch.
+    snapshots: Vec<Option<ShardSnapshot>>,
     properties: Arc<PlanProperties>,
 }
 
 impl ScanExec {
-    /// A scan of `table` producing the columns `projection` (all if `None`).
-    pub fn new(table: Arc<Table>, projection: Option<Vec<usize>>, mode: ScanMode) -> Result<Self> {
+    /// A scan of `table` producing the columns `projection` (all if
+    /// `None`); takes the snapshots it reads.
+    pub async fn new(
+        table: Arc<Table>,
+        projection: Option<Vec<usize>>,
+        mode: ScanMode,
+    ) -> Result<Self> {
         let schema = match &projection {
             Some(p) => Arc::new(table.schema().schema.project(p)?),
             None => Arc::clone(&table.schema().schema),
         };
-        let partitions = match mode {
-            ScanMode::All => table.shard_count(),
-            ScanMode::Keys(_) => 1,
+        let mut needed = vec![false; table.shard_count()];
+        match &mode {
+            ScanMode::All => needed.fill(true),
+            ScanMode::Keys(keys) => {
+                for row in 0..keys.num_rows() {
+                    needed[table.shard_of(&keys.slice(row, 1))? as usize] = true;
+                }
+            }
+        }
+        let mut snapshots = Vec::with_capacity(needed.len());
+        for (shard, needed) in needed.into_iter().enumerate() {
+            snapshots.push(match needed {
+                true => Some(table.snapshot(shard as u32, Duration::ZERO).await?),
+                false => None,
+            });
+        }
+        let (partitions, ordering) = match mode {
+            ScanMode::All => (table.shard_count(), key_ordering(&table, &schema)),
+            ScanMode::Keys(_) => (1, None),
+        };
+        let equivalence = match ordering {
+            Some(ordering) => {
+                EquivalenceProperties::new_with_orderings(Arc::clone(&schema), [ordering])
+            }
+            None => EquivalenceProperties::new(Arc::clone(&schema)),
         };
         Ok(Self {
-            properties: properties(schema, partitions, EmissionType::Incremental),
+            properties: Arc::new(PlanProperties::new(
+                equivalence,
+                Partitioning::UnknownPartitioning(partitions),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )),
             table,
             projection,
             mode,
+            snapshots,
         })
     }
+}
+
+/// Each shard's rows are sorted by key: the ordering, if the projection
+/// keeps every key column.
+fn key_ordering(table: &Table, projected: &SchemaRef) -> Option<Vec<PhysicalSortExpr>> {
+    let schema = table.schema();
+    if !schema.has_key() {
+        return None;
+    }
+    schema
+        .key
+        .iter()
+        .map(|&k| {
+            let name = schema.schema.field(k).name();
+            let at = projected.index_of(name).ok()?;
+            Some(PhysicalSortExpr::new(
+                Arc::new(Column::new(name, at)),
+                SortOptions::new(false, false),
+            ))
+        })
+        .collect()
 }
 
 impl DisplayAs for ScanExec {
@@ -95,6 +161,11 @@ impl DisplayAs for ScanExec {
         }
         if let Some(p) = &self.projection {
             write!(f, ", projection={p:?}")?;
+        }
+        for (shard, snapshot) in self.snapshots.iter().enumerate() {
+            if let Some(snapshot) = snapshot {
+                write!(f, ", shard {shard}: [{}]", snapshot.describe())?;
+            }
         }
         Ok(())
     }
@@ -127,31 +198,65 @@ impl ExecutionPlan for ScanExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
-    fn execute(&self, partition: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let table = Arc::clone(&self.table);
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
+        // Rows before de-duplication: an upper bound.
+        let rows: u64 = match (&self.mode, partition) {
+            (ScanMode::All, Some(p)) => self.snapshots[p].as_ref().map_or(0, |s| s.stored_rows()),
+            (ScanMode::Keys(keys), _) => keys.num_rows() as u64,
+            (ScanMode::All, None) => self
+                .snapshots
+                .iter()
+                .flatten()
+                .map(|s| s.stored_rows())
+                .sum(),
+        };
+        let mut stats = Statistics::new_unknown(&self.schema());
+        stats.num_rows = Precision::Inexact(rows as usize);
+        Ok(Arc::new(stats))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        ctx: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
         let projection = self.projection.clone();
-        let mode = self.mode.clone();
-        let rows = async move {
-            let rows = match mode {
-                ScanMode::All => table.scan_shard(partition as u32).await?,
-                ScanMode::Keys(keys) => {
+        match &self.mode {
+            ScanMode::All => {
+                let snapshot = self.snapshots[partition]
+                    .clone()
+                    .expect("a full scan has every shard's snapshot");
+                let pool = Arc::clone(ctx.memory_pool());
+                let stream = async move { snapshot.scan(projection.as_deref(), &pool).await };
+                Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    self.schema(),
+                    futures::stream::once(stream)
+                        .map_err(DataFusionError::from)
+                        .try_flatten(),
+                )))
+            }
+            ScanMode::Keys(keys) => {
+                let table = Arc::clone(&self.table);
+                let keys = keys.clone();
+                let snapshots = self.snapshots.clone();
+                let rows = async move {
                     let mut found = Vec::new();
                     for row in 0..keys.num_rows() {
                         let key = keys.slice(row, 1);
-                        found.extend(table.get_checked_within(&key, Duration::ZERO).await?);
+                        let shard = table.shard_of(&key)? as usize;
+                        let snapshot = snapshots[shard].as_ref().expect("taken for this key");
+                        if let Some(row) = table.get_in(snapshot, &key).await? {
+                            found.push(match &projection {
+                                Some(p) => row.project(p)?,
+                                None => row,
+                            });
+                        }
                     }
-                    found
-                }
-            };
-            match projection {
-                Some(p) => rows
-                    .iter()
-                    .map(|b| Ok(b.project(&p)?))
-                    .collect::<crate::Result<Vec<_>>>(),
-                None => Ok(rows),
+                    Ok(found)
+                };
+                Ok(stream_of(self.schema(), rows))
             }
-        };
-        Ok(stream_of(self.schema(), rows))
+        }
     }
 }
 

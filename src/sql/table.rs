@@ -190,11 +190,9 @@ impl TableProvider for MemwalTable {
             Some(keys) => ScanMode::Keys(keys),
             None => ScanMode::All,
         };
-        Ok(Arc::new(ScanExec::new(
-            Arc::clone(&self.table),
-            projection.cloned(),
-            mode,
-        )?))
+        Ok(Arc::new(
+            ScanExec::new(Arc::clone(&self.table), projection.cloned(), mode).await?,
+        ))
     }
 
     async fn insert_into(

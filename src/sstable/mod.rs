@@ -1,17 +1,23 @@
-//! SSTables (DESIGN.md §2, §6): the rows of one flushed MemTable
-//! generation as one plain Parquet file, sorted by primary key, one row per
-//! key — its newest version, tombstones kept (they hide older SSTables'
-//! versions until compaction drops them).
+//! SSTables (DESIGN.md §2, §6): the rows of flushed MemTable generations
+//! as one plain Parquet file, sorted by primary key, one row per key — its
+//! newest version, tombstones kept (they hide older SSTables' versions
+//! until a compaction that includes the oldest data drops them).
 //!
 //! The file is readable by any Parquet reader: the table's columns plus
 //! `_tombstone`, zstd-compressed, page-level statistics (page index) on
-//! every column, a Parquet bloom filter on each key column, and row groups
-//! of at most [`ROW_GROUP_ROWS`] rows so key predicates can prune them.
-//! Append-only tables keep insert order and every row.
+//! every column with small pages, a Parquet bloom filter on each key
+//! column, and row groups of at most [`ROW_GROUP_ROWS`] rows so key
+//! predicates can prune them. Append-only tables keep insert order and
+//! every row.
 //!
-//! Not yet wired into the writer: the flush that freezes a MemTable, writes
-//! an SSTable and commits it to the shard manifest is the next step of the
-//! SSTables issue.
+//! [`reader`] streams and looks up keys in SSTables; [`merge`] merges
+//! sorted runs into the newest version of each key, for scans and
+//! compaction alike.
+
+pub mod merge;
+mod reader;
+
+pub use reader::SstableReader;
 
 use std::sync::Arc;
 
@@ -37,6 +43,9 @@ use crate::store::paths;
 /// Rows per Parquet row group: small enough for key predicates to skip
 /// most of a large SSTable, large enough to compress well.
 pub const ROW_GROUP_ROWS: usize = 64 * 1024;
+
+/// Rows per data page: a key lookup decodes about this many rows.
+pub const PAGE_ROWS: usize = 4096;
 
 /// The rows of `batches` (stored form, oldest first) as an SSTable body:
 /// for a table with a key, sorted by key with only each key's newest row
@@ -65,10 +74,26 @@ pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> R
 
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
 pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
+    let mut out = Vec::new();
+    let mut writer = ArrowWriter::try_new(
+        &mut out,
+        Arc::clone(&schema.stored),
+        Some(properties(schema, rows.num_rows())),
+    )?;
+    writer.write(rows)?;
+    writer.close()?;
+    Ok(Bytes::from(out))
+}
+
+/// The Parquet settings of an SSTable of about `rows` rows.
+fn properties(schema: &TableSchema, rows: usize) -> WriterProperties {
+    let zstd = ZstdLevel::try_new(3).expect("3 is a valid zstd level");
     let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_compression(Compression::ZSTD(zstd))
         .set_statistics_enabled(EnabledStatistics::Page)
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS));
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_data_page_row_count_limit(PAGE_ROWS)
+        .set_write_batch_size(PAGE_ROWS.min(1024));
     if schema.has_key() {
         props = props.set_sorting_columns(Some(
             schema
@@ -83,15 +108,14 @@ pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
         ));
         for &k in &schema.key {
             let column = ColumnPath::from(schema.schema.field(k).name().as_str());
-            props = props.set_column_bloom_filter_enabled(column, true);
+            // Sized for one row group's keys, not Parquet's default of a
+            // million (which would cost a megabyte per row group).
+            props = props
+                .set_column_bloom_filter_enabled(column.clone(), true)
+                .set_column_bloom_filter_max_ndv(column, rows.clamp(1, ROW_GROUP_ROWS) as u64);
         }
     }
-    let mut out = Vec::new();
-    let mut writer =
-        ArrowWriter::try_new(&mut out, Arc::clone(&schema.stored), Some(props.build()))?;
-    writer.write(rows)?;
-    writer.close()?;
-    Ok(Bytes::from(out))
+    props.build()
 }
 
 /// What a shard manifest records about one SSTable.
@@ -99,8 +123,11 @@ pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
 pub struct SstableFile {
     /// Object path, relative to the root.
     pub path: String,
-    /// The MemTable generation it holds.
+    /// The newest MemTable generation it holds.
     pub generation: u64,
+    /// The oldest generation it holds (a compaction's output holds a range).
+    #[serde(default)]
+    pub first_generation: u64,
     pub rows: u64,
     pub bytes: u64,
 }
@@ -113,11 +140,21 @@ pub async fn write(
     store: &Arc<dyn ObjectStore>,
     shard_dir: &Path,
     generation: u64,
-    schema: &TableSchema,
+    schema: &Arc<TableSchema>,
     batches: &[RecordBatch],
 ) -> Result<SstableFile> {
-    let body = newest_per_key_sorted(schema, batches)?;
-    let bytes = encode(schema, &body)?;
+    let (body, bytes) = {
+        let schema = Arc::clone(schema);
+        let batches = batches.to_vec();
+        // Sorting and encoding are CPU work: off the async runtime.
+        tokio::task::spawn_blocking(move || {
+            let body = newest_per_key_sorted(&schema, &batches)?;
+            let bytes = encode(&schema, &body)?;
+            Ok::<_, Error>((body, bytes))
+        })
+        .await
+        .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
+    };
     let path = paths::new_sstable_file(shard_dir, generation);
     let len = bytes.len() as u64;
     store
@@ -126,8 +163,46 @@ pub async fn write(
     Ok(SstableFile {
         path: path.to_string(),
         generation,
+        first_generation: generation,
         rows: body.num_rows() as u64,
         bytes: len,
+    })
+}
+
+/// Writes the rows of `rows` (stored form, already in SSTable order: see
+/// [`merge::merge_runs`]) as an SSTable holding generations
+/// `first_generation..=generation`, streaming: memory stays bounded by one
+/// row group whatever the size. Like [`write`], a fresh name.
+pub async fn write_stream(
+    store: &Arc<dyn ObjectStore>,
+    shard_dir: &Path,
+    (first_generation, generation): (u64, u64),
+    schema: &TableSchema,
+    mut rows: datafusion::execution::SendableRecordBatchStream,
+) -> Result<SstableFile> {
+    use datafusion::parquet::arrow::AsyncArrowWriter;
+    use futures::StreamExt;
+    let path = paths::new_sstable_file(shard_dir, generation);
+    let object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
+    let mut writer = AsyncArrowWriter::try_new(
+        object,
+        Arc::clone(&schema.stored),
+        Some(properties(schema, ROW_GROUP_ROWS)),
+    )?;
+    let mut count = 0u64;
+    while let Some(batch) = rows.next().await {
+        let batch = batch?;
+        count += batch.num_rows() as u64;
+        writer.write(&batch).await?;
+    }
+    writer.close().await?;
+    let bytes = store.head(&path).await?.size;
+    Ok(SstableFile {
+        path: path.to_string(),
+        generation,
+        first_generation,
+        rows: count,
+        bytes,
     })
 }
 
@@ -282,7 +357,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store: Arc<dyn ObjectStore> =
             Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let t = table(true);
+        let t = Arc::new(table(true));
         let shard = paths::shard_dir("tables/t-1", 0);
         let batches = [put(&t, &[3, 1, 2], 1), put(&t, &[2], 2)];
         let file = write(&store, &shard, 7, &t, &batches).await.unwrap();

@@ -1,24 +1,33 @@
 //! [`ShardWriter`] (DESIGN.md §6): the one writer of a shard. Puts go into
-//! the MemTable at once; a background flusher makes them durable in WAL
-//! entries (group commit); in durable mode (the default) a put returns once
-//! its entry exists, and readers see it from then on.
+//! the active MemTable at once; a background task makes them durable in
+//! WAL entries (group commit); in durable mode (the default) a put returns
+//! once its entry exists, and readers see it from then on. A MemTable that
+//! reaches [`WriterOptions::memtable_bytes`] freezes and a new generation
+//! starts; a second task flushes frozen MemTables to SSTables, commits
+//! them to the shard manifest, deletes the WAL entries they cover and
+//! compacts SSTables (see [`flush`]).
 //!
 //! Guarantees:
-//! - WAL position order is put order; an entry carries every put pending
-//!   when it started, and a put is acknowledged only after its entry exists;
+//! - WAL position order is put order, across generations too; an entry
+//!   holds rows of one generation only, and carries every put of it
+//!   pending when it started; a put is acknowledged only after its entry
+//!   exists;
 //! - a transient append failure is retried at the same position with the
 //!   same bytes; a failure whose outcome cannot be read back, exhausted
 //!   retries, or a newer epoch's fence ([`Error::Fenced`]) stop the writer:
 //!   every waiting and later put gets the error, nothing is acknowledged
 //!   that is not durable, and recovery is to open the shard again;
 //! - open claims the shard with a new epoch, fences the WAL after its tip,
-//!   and replays every entry before the fence, so everything acknowledged by
-//!   any earlier writer is in the new writer's MemTable.
+//!   and replays every entry after the manifest's replay cursor into
+//!   MemTables, one per recorded generation, so everything acknowledged by
+//!   any earlier writer is in an SSTable or in the new writer's MemTables.
 
+mod flush;
 mod manifest;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
@@ -26,11 +35,13 @@ use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-pub use manifest::ShardManifest;
+pub use manifest::{RetiredFile, ShardManifest};
 
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, MemTable, TableSchema};
-use crate::store::{CommitOptions, VersionedObjects, paths};
+use crate::read::{MemLayer, ShardSnapshot};
+use crate::sstable::{SstableFile, SstableReader};
+use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::{EntryKind, WalEntry, WalLog};
 
 /// How a [`ShardWriter`] makes puts durable.
@@ -48,9 +59,18 @@ pub struct WriterOptions {
     /// An append starts early once this many bytes are pending (default
     /// 8 MiB).
     pub wal_flush_bytes: usize,
-    /// Puts wait while more than this many bytes are not yet durable
-    /// (default 256 MiB).
+    /// Puts wait while more than this many bytes of rows are in memory and
+    /// not yet in SSTables (default 256 MiB; at least `memtable_bytes`).
     pub max_unflushed_bytes: usize,
+    /// A MemTable freezes (and is flushed to an SSTable) once its rows take
+    /// this many bytes (default 64 MiB).
+    pub memtable_bytes: usize,
+    /// Compaction merges SSTables whenever a shard has more than this many
+    /// (default 8).
+    pub max_sstables: usize,
+    /// SSTables a compaction replaced are deleted this long afterwards, so
+    /// queries that started before can finish reading them (default 60 s).
+    pub sstable_grace: Duration,
     /// Attempts at one WAL position after the first fails (default 5).
     pub append_retries: u32,
     /// Commit behaviour of the shard manifest (and the retry backoff).
@@ -70,6 +90,9 @@ impl Default for WriterOptions {
             wal_flush_interval: Duration::from_millis(100),
             wal_flush_bytes: 8 << 20,
             max_unflushed_bytes: 256 << 20,
+            memtable_bytes: 64 << 20,
+            max_sstables: 8,
+            sstable_grace: Duration::from_secs(60),
             append_retries: 5,
             commit: CommitOptions::default(),
             owner_check_interval: Duration::from_millis(100),
@@ -98,15 +121,35 @@ pub struct WriterStats {
     pub visible_batches: u64,
     /// The next WAL position this writer will append at.
     pub next_position: u64,
+    /// Generation of the active MemTable, and MemTables frozen and not yet
+    /// in an SSTable.
+    pub generation: u64,
+    pub frozen_memtables: u64,
+    /// SSTables in the shard manifest; flushes and compactions committed.
+    pub sstables: u64,
+    pub flushes: u64,
+    pub compactions: u64,
 }
 
-/// What the flusher has made durable so far, or why it stopped.
+/// What the WAL task has made durable so far, what the flush task has
+/// moved to SSTables, or why the writer stopped.
 #[derive(Debug, Clone, Default)]
 struct Progress {
+    /// Every batch of generations below `generation`, and the first
+    /// `batches` of `generation`, are durable.
+    generation: u64,
     batches: usize,
     rows: u64,
-    bytes: usize,
+    /// Bytes of durable rows, and of rows in flushed generations.
+    bytes: u64,
+    flushed_bytes: u64,
     error: Option<Arc<Error>>,
+}
+
+impl Progress {
+    fn covers(&self, generation: u64, batches: usize) -> bool {
+        self.generation > generation || (self.generation == generation && self.batches >= batches)
+    }
 }
 
 #[derive(Default)]
@@ -118,40 +161,94 @@ struct Counters {
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
     next_position: AtomicU64,
+    flushes: AtomicU64,
+    compactions: AtomicU64,
     /// Microseconds after `opened` when ownership was last confirmed.
     owned_at_us: AtomicU64,
 }
 
+/// One MemTable generation.
+struct Generation {
+    number: u64,
+    memtable: Arc<MemTable>,
+    /// WAL position of its newest entry (0: none yet).
+    last_position: AtomicU64,
+    /// Set once it is frozen and every batch is durable: it may be flushed.
+    sealed: AtomicBool,
+}
+
+impl Generation {
+    fn new(number: u64, schema: &Arc<TableSchema>) -> Arc<Self> {
+        Arc::new(Self {
+            number,
+            memtable: Arc::new(MemTable::new(Arc::clone(schema))),
+            last_position: AtomicU64::new(0),
+            sealed: AtomicBool::new(false),
+        })
+    }
+}
+
+/// What readers see of the shard: MemTables and the manifest's SSTables.
+/// Changed as a whole, under its lock, when a flush or compaction commits.
+struct Layers {
+    /// Oldest first; the last one is active.
+    generations: Vec<Arc<Generation>>,
+    manifest: Versioned<ShardManifest>,
+    sstables: Arc<Vec<SstableFile>>,
+}
+
+impl Layers {
+    fn active(&self) -> &Arc<Generation> {
+        self.generations
+            .last()
+            .expect("there is always an active MemTable")
+    }
+}
+
 struct Shared {
     schema: Arc<TableSchema>,
-    memtable: Arc<MemTable>,
+    store: Arc<dyn ObjectStore>,
+    shard_dir: object_store::path::Path,
+    versions: VersionedObjects,
+    reader: Arc<SstableReader>,
     wal: WalLog,
     epoch: u64,
-    generation: u64,
     options: WriterOptions,
     /// Serializes MemTable appends: one put at a time enters the table.
     append_lock: Mutex<()>,
-    /// Written rows (the MemTable counts batches and bytes).
+    layers: RwLock<Layers>,
+    /// Rows and bytes ever put (replay included).
     written_rows: AtomicU64,
+    written_bytes: AtomicU64,
+    /// Wakes the WAL task, and the flush task.
     wake: Notify,
+    flush_wake: Notify,
     closing: AtomicBool,
+    /// Set when the WAL task has exited.
+    wal_done: AtomicBool,
     progress: watch::Sender<Progress>,
     counters: Counters,
     opened: Instant,
+    /// WAL positions of fences this writer knows of (replayed or its own)
+    /// that the manifest does not list yet.
+    fences: Mutex<BTreeSet<u64>>,
+    /// WAL data entries at or below this are deleted (recorded in the
+    /// manifest with the next commit).
+    wal_deleted_through: AtomicU64,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
 pub struct ShardWriter {
     shared: Arc<Shared>,
-    flusher: Mutex<Option<JoinHandle<()>>>,
+    /// The WAL task and the flush task.
+    tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for ShardWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ShardWriter")
             .field("epoch", &self.shared.epoch)
-            .field("memtable", &self.shared.memtable)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -159,6 +256,7 @@ impl std::fmt::Debug for ShardWriter {
 #[derive(Debug)]
 pub struct Durability {
     progress: watch::Receiver<Progress>,
+    generation: u64,
     target: usize,
 }
 
@@ -166,13 +264,13 @@ impl Durability {
     /// Waits until the put is in a WAL entry; fails if the writer stopped
     /// before that.
     pub async fn wait(mut self) -> Result<()> {
-        let target = self.target;
+        let (generation, target) = (self.generation, self.target);
         let progress = self
             .progress
-            .wait_for(|p| p.batches >= target || p.error.is_some())
+            .wait_for(|p| p.covers(generation, target) || p.error.is_some())
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
-        if progress.batches >= target {
+        if progress.covers(generation, target) {
             return Ok(());
         }
         Err(shared_error(
@@ -199,9 +297,9 @@ fn shared_error(error: &Arc<Error>) -> Error {
 
 impl ShardWriter {
     /// Opens shard `shard` of the table at `location`: claims it (new
-    /// epoch), fences the WAL, replays it into a fresh MemTable and starts
-    /// the flusher. A corrupt or missing WAL entry fails the open, naming
-    /// the object.
+    /// epoch), fences the WAL, replays it into fresh MemTables and starts
+    /// the WAL and flush tasks. A corrupt or missing WAL entry fails the
+    /// open, naming the object.
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         location: &str,
@@ -209,9 +307,15 @@ impl ShardWriter {
         schema: Arc<TableSchema>,
         options: WriterOptions,
     ) -> Result<Self> {
-        if options.wal_flush_bytes == 0 || options.max_unflushed_bytes == 0 {
+        if options.wal_flush_bytes == 0 || options.memtable_bytes == 0 || options.max_sstables == 0
+        {
             return Err(Error::invalid(
-                "wal_flush_bytes and max_unflushed_bytes must be positive",
+                "wal_flush_bytes, memtable_bytes and max_sstables must be positive",
+            ));
+        }
+        if options.max_unflushed_bytes < options.memtable_bytes {
+            return Err(Error::invalid(
+                "max_unflushed_bytes must be at least memtable_bytes",
             ));
         }
         if shard >= schema.shards {
@@ -234,65 +338,118 @@ impl ShardWriter {
             generation,
             ..
         } = claimed.state.as_ref().clone();
-        let wal = WalLog::new(store, paths::wal_dir(&dir));
+        let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
         let fence = wal.fence(epoch, replay_after).await?;
 
-        let memtable = Arc::new(MemTable::new(Arc::clone(&schema)));
-        let mut rows = 0;
+        // One MemTable per recorded generation, in WAL order.
+        let mut generations: Vec<Arc<Generation>> = Vec::new();
+        let mut fences = BTreeSet::from([fence]);
+        let (mut rows, mut bytes) = (0, 0);
         for (position, entry) in wal.replay(replay_after).await? {
             if position >= fence {
                 break;
             }
             if entry.kind != EntryKind::Data {
+                fences.insert(position);
                 continue;
             }
+            let corrupt = |reason: String| Error::Corrupt {
+                path: wal.path_of(position).to_string(),
+                reason,
+            };
+            let current = match generations.last() {
+                Some(g) if g.number == entry.generation => Arc::clone(g),
+                Some(g) if g.number > entry.generation => {
+                    return Err(corrupt(format!(
+                        "generation {} after generation {}",
+                        entry.generation, g.number
+                    )));
+                }
+                _ => {
+                    let g = Generation::new(entry.generation, &schema);
+                    generations.push(Arc::clone(&g));
+                    g
+                }
+            };
             let mut put = Vec::with_capacity(entry.batches.len());
             for batch in entry.batches {
                 let batch =
                     RecordBatch::try_new(Arc::clone(&schema.stored), batch.columns().to_vec())
-                        .map_err(|e| Error::Corrupt {
-                            path: wal.path_of(position).to_string(),
-                            reason: format!("rows do not fit the table: {e}"),
-                        })?;
+                        .map_err(|e| corrupt(format!("rows do not fit the table: {e}")))?;
                 rows += batch.num_rows() as u64;
+                bytes += batch.get_array_memory_size() as u64;
                 put.push(schema.keyed(batch)?);
             }
-            memtable.append(put);
+            current.memtable.append(put);
+            current.last_position.store(position, Ordering::Relaxed);
         }
-        let replayed = memtable.written_batches();
-        memtable.publish(replayed);
+        // The newest replayed generation stays active unless the manifest
+        // is past it; every other one is sealed and flushes at once.
+        if generations.last().is_none_or(|g| g.number < generation) {
+            generations.push(Generation::new(generation.max(1), &schema));
+        }
+        let active_number = generations.last().expect("pushed above").number;
+        for g in &generations {
+            g.memtable.publish(g.memtable.written_batches());
+            if g.number != active_number {
+                g.sealed.store(true, Ordering::Release);
+            }
+        }
+        let active_batches = generations
+            .last()
+            .expect("pushed above")
+            .memtable
+            .written_batches();
         log::debug!(
-            "shard {shard} of {location}: epoch {epoch}, replayed {replayed} batches up to fence {fence}"
+            "shard {shard} of {location}: epoch {epoch}, replayed {rows} rows in {} generations up to fence {fence}",
+            generations.len()
         );
 
         let (progress, _) = watch::channel(Progress {
-            batches: replayed,
+            generation: active_number,
+            batches: active_batches,
             rows,
-            bytes: memtable.bytes(),
+            bytes,
+            flushed_bytes: 0,
             error: None,
         });
+        let sstables = Arc::new(claimed.state.sstables.clone());
+        let wal_deleted_through = claimed.state.wal_deleted_through;
         let shared = Arc::new(Shared {
+            reader: Arc::new(SstableReader::new(Arc::clone(&store), Arc::clone(&schema))),
             schema,
-            memtable,
+            store,
+            shard_dir: dir,
+            versions,
             wal,
             epoch,
-            generation,
             options,
             append_lock: Mutex::new(()),
+            layers: RwLock::new(Layers {
+                generations,
+                manifest: claimed,
+                sstables,
+            }),
             written_rows: AtomicU64::new(rows),
+            written_bytes: AtomicU64::new(bytes),
             wake: Notify::new(),
+            flush_wake: Notify::new(),
             closing: AtomicBool::new(false),
+            wal_done: AtomicBool::new(false),
             progress,
             counters: Counters {
                 next_position: AtomicU64::new(fence + 1),
                 ..Counters::default()
             },
             opened: Instant::now(),
+            fences: Mutex::new(fences),
+            wal_deleted_through: AtomicU64::new(wal_deleted_through),
         });
-        let flusher = tokio::spawn(Arc::clone(&shared).run_flusher(fence + 1));
+        let wal_task = tokio::spawn(Arc::clone(&shared).run_wal(fence + 1));
+        let flush_task = tokio::spawn(Arc::clone(&shared).run_flush());
         Ok(Self {
             shared,
-            flusher: Mutex::new(Some(flusher)),
+            tasks: Mutex::new(vec![wal_task, flush_task]),
         })
     }
 
@@ -301,9 +458,29 @@ impl ShardWriter {
         self.shared.epoch
     }
 
-    /// The MemTable (for readers in this process).
-    pub fn memtable(&self) -> &Arc<MemTable> {
-        &self.shared.memtable
+    /// What a reader sees of the shard now: the visible rows of every
+    /// MemTable not yet in an SSTable, and the manifest's SSTables.
+    pub fn snapshot(&self) -> ShardSnapshot {
+        let layers = self.shared.layers.read().expect("layers poisoned");
+        // Newest first: a batch of a newer generation becomes visible only
+        // after every batch of the older ones, so reading the visible
+        // counts in this order yields a prefix of the log.
+        let mut memtables: Vec<MemLayer> = layers
+            .generations
+            .iter()
+            .rev()
+            .map(|g| MemLayer {
+                batches: g.memtable.visible_batches(),
+                memtable: Arc::clone(&g.memtable),
+            })
+            .collect();
+        memtables.reverse();
+        ShardSnapshot {
+            schema: Arc::clone(&self.shared.schema),
+            reader: Arc::clone(&self.shared.reader),
+            memtables,
+            sstables: Arc::clone(&layers.sstables),
+        }
     }
 
     /// The table schema this writer checks puts against.
@@ -399,41 +576,56 @@ impl ShardWriter {
         let shared = &self.shared;
         self.backpressure().await?;
         let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
-        let end = {
+        let bytes = put
+            .iter()
+            .map(|(b, _)| b.get_array_memory_size() as u64)
+            .sum::<u64>();
+        let (generation, end) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
             if let Some(e) = &shared.progress.borrow().error {
                 return Err(shared_error(e));
             }
-            // Checked under the lock `close` sets it under: the flusher,
+            // Checked under the lock `close` sets it under: the WAL task,
             // which reads `closing` before `written`, sees every put that
             // got past here.
             if shared.closing.load(Ordering::Acquire) {
                 return Err(Error::Poisoned("the shard writer is closed".into()));
             }
-            let end = shared.memtable.append(put);
+            let active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
+            let end = active.memtable.append(put);
+            if !shared.options.durable {
+                active.memtable.publish(end);
+            }
             shared.written_rows.fetch_add(rows, Ordering::Relaxed);
-            end
+            shared.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            if active.memtable.bytes() >= shared.options.memtable_bytes {
+                shared.rotate();
+            }
+            (active.number, end)
         };
-        if !shared.options.durable {
-            shared.memtable.publish(end);
-        }
         shared.counters.puts.fetch_add(1, Ordering::Relaxed);
         shared.counters.rows.fetch_add(rows, Ordering::Relaxed);
         shared.wake.notify_one();
         Ok(Durability {
             progress: shared.progress.subscribe(),
+            generation,
             target: end,
         })
     }
 
-    /// Waits while too many bytes are not durable yet.
+    /// Waits while too many bytes are in memory and not in SSTables.
     async fn backpressure(&self) -> Result<()> {
         let shared = &self.shared;
-        let ceiling = shared.options.max_unflushed_bytes;
-        let pending = |p: &Progress| shared.memtable.bytes().saturating_sub(p.bytes);
+        let ceiling = shared.options.max_unflushed_bytes as u64;
+        let unflushed = |p: &Progress| {
+            shared
+                .written_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(p.flushed_bytes)
+        };
         let mut progress = shared.progress.subscribe();
         let ready = progress
-            .wait_for(|p| p.error.is_some() || pending(p) <= ceiling)
+            .wait_for(|p| p.error.is_some() || unflushed(p) <= ceiling)
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
         match &ready.error {
@@ -447,7 +639,19 @@ impl ShardWriter {
         let shared = &self.shared;
         let c = &shared.counters;
         let progress = shared.progress.borrow().clone();
-        let written = shared.memtable.written_batches();
+        let layers = shared.layers.read().expect("layers poisoned");
+        let (mut pending_batches, mut durable_batches, mut visible_batches) = (0, 0, 0);
+        for g in &layers.generations {
+            let written = g.memtable.written_batches() as u64;
+            let durable = match g.number.cmp(&progress.generation) {
+                std::cmp::Ordering::Less => written,
+                std::cmp::Ordering::Equal => progress.batches as u64,
+                std::cmp::Ordering::Greater => 0,
+            };
+            pending_batches += written - durable;
+            durable_batches += durable;
+            visible_batches += g.memtable.visible_batches() as u64;
+        }
         WriterStats {
             epoch: shared.epoch,
             puts: c.puts.load(Ordering::Relaxed),
@@ -460,16 +664,25 @@ impl ShardWriter {
                 .written_rows
                 .load(Ordering::Relaxed)
                 .saturating_sub(progress.rows),
-            pending_bytes: shared.memtable.bytes().saturating_sub(progress.bytes) as u64,
-            pending_batches: written.saturating_sub(progress.batches) as u64,
-            durable_batches: progress.batches as u64,
-            visible_batches: shared.memtable.visible_batches() as u64,
+            pending_bytes: shared
+                .written_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(progress.bytes),
+            pending_batches,
+            durable_batches,
+            visible_batches,
             next_position: c.next_position.load(Ordering::Relaxed),
+            generation: layers.active().number,
+            frozen_memtables: layers.generations.len() as u64 - 1,
+            sstables: layers.sstables.len() as u64,
+            flushes: c.flushes.load(Ordering::Relaxed),
+            compactions: c.compactions.load(Ordering::Relaxed),
         }
     }
 
-    /// Makes everything put so far durable, stops the flusher and reports
-    /// the error that stopped the writer, if any.
+    /// Makes everything put so far durable, flushes every MemTable to an
+    /// SSTable, stops the writer's tasks and reports the error that stopped
+    /// the writer, if any.
     pub async fn close(&self) -> Result<()> {
         {
             let _no_put_in_flight = self
@@ -478,13 +691,17 @@ impl ShardWriter {
                 .lock()
                 .expect("append lock poisoned");
             self.shared.closing.store(true, Ordering::Release);
+            let active = Arc::clone(self.shared.layers.read().expect("layers poisoned").active());
+            if active.memtable.written_batches() > 0 {
+                self.shared.rotate();
+            }
         }
         self.shared.wake.notify_one();
-        let flusher = self.flusher.lock().expect("flusher handle poisoned").take();
-        if let Some(flusher) = flusher {
-            flusher
-                .await
-                .map_err(|e| Error::Poisoned(format!("WAL flusher failed: {e}")))?;
+        self.shared.flush_wake.notify_one();
+        let tasks = std::mem::take(&mut *self.tasks.lock().expect("task handles poisoned"));
+        for task in tasks {
+            task.await
+                .map_err(|e| Error::Poisoned(format!("shard writer task failed: {e}")))?;
         }
         match self.stopped() {
             Some(e) => Err(e),
@@ -495,9 +712,11 @@ impl ShardWriter {
 
 impl Drop for ShardWriter {
     fn drop(&mut self) {
-        // The flusher drains what is pending, then exits.
+        // The tasks make pending puts durable and flush frozen MemTables,
+        // then exit.
         self.shared.closing.store(true, Ordering::Release);
         self.shared.wake.notify_one();
+        self.shared.flush_wake.notify_one();
     }
 }
 
@@ -510,29 +729,83 @@ impl Shared {
             .fetch_max(at.max(1), Ordering::AcqRel);
     }
 
+    /// Freezes the active MemTable and starts the next generation. Called
+    /// under the append lock.
+    fn rotate(&self) {
+        let mut layers = self.layers.write().expect("layers poisoned");
+        let next = Generation::new(layers.active().number + 1, &self.schema);
+        layers.generations.push(next);
+        self.wake.notify_one();
+    }
+
+    /// Stops the writer with `error`: every waiting and later put gets it.
+    fn stop(&self, error: Error) {
+        log::warn!("shard writer of epoch {} stopped: {error}", self.epoch);
+        self.progress.send_modify(|p| {
+            p.error.get_or_insert(Arc::new(error));
+        });
+        self.flush_wake.notify_one();
+    }
+
     /// The group-commit loop: one WAL append at a time, each carrying every
-    /// batch written and not yet durable when it starts.
-    async fn run_flusher(self: Arc<Self>, mut position: u64) {
+    /// batch of the oldest generation with batches not yet durable, written
+    /// when it starts. Seals a frozen generation once all of it is durable.
+    async fn run_wal(self: Arc<Self>, mut position: u64) {
+        self.append_all(&mut position).await;
+        self.wal_done.store(true, Ordering::Release);
+        self.flush_wake.notify_one();
+    }
+
+    async fn append_all(&self, position: &mut u64) {
         let interval = self.options.wal_flush_interval;
         let mut last_start: Option<Instant> = None;
         loop {
             // `closing` first: once it is set no put enters the MemTable, so
-            // `written` read after it is final.
+            // `written` read after it is final. Likewise a generation seen
+            // frozen gets no more batches.
             let closing = self.closing.load(Ordering::Acquire);
             let durable = self.progress.borrow().clone();
-            let written = self.memtable.written_batches();
+            if durable.error.is_some() {
+                return;
+            }
+            let (generation, next) = {
+                let layers = self.layers.read().expect("layers poisoned");
+                let at = layers
+                    .generations
+                    .iter()
+                    .position(|g| g.number == durable.generation)
+                    .expect("the generation being made durable is not flushed yet");
+                (
+                    Arc::clone(&layers.generations[at]),
+                    layers.generations.get(at + 1).map(|g| g.number),
+                )
+            };
+            let written = generation.memtable.written_batches();
             if written == durable.batches {
+                if let Some(next) = next {
+                    generation.sealed.store(true, Ordering::Release);
+                    self.progress.send_modify(|p| {
+                        p.generation = next;
+                        p.batches = 0;
+                    });
+                    self.flush_wake.notify_one();
+                    continue;
+                }
                 if closing {
                     return;
                 }
                 self.wake.notified().await;
                 continue;
             }
-            let pending_bytes = self.memtable.bytes().saturating_sub(durable.bytes);
+            let pending_bytes = self
+                .written_bytes
+                .load(Ordering::Relaxed)
+                .saturating_sub(durable.bytes);
             let due = last_start.map(|at| at + interval);
             if let Some(due) = due
                 && !closing
-                && pending_bytes < self.options.wal_flush_bytes
+                && next.is_none()
+                && pending_bytes < self.options.wal_flush_bytes as u64
                 && Instant::now() < due
             {
                 tokio::select! {
@@ -542,21 +815,21 @@ impl Shared {
                 continue;
             }
             last_start = Some(Instant::now());
-            let batches = self.memtable.batches(durable.batches, written);
+            let batches = generation.memtable.batches(durable.batches, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
-            let bytes: usize = batches
+            let bytes: u64 = batches
                 .iter()
-                .map(|b| b.batch.get_array_memory_size())
+                .map(|b| b.batch.get_array_memory_size() as u64)
                 .sum();
             let entry = WalEntry::data(
                 self.epoch,
-                self.generation,
+                generation.number,
                 batches.into_iter().map(|b| b.batch).collect(),
             );
             let result = match entry.encode() {
                 Ok(encoded) => {
                     let len = encoded.len() as u64;
-                    self.append_at(position, encoded).await.map(|()| len)
+                    self.append_at(*position, encoded).await.map(|()| len)
                 }
                 Err(e) => Err(e),
             };
@@ -568,12 +841,13 @@ impl Shared {
                     c.wal_bytes.fetch_add(len, Ordering::Relaxed);
                     c.latency_total_us.fetch_add(latency, Ordering::Relaxed);
                     c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
-                    position += 1;
-                    c.next_position.store(position, Ordering::Release);
+                    generation.last_position.store(*position, Ordering::Release);
+                    *position += 1;
+                    c.next_position.store(*position, Ordering::Release);
                     // Our entry landed, so nobody had fenced when it started.
                     self.confirm_owned(last_start.expect("set above"));
                     if self.options.durable {
-                        self.memtable.publish(written);
+                        generation.memtable.publish(written);
                     }
                     self.progress.send_modify(|p| {
                         p.batches = written;
@@ -582,8 +856,7 @@ impl Shared {
                     });
                 }
                 Err(e) => {
-                    log::warn!("shard writer of epoch {} stopped: {e}", self.epoch);
-                    self.progress.send_modify(|p| p.error = Some(Arc::new(e)));
+                    self.stop(e);
                     return;
                 }
             }

@@ -1,0 +1,396 @@
+//! [`SstableReader`]: streams and point lookups over SSTables in an object
+//! store, with each file's Parquet footer and page index read once and
+//! cached (SSTable names are never reused, so a cached footer never goes
+//! stale).
+//!
+//! A lookup reads only what can hold the key: row groups whose statistics
+//! cover it and whose key bloom filter may contain it, and within those the
+//! pages (by the page index) whose key range covers it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, Scalar};
+use datafusion::arrow::compute::kernels::cmp::{eq, gt_eq, lt_eq};
+use datafusion::arrow::compute::{and, filter_record_batch};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::parquet::arrow::ProjectionMask;
+use datafusion::parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use datafusion::parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+};
+use datafusion::parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use datafusion::parquet::bloom_filter::Sbbf;
+use datafusion::parquet::file::metadata::PageIndexPolicy;
+use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStore;
+use object_store::path::Path;
+
+use super::SstableFile;
+use crate::error::{Error, Result};
+use crate::memtable::TableSchema;
+
+/// Rows per batch a stream yields.
+const BATCH_ROWS: usize = 8192;
+/// Cached footers; the cache starts over when it grows past this.
+const CACHED_FILES: usize = 4096;
+
+/// A bloom filter's place: file, row group, column.
+type BloomKey = (String, usize, usize);
+
+/// Reads SSTables of one table. Cheap to share; caches footers.
+#[derive(Debug)]
+pub struct SstableReader {
+    store: Arc<dyn ObjectStore>,
+    schema: Arc<TableSchema>,
+    footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
+    blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
+}
+
+impl SstableReader {
+    /// A reader of SSTables holding rows of `schema` in `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, schema: Arc<TableSchema>) -> Self {
+        Self {
+            store,
+            schema,
+            footers: Mutex::default(),
+            blooms: Mutex::default(),
+        }
+    }
+
+    fn object(&self, file: &SstableFile) -> ObjectReader {
+        ObjectReader {
+            store: Arc::clone(&self.store),
+            path: Path::from(file.path.as_str()),
+            size: file.bytes,
+        }
+    }
+
+    fn corrupt(file: &SstableFile, e: impl std::fmt::Display) -> Error {
+        Error::Corrupt {
+            path: file.path.clone(),
+            reason: format!("SSTable: {e}"),
+        }
+    }
+
+    /// The footer (with page index) of `file`, read on first use.
+    async fn footer(&self, file: &SstableFile) -> Result<ArrowReaderMetadata> {
+        if let Some(meta) = self
+            .footers
+            .lock()
+            .expect("footers poisoned")
+            .get(&file.path)
+        {
+            return Ok(meta.clone());
+        }
+        let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
+        let meta = ArrowReaderMetadata::load_async(&mut self.object(file), options)
+            .await
+            .map_err(|e| self.read_error(file, e))?;
+        let mut footers = self.footers.lock().expect("footers poisoned");
+        if footers.len() >= CACHED_FILES {
+            footers.clear();
+        }
+        footers.insert(file.path.clone(), meta.clone());
+        Ok(meta)
+    }
+
+    /// A missing object is a store error; anything else unreadable is
+    /// corruption naming the file.
+    fn read_error(
+        &self,
+        file: &SstableFile,
+        e: datafusion::parquet::errors::ParquetError,
+    ) -> Error {
+        match e {
+            datafusion::parquet::errors::ParquetError::External(inner) => {
+                match inner.downcast::<object_store::Error>() {
+                    Ok(store) => Error::from(*store),
+                    Err(other) => Self::corrupt(file, other),
+                }
+            }
+            other => Self::corrupt(file, other),
+        }
+    }
+
+    /// The rows of `file` (stored form projected to `columns`, indices
+    /// into the stored schema), in file order (by key), as a stream.
+    pub async fn stream(
+        &self,
+        file: &SstableFile,
+        columns: &[usize],
+    ) -> Result<SendableRecordBatchStream> {
+        let meta = self.footer(file).await?;
+        let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().copied());
+        let schema: SchemaRef = Arc::new(self.schema.stored.project(columns)?);
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
+            .with_projection(mask)
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .map_err(|e| Self::corrupt(file, e))?;
+        let file = file.clone();
+        let out_schema = Arc::clone(&schema);
+        let stream = stream.map(move |batch| {
+            let batch = batch.map_err(|e| Self::corrupt(&file, e))?;
+            Ok(RecordBatch::try_new(
+                Arc::clone(&out_schema),
+                batch.columns().to_vec(),
+            )?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            stream.map_err(|e: Error| e.into()),
+        )))
+    }
+
+    /// The row of `file` whose key columns equal `key` (one row of the key
+    /// columns, stored types), in stored form, or `None`. The row may be a
+    /// tombstone.
+    pub async fn lookup(
+        &self,
+        file: &SstableFile,
+        key: &[ArrayRef],
+    ) -> Result<Option<RecordBatch>> {
+        let meta = self.footer(file).await?;
+        let parquet = meta.metadata().clone();
+        let arrow_schema = Arc::clone(meta.schema());
+        let schema = &self.schema;
+        let row_groups = parquet.row_groups();
+        // Row groups whose statistics cover the key on every key column.
+        let mut candidates = vec![true; row_groups.len()];
+        let mut first_key_stats = None;
+        for (i, &column) in schema.key.iter().enumerate() {
+            let name = schema.stored.field(column).name();
+            let stats = StatisticsConverter::try_new(
+                name,
+                &arrow_schema,
+                parquet.file_metadata().schema_descr(),
+            )
+            .map_err(|e| Self::corrupt(file, e))?;
+            let value = Scalar::new(Arc::clone(&key[i]));
+            let mins = stats
+                .row_group_mins(row_groups)
+                .map_err(|e| Self::corrupt(file, e))?;
+            let maxes = stats
+                .row_group_maxes(row_groups)
+                .map_err(|e| Self::corrupt(file, e))?;
+            let covers = covers(&mins, &maxes, &value)?;
+            for (rg, c) in candidates.iter_mut().enumerate() {
+                *c &= covers.is_null(rg) || covers.value(rg);
+            }
+            if i == 0 {
+                first_key_stats = Some(stats);
+            }
+        }
+        let first_key_stats = first_key_stats.expect("a lookup needs a key");
+        for rg in (0..row_groups.len()).filter(|&rg| candidates[rg]) {
+            if !self.bloom_may_contain(file, &meta, rg, key).await? {
+                continue;
+            }
+            let selection = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
+            let mut builder =
+                ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta.clone())
+                    .with_row_groups(vec![rg])
+                    .with_batch_size(BATCH_ROWS);
+            if let Some(selection) = selection {
+                builder = builder.with_row_selection(selection);
+            }
+            let mut rows = builder.build().map_err(|e| Self::corrupt(file, e))?;
+            while let Some(batch) = rows.next().await {
+                let batch = batch.map_err(|e| Self::corrupt(file, e))?;
+                let mut matches: Option<BooleanArray> = None;
+                for (i, &column) in schema.key.iter().enumerate() {
+                    let m = eq(batch.column(column), &Scalar::new(Arc::clone(&key[i])))?;
+                    matches = Some(match matches {
+                        Some(prev) => and(&prev, &m)?,
+                        None => m,
+                    });
+                }
+                let found = filter_record_batch(&batch, &matches.expect("a key column"))?;
+                if found.num_rows() > 0 {
+                    let row = RecordBatch::try_new(
+                        Arc::clone(&schema.stored),
+                        found.slice(0, 1).columns().to_vec(),
+                    )?;
+                    return Ok(Some(row));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether row group `rg`'s bloom filters may contain `key` (true when
+    /// a filter is absent or the key type has none).
+    async fn bloom_may_contain(
+        &self,
+        file: &SstableFile,
+        meta: &ArrowReaderMetadata,
+        rg: usize,
+        key: &[ArrayRef],
+    ) -> Result<bool> {
+        for (i, &column) in self.schema.key.iter().enumerate() {
+            let cache_key = (file.path.clone(), rg, column);
+            let cached = self
+                .blooms
+                .lock()
+                .expect("blooms poisoned")
+                .get(&cache_key)
+                .cloned();
+            let bloom = match cached {
+                Some(bloom) => bloom,
+                None => {
+                    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                        self.object(file),
+                        meta.clone(),
+                    );
+                    let bloom = builder
+                        .get_row_group_column_bloom_filter(rg, column)
+                        .await
+                        .map_err(|e| self.read_error(file, e))?
+                        .map(Arc::new);
+                    let mut blooms = self.blooms.lock().expect("blooms poisoned");
+                    if blooms.len() >= CACHED_FILES * 4 {
+                        blooms.clear();
+                    }
+                    blooms.insert(cache_key, bloom.clone());
+                    bloom
+                }
+            };
+            if let Some(bloom) = bloom
+                && bloom_check(&bloom, &key[i]) == Some(false)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Per row group (or page): whether `min <= value <= max` (null where a
+/// statistic is missing).
+fn covers(mins: &ArrayRef, maxes: &ArrayRef, value: &Scalar<ArrayRef>) -> Result<BooleanArray> {
+    Ok(and(&lt_eq(mins, value)?, &gt_eq(maxes, value)?)?)
+}
+
+/// The rows of row group `rg` on pages whose first-key-column range covers
+/// `value`, or `None` (read the whole group) without a page index.
+fn pages_covering(
+    parquet: &datafusion::parquet::file::metadata::ParquetMetaData,
+    stats: &StatisticsConverter<'_>,
+    rg: usize,
+    value: &ArrayRef,
+) -> Result<Option<RowSelection>> {
+    let (Some(column_index), Some(offset_index)) = (parquet.column_index(), parquet.offset_index())
+    else {
+        return Ok(None);
+    };
+    let pages = || -> datafusion::parquet::errors::Result<_> {
+        Ok((
+            stats.data_page_mins(column_index, offset_index, [&rg])?,
+            stats.data_page_maxes(column_index, offset_index, [&rg])?,
+            stats.data_page_row_counts(offset_index, parquet.row_groups(), [&rg])?,
+        ))
+    };
+    let Ok((mins, maxes, Some(counts))) = pages() else {
+        return Ok(None);
+    };
+    let covering = covers(&mins, &maxes, &Scalar::new(Arc::clone(value)))?;
+    let selectors: Vec<RowSelector> = (0..counts.len())
+        .map(|page| {
+            let rows = counts.value(page) as usize;
+            if covering.is_null(page) || covering.value(page) {
+                RowSelector::select(rows)
+            } else {
+                RowSelector::skip(rows)
+            }
+        })
+        .collect();
+    Ok(Some(RowSelection::from(selectors)))
+}
+
+/// Whether `bloom` may contain the one value of `key` as Parquet hashes
+/// it (its physical value), or `None` for a type this does not map.
+fn bloom_check(bloom: &Sbbf, key: &ArrayRef) -> Option<bool> {
+    use datafusion::arrow::datatypes::*;
+    if key.is_null(0) {
+        return None;
+    }
+    Some(match key.data_type() {
+        DataType::Int8 => bloom.check(&(key.as_primitive::<Int8Type>().value(0) as i32)),
+        DataType::Int16 => bloom.check(&(key.as_primitive::<Int16Type>().value(0) as i32)),
+        DataType::Int32 => bloom.check(&key.as_primitive::<Int32Type>().value(0)),
+        DataType::Int64 => bloom.check(&key.as_primitive::<Int64Type>().value(0)),
+        DataType::UInt8 => bloom.check(&(key.as_primitive::<UInt8Type>().value(0) as i32)),
+        DataType::UInt16 => bloom.check(&(key.as_primitive::<UInt16Type>().value(0) as i32)),
+        DataType::UInt32 => bloom.check(&(key.as_primitive::<UInt32Type>().value(0) as i32)),
+        DataType::UInt64 => bloom.check(&(key.as_primitive::<UInt64Type>().value(0) as i64)),
+        DataType::Date32 => bloom.check(&key.as_primitive::<Date32Type>().value(0)),
+        DataType::Utf8 => bloom.check(key.as_string::<i32>().value(0)),
+        DataType::LargeUtf8 => bloom.check(key.as_string::<i64>().value(0)),
+        DataType::Utf8View => bloom.check(key.as_string_view().value(0)),
+        DataType::Binary => bloom.check(key.as_binary::<i32>().value(0)),
+        DataType::LargeBinary => bloom.check(key.as_binary::<i64>().value(0)),
+        DataType::BinaryView => bloom.check(key.as_binary_view().value(0)),
+        DataType::FixedSizeBinary(_) => bloom.check(key.as_fixed_size_binary().value(0)),
+        _ => return None,
+    })
+}
+
+/// One object of a store as Parquet reads it: byte ranges, and the footer
+/// of a file whose size is known (no extra request to learn it).
+struct ObjectReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+}
+
+fn external(e: object_store::Error) -> datafusion::parquet::errors::ParquetError {
+    datafusion::parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for ObjectReader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<bytes::Bytes>> {
+        async move {
+            object_store::ObjectStoreExt::get_range(&self.store, &self.path, range)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Vec<bytes::Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(external)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, datafusion::parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let metadata = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(metadata))
+        }
+        .boxed()
+    }
+}

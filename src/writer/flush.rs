@@ -1,0 +1,443 @@
+//! The flush task of a [`super::ShardWriter`] (DESIGN.md §6): turns sealed
+//! MemTables into SSTables, deletes the WAL entries they cover, and keeps
+//! the number of SSTables bounded by compaction.
+//!
+//! Order of effects, each safe to interrupt at any point:
+//! 1. flush: write the SSTable under a fresh name (an interrupted write
+//!    leaves an unreferenced object), then commit the manifest — append the
+//!    SSTable, advance the replay cursor, bump the generation — as the
+//!    writer's epoch only (a fenced writer never commits). Generations are
+//!    flushed one at a time, oldest first, so commits land in generation
+//!    order, and a failed flush is retried before anything newer: a later
+//!    success never hides an earlier failure;
+//! 2. WAL garbage: data entries at or below the cursor are deleted after
+//!    the commit; fences are kept forever (the manifest lists them), since
+//!    a stale writer's next append lands exactly on a later epoch's fence
+//!    and must keep colliding with it;
+//! 3. compaction: merge a run of the newest SSTables into one (streaming),
+//!    commit the swap, and delete the inputs once
+//!    [`super::WriterOptions::sstable_grace`] has passed;
+//! 4. at start, objects a crash left behind are collected: SSTables no
+//!    manifest names (no other writer can commit them: its epoch is older)
+//!    and WAL entries below the cursor that a crash kept from deletion.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+use object_store::path::Path;
+
+use super::manifest::{RetiredFile, ShardManifest, commit_as};
+use super::{Generation, Shared};
+use crate::error::{Error, Result};
+use crate::sstable::{self, SstableFile, merge};
+use crate::store::Versioned;
+
+/// Deletes issued at once.
+const DELETES: usize = 16;
+
+impl Shared {
+    /// The flush loop; see the module doc.
+    pub(super) async fn run_flush(self: Arc<Self>) {
+        if let Err(e) = self.collect_leftovers().await {
+            log::warn!("cleaning up after an earlier writer failed: {e}");
+        }
+        loop {
+            if self.progress.borrow().error.is_some() {
+                return;
+            }
+            let sealed = {
+                let layers = self.layers.read().expect("layers poisoned");
+                layers
+                    .generations
+                    .first()
+                    .filter(|g| g.sealed.load(Ordering::Acquire))
+                    .cloned()
+            };
+            let Some(generation) = sealed else {
+                if self.closing.load(Ordering::Acquire) && self.wal_done.load(Ordering::Acquire) {
+                    return;
+                }
+                self.flush_wake.notified().await;
+                continue;
+            };
+            let done = async {
+                self.flush(&generation).await?;
+                self.compact().await
+            };
+            if let Err(e) = done.await {
+                self.stop(e);
+                return;
+            }
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, up to the writer's retry budget;
+    /// a fence is never retried.
+    async fn retrying<T, F: Future<Output = Result<T>>>(
+        &self,
+        what: &str,
+        attempt: impl Fn() -> F,
+    ) -> Result<T> {
+        let mut failures = 0;
+        loop {
+            match attempt().await {
+                Ok(t) => return Ok(t),
+                Err(e @ Error::Fenced { .. }) => return Err(e),
+                Err(e) if failures >= self.options.append_retries => {
+                    return Err(Error::Poisoned(format!(
+                        "{what} failed {} times; last error: {e}",
+                        failures + 1
+                    )));
+                }
+                Err(e) => {
+                    failures += 1;
+                    log::debug!("{what} failed, retrying: {e}");
+                    tokio::time::sleep(self.options.commit.backoff(failures)).await;
+                }
+            }
+        }
+    }
+
+    fn manifest(&self) -> Versioned<ShardManifest> {
+        self.layers
+            .read()
+            .expect("layers poisoned")
+            .manifest
+            .clone()
+    }
+
+    /// Commits `change` as this writer's epoch, adding what the writer
+    /// learned about fences and deleted WAL entries, and publishes the new
+    /// SSTable list to readers together with `also` (run under the layers
+    /// lock).
+    async fn commit(
+        &self,
+        what: &str,
+        change: impl Fn(&mut ShardManifest) -> bool,
+        also: impl FnOnce(&mut super::Layers),
+    ) -> Result<()> {
+        let fences = self.fences.lock().expect("fences poisoned").clone();
+        let deleted = self.wal_deleted_through.load(Ordering::Acquire);
+        let committed = self
+            .retrying(what, || {
+                commit_as(&self.versions, self.manifest(), self.epoch, |m| {
+                    if !change(m) {
+                        return false;
+                    }
+                    for &f in fences.range(..=m.replay_after) {
+                        if let Err(at) = m.fences.binary_search(&f) {
+                            m.fences.insert(at, f);
+                        }
+                    }
+                    m.wal_deleted_through = m.wal_deleted_through.max(deleted);
+                    true
+                })
+            })
+            .await?;
+        let mut layers = self.layers.write().expect("layers poisoned");
+        layers.sstables = Arc::new(committed.state.sstables.clone());
+        layers.manifest = committed;
+        also(&mut layers);
+        Ok(())
+    }
+
+    /// Flushes the oldest MemTable, sealed: one SSTable, one commit, then
+    /// the WAL entries it covers are deleted.
+    async fn flush(&self, generation: &Arc<Generation>) -> Result<()> {
+        let memtable = &generation.memtable;
+        let batches: Vec<_> = memtable
+            .batches(0, memtable.written_batches())
+            .into_iter()
+            .map(|b| b.batch)
+            .collect();
+        let file = self
+            .retrying("SSTable write", || {
+                sstable::write(
+                    &self.store,
+                    &self.shard_dir,
+                    generation.number,
+                    &self.schema,
+                    &batches,
+                )
+            })
+            .await?;
+        let last = generation.last_position.load(Ordering::Acquire);
+        let flushed = Arc::clone(generation);
+        self.commit(
+            "shard manifest commit of a flush",
+            |m| {
+                if m.sstables.iter().any(|f| f.path == file.path) {
+                    return false;
+                }
+                m.sstables.push(file.clone());
+                m.replay_after = m.replay_after.max(last);
+                m.generation = m.generation.max(generation.number + 1);
+                true
+            },
+            |layers| {
+                let first = layers.generations.remove(0);
+                debug_assert!(Arc::ptr_eq(&first, &flushed));
+            },
+        )
+        .await?;
+        self.progress
+            .send_modify(|p| p.flushed_bytes += memtable.bytes() as u64);
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        log::debug!(
+            "flushed generation {} ({} rows) to {}",
+            generation.number,
+            file.rows,
+            file.path
+        );
+        self.delete_wal_below_cursor().await
+    }
+
+    /// Deletes the WAL data entries at or below the manifest's cursor that
+    /// are not deleted yet; fences stay.
+    async fn delete_wal_below_cursor(&self) -> Result<()> {
+        let manifest = self.manifest();
+        let through = manifest.state.replay_after;
+        let from = self.wal_deleted_through.load(Ordering::Acquire);
+        if through <= from {
+            return Ok(());
+        }
+        let fences: HashSet<u64> = manifest.state.fences.iter().copied().collect();
+        let wal = &self.wal;
+        futures::stream::iter((from + 1..=through).filter(|p| !fences.contains(p)))
+            .map(|position| delete_if_present(&self.store, wal.path_of(position)))
+            .buffer_unordered(DELETES)
+            .try_collect::<()>()
+            .await?;
+        self.wal_deleted_through
+            .fetch_max(through, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Deletes what a crash of an earlier writer may have left: WAL data
+    /// entries below the cursor and SSTables no manifest names.
+    async fn collect_leftovers(&self) -> Result<()> {
+        let manifest = self.manifest();
+        let m = &manifest.state;
+        let fences: HashSet<u64> = m.fences.iter().copied().collect();
+        let leftovers: Vec<Path> = self
+            .wal
+            .positions_after(m.wal_deleted_through)
+            .await?
+            .into_iter()
+            .filter(|p| *p <= m.replay_after && !fences.contains(p))
+            .map(|p| self.wal.path_of(p))
+            .collect();
+        let named: HashSet<&str> = m
+            .sstables
+            .iter()
+            .map(|f| f.path.as_str())
+            .chain(m.retired.iter().map(|f| f.path.as_str()))
+            .collect();
+        let listed: Vec<Path> = self
+            .store
+            .list(Some(&self.shard_dir.clone().join("sst")))
+            .map_ok(|meta| meta.location)
+            .try_collect()
+            .await?;
+        let orphans: Vec<Path> = listed
+            .into_iter()
+            .filter(|path| !named.contains(path.as_ref()))
+            .collect();
+        if !leftovers.is_empty() || !orphans.is_empty() {
+            log::debug!(
+                "deleting {} WAL entries and {} SSTables left behind in {}",
+                leftovers.len(),
+                orphans.len(),
+                self.shard_dir
+            );
+        }
+        futures::stream::iter(leftovers.into_iter().chain(orphans))
+            .map(|path| delete_if_present(&self.store, path))
+            .buffer_unordered(DELETES)
+            .try_collect::<()>()
+            .await?;
+        self.wal_deleted_through
+            .fetch_max(m.replay_after, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Deletes retired SSTables whose grace period is over, then merges
+    /// SSTables while the shard has more than the configured number.
+    async fn compact(&self) -> Result<()> {
+        self.delete_retired().await?;
+        loop {
+            let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
+            let Some(start) = run_to_merge(&files, self.options.max_sstables) else {
+                return Ok(());
+            };
+            let inputs = files[start..].to_vec();
+            let output = self
+                .retrying("compaction", || self.merge(&inputs, start == 0))
+                .await?;
+            let retired_at_ms = now_ms();
+            self.commit(
+                "shard manifest commit of a compaction",
+                |m| {
+                    let Some(at) = m.sstables.iter().position(|f| *f == inputs[0]) else {
+                        return false;
+                    };
+                    if m.sstables[at..] != inputs[..] {
+                        return false;
+                    }
+                    m.sstables.truncate(at);
+                    m.sstables.push(output.clone());
+                    m.retired.extend(inputs.iter().map(|f| RetiredFile {
+                        path: f.path.clone(),
+                        retired_at_ms,
+                    }));
+                    true
+                },
+                |_| {},
+            )
+            .await?;
+            self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+            log::debug!(
+                "compacted {} SSTables into {} ({} rows)",
+                inputs.len(),
+                output.path,
+                output.rows
+            );
+        }
+    }
+
+    /// Writes the merge of `inputs` (consecutive, oldest first) as one
+    /// SSTable; tombstones are dropped when nothing older exists.
+    async fn merge(&self, inputs: &[SstableFile], oldest: bool) -> Result<SstableFile> {
+        let schema = &self.schema;
+        let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
+        let mut streams = Vec::with_capacity(inputs.len());
+        for file in inputs {
+            streams.push(self.reader.stream(file, &columns).await?);
+        }
+        let rows = if schema.has_key() {
+            let runs = streams
+                .into_iter()
+                .zip(inputs)
+                .map(|(s, f)| merge::as_run(schema, &columns, s, f.generation))
+                .collect::<Result<Vec<_>>>()?;
+            let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+            merge::merge_runs(schema, &columns, runs, !oldest, &pool)?
+        } else {
+            merge::concat(Arc::clone(&schema.stored), streams)
+        };
+        let generations = (
+            inputs[0].first_generation,
+            inputs[inputs.len() - 1].generation,
+        );
+        sstable::write_stream(&self.store, &self.shard_dir, generations, schema, rows).await
+    }
+
+    /// Deletes retired SSTables past their grace period and drops them
+    /// from the manifest (deleted first: a crash in between leaves a name
+    /// of a missing object in `retired`, which nothing reads).
+    async fn delete_retired(&self) -> Result<()> {
+        let manifest = self.manifest();
+        let grace = self.options.sstable_grace.as_millis() as u64;
+        let now = now_ms();
+        let expired: Vec<String> = manifest
+            .state
+            .retired
+            .iter()
+            .filter(|f| f.retired_at_ms.saturating_add(grace) <= now)
+            .map(|f| f.path.clone())
+            .collect();
+        if expired.is_empty() {
+            return Ok(());
+        }
+        futures::stream::iter(
+            expired
+                .iter()
+                .map(|p| Path::from(p.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .map(|path| delete_if_present(&self.store, path))
+        .buffer_unordered(DELETES)
+        .try_collect::<()>()
+        .await?;
+        self.commit(
+            "shard manifest commit of deleted SSTables",
+            |m| {
+                let before = m.retired.len();
+                m.retired.retain(|f| !expired.contains(&f.path));
+                m.retired.len() != before
+            },
+            |_| {},
+        )
+        .await
+    }
+}
+
+/// Where the run of SSTables to merge starts (it ends at the newest), if
+/// `files` (oldest first) are more than `max`: size-tiered — the newest
+/// files and every older one no larger than all newer ones in the run
+/// together, and at least enough files to get back to `max`.
+fn run_to_merge(files: &[SstableFile], max: usize) -> Option<usize> {
+    if files.len() <= max {
+        return None;
+    }
+    let newest = files.len() - 1;
+    let mut start = newest;
+    let mut bytes = files[newest].bytes;
+    while start > 0 && files[start - 1].bytes <= bytes {
+        start -= 1;
+        bytes += files[start].bytes;
+    }
+    Some(start.min(max - 1))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Deletes `path`; an object already gone is not an error.
+async fn delete_if_present(store: &Arc<dyn object_store::ObjectStore>, path: Path) -> Result<()> {
+    match store.delete(&path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(sizes: &[u64]) -> Vec<SstableFile> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &bytes)| SstableFile {
+                path: format!("f{i}"),
+                generation: i as u64 + 1,
+                first_generation: i as u64 + 1,
+                rows: 1,
+                bytes,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn merges_similar_newest_files_and_always_gets_back_under_the_limit() {
+        assert_eq!(run_to_merge(&files(&[1, 1, 1]), 3), None);
+        // Equal sizes: all of them.
+        assert_eq!(run_to_merge(&files(&[1, 1, 1, 1]), 3), Some(0));
+        // A big old file stays out of a run of small new ones.
+        assert_eq!(run_to_merge(&files(&[100, 1, 1, 1]), 3), Some(1));
+        // Growing newest files: merge at least enough to get back to max.
+        assert_eq!(run_to_merge(&files(&[8, 4, 2, 1]), 3), Some(2));
+        assert_eq!(run_to_merge(&files(&[9, 4, 2, 1, 1]), 2), Some(1));
+    }
+}
