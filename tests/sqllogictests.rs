@@ -1,23 +1,42 @@
 //! Conformance runner: every `sql-tests/**/*.slt` on a fresh root.
 //!
-//! - `RESTART` as a statement drops every handle and reopens the same root,
+//! - `RESTART` as a statement closes every handle and reopens the same root,
 //!   so a file can assert what survives a restart.
 //! - Each file runs on a fresh local directory; with `MEMWAL_TEST_S3_BUCKET`
 //!   set (and the usual `AWS_*` variables) it runs on S3 as well.
 //! - `MEMWAL_SLT_COMPLETE=1` rewrites the files' expected output instead.
 //! - Arguments that are not flags filter files by substring.
+//! - Files under `lsm/` run with tiny MemTables (2 KiB), at most 3 SSTables
+//!   per shard and no grace period, so they flush and compact all the time.
+//! - `$ROOT` is the root's local directory (with `control substitution
+//!   on`); records marked `onlyif local` run on the local root only.
 
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::array::{Array, RecordBatch};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
-use memwal::MemwalSession;
+use memwal::{MemwalSession, WriterOptions};
 use sqllogictest::{DBOutput, DefaultColumnType};
 
 struct MemwalDb {
     root: String,
+    options: WriterOptions,
     session: Option<MemwalSession>,
+}
+
+/// The writer options of the tests in `path`.
+fn options_for(path: &Path) -> WriterOptions {
+    if path.components().any(|c| c.as_os_str() == "lsm") {
+        WriterOptions {
+            memtable_bytes: 2048,
+            max_sstables: 3,
+            sstable_grace: std::time::Duration::ZERO,
+            ..WriterOptions::default()
+        }
+    } else {
+        WriterOptions::default()
+    }
 }
 
 #[async_trait::async_trait]
@@ -31,9 +50,13 @@ impl sqllogictest::AsyncDB for MemwalDb {
             .trim_end_matches(';')
             .eq_ignore_ascii_case("restart")
         {
-            // Drop every handle first, then reopen the same root.
-            self.session = None;
-            self.session = Some(MemwalSession::open(&self.root).await?);
+            // Close (flush) and drop every handle first, then reopen the
+            // same root.
+            if let Some(session) = self.session.take() {
+                session.close().await?;
+            }
+            self.session =
+                Some(MemwalSession::open_with(&self.root, self.options.clone()).await?);
             return Ok(DBOutput::StatementComplete(0));
         }
         let session = self.session.as_ref().expect("a session is open");
@@ -119,18 +142,24 @@ fn slt_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-async fn run_file(path: &Path, root: String, complete: bool) -> Result<(), String> {
+async fn run_file(path: &Path, kind: &str, root: String, complete: bool) -> Result<(), String> {
+    let options = options_for(path);
+    let local_root = root.clone();
     let make = move || {
         let root = root.clone();
+        let options = options.clone();
         async move {
-            let session = MemwalSession::open(&root).await?;
+            let session = MemwalSession::open_with(&root, options.clone()).await?;
             Ok::<_, memwal::Error>(MemwalDb {
                 root,
+                options,
                 session: Some(session),
             })
         }
     };
     let mut runner = sqllogictest::Runner::new(make);
+    runner.add_label(kind);
+    runner.set_var("ROOT".into(), local_root);
     if complete {
         runner
             .update_test_file(
@@ -184,7 +213,7 @@ fn main() {
             roots.push(("s3", format!("s3://{bucket}/{prefix}")));
         }
         for (kind, root) in roots {
-            match runtime.block_on(run_file(file, root, complete)) {
+            match runtime.block_on(run_file(file, kind, root, complete)) {
                 Ok(()) => {
                     passed += 1;
                     println!("test {name} [{kind}] ... ok");

@@ -84,6 +84,9 @@ impl MemwalSession {
                 Arc::clone(&tables),
             )),
         );
+        // `SELECT ... FROM 'path/'` reads files, an SSTable directory
+        // included (SSTables are plain Parquet).
+        let ctx = ctx.enable_url_table();
         Self {
             ctx,
             catalog,

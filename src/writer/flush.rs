@@ -267,14 +267,15 @@ impl Shared {
         Ok(())
     }
 
-    /// Deletes retired SSTables whose grace period is over, then merges
-    /// SSTables while the shard has more than the configured number.
+    /// Deletes retired SSTables whose grace period is over, merges
+    /// SSTables while the shard has more than the configured number, and
+    /// deletes what that retired if the grace period is zero.
     async fn compact(&self) -> Result<()> {
         self.delete_retired().await?;
         loop {
             let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
             let Some(start) = run_to_merge(&files, self.options.max_sstables) else {
-                return Ok(());
+                return self.delete_retired().await;
             };
             let inputs = files[start..].to_vec();
             let output = self
