@@ -7,7 +7,8 @@
 //! - `MEMWAL_SLT_COMPLETE=1` rewrites the files' expected output instead.
 //! - Arguments that are not flags filter files by substring.
 //! - Files under `lsm/` run with tiny MemTables (2 KiB), at most 3 SSTables
-//!   per shard and no grace period, so they flush and compact all the time.
+//!   per shard and a 200 ms grace period, so they flush and compact all the
+//!   time.
 //! - `$ROOT` is the root's local directory (with `control substitution
 //!   on`); records marked `onlyif local` run on the local root only.
 
@@ -31,7 +32,7 @@ fn options_for(path: &Path) -> WriterOptions {
         WriterOptions {
             memtable_bytes: 2048,
             max_sstables: 3,
-            sstable_grace: std::time::Duration::ZERO,
+            sstable_grace: std::time::Duration::from_millis(200),
             ..WriterOptions::default()
         }
     } else {
@@ -55,8 +56,7 @@ impl sqllogictest::AsyncDB for MemwalDb {
             if let Some(session) = self.session.take() {
                 session.close().await?;
             }
-            self.session =
-                Some(MemwalSession::open_with(&self.root, self.options.clone()).await?);
+            self.session = Some(MemwalSession::open_with(&self.root, self.options.clone()).await?);
             return Ok(DBOutput::StatementComplete(0));
         }
         let session = self.session.as_ref().expect("a session is open");

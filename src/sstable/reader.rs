@@ -91,7 +91,7 @@ impl SstableReader {
         let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
         let meta = ArrowReaderMetadata::load_async(&mut self.object(file), options)
             .await
-            .map_err(|e| self.read_error(file, e))?;
+            .map_err(|e| Self::read_error(file, e))?;
         let mut footers = self.footers.lock().expect("footers poisoned");
         if footers.len() >= CACHED_FILES {
             footers.clear();
@@ -102,11 +102,7 @@ impl SstableReader {
 
     /// A missing object is a store error; anything else unreadable is
     /// corruption naming the file.
-    fn read_error(
-        &self,
-        file: &SstableFile,
-        e: datafusion::parquet::errors::ParquetError,
-    ) -> Error {
+    fn read_error(file: &SstableFile, e: datafusion::parquet::errors::ParquetError) -> Error {
         match e {
             datafusion::parquet::errors::ParquetError::External(inner) => {
                 match inner.downcast::<object_store::Error>() {
@@ -136,7 +132,7 @@ impl SstableReader {
         let file = file.clone();
         let out_schema = Arc::clone(&schema);
         let stream = stream.map(move |batch| {
-            let batch = batch.map_err(|e| Self::corrupt(&file, e))?;
+            let batch = batch.map_err(|e| Self::read_error(&file, e))?;
             Ok(RecordBatch::try_new(
                 Arc::clone(&out_schema),
                 batch.columns().to_vec(),
@@ -202,7 +198,7 @@ impl SstableReader {
             }
             let mut rows = builder.build().map_err(|e| Self::corrupt(file, e))?;
             while let Some(batch) = rows.next().await {
-                let batch = batch.map_err(|e| Self::corrupt(file, e))?;
+                let batch = batch.map_err(|e| Self::read_error(file, e))?;
                 let mut matches: Option<BooleanArray> = None;
                 for (i, &column) in schema.key.iter().enumerate() {
                     let m = eq(batch.column(column), &Scalar::new(Arc::clone(&key[i])))?;
@@ -251,7 +247,7 @@ impl SstableReader {
                     let bloom = builder
                         .get_row_group_column_bloom_filter(rg, column)
                         .await
-                        .map_err(|e| self.read_error(file, e))?
+                        .map_err(|e| Self::read_error(file, e))?
                         .map(Arc::new);
                     let mut blooms = self.blooms.lock().expect("blooms poisoned");
                     if blooms.len() >= CACHED_FILES * 4 {

@@ -164,6 +164,13 @@ impl FaultyStore {
             .map_or(0, |(_, n)| *n)
     }
 
+    /// How many calls matched the rules (kind and path) so far, over all
+    /// rules: with one rule that never fires, how many calls it could
+    /// target.
+    pub fn matched_calls(&self) -> u64 {
+        self.lock().faults.iter().map(|(_, seen)| seen).sum()
+    }
+
     /// How many faults fired so far.
     pub fn injected(&self) -> u64 {
         self.lock().injected

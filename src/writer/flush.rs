@@ -19,7 +19,8 @@
 //!    [`super::WriterOptions::sstable_grace`] has passed;
 //! 4. at start, objects a crash left behind are collected: SSTables no
 //!    manifest names (no other writer can commit them: its epoch is older)
-//!    and WAL entries below the cursor that a crash kept from deletion.
+//!    and WAL entries below the cursor that a crash kept from deletion;
+//!    retired SSTables past their grace period are deleted.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -46,6 +47,10 @@ impl Shared {
     pub(super) async fn run_flush(self: Arc<Self>) {
         if let Err(e) = self.collect_leftovers().await {
             log::warn!("cleaning up after an earlier writer failed: {e}");
+        }
+        if let Err(e) = self.delete_retired().await {
+            self.stop(e);
+            return;
         }
         loop {
             if self.progress.borrow().error.is_some() {

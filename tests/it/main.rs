@@ -3,6 +3,7 @@
 mod catalog_faults;
 mod catalog_processes;
 mod crash;
+mod lsm;
 mod s3;
 mod sessions;
 mod shell;

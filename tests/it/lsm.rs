@@ -1,0 +1,327 @@
+//! Flush, WAL deletion and compaction on real files: hundreds of
+//! generations settle into a bounded number of SSTables, and a failure at
+//! any object-store call of the flush and compaction sequence loses nothing
+//! acknowledged, brings back nothing deleted, and never leaves the
+//! manifest naming a file that is not there.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+use futures::TryStreamExt;
+use memwal::memtable::TableSchema;
+use memwal::store::{CommitOptions, Fault, FaultyStore, OpKind, VersionedObjects, paths};
+use memwal::wal::{EntryKind, WalLog};
+use memwal::writer::ShardManifest;
+use memwal::{ShardWriter, TableMeta, WriterOptions};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+const LOCATION: &str = "tables/kv-0000000000000001";
+
+fn table() -> Arc<TableSchema> {
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]);
+    let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+    Arc::new(TableSchema::new(&meta))
+}
+
+/// Every put freezes its MemTable: one generation (and flush) per put.
+/// Replaced SSTables are deleted at once (no reads run concurrently).
+fn tiny(max_sstables: usize) -> WriterOptions {
+    WriterOptions {
+        wal_flush_interval: Duration::ZERO,
+        memtable_bytes: 1,
+        max_sstables,
+        sstable_grace: Duration::ZERO,
+        ..WriterOptions::default()
+    }
+}
+
+/// Time for scans running while compaction replaces their SSTables.
+const GRACE: Duration = Duration::from_millis(300);
+
+fn local(dir: &tempfile::TempDir) -> Arc<dyn ObjectStore> {
+    Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap())
+}
+
+/// One operation of a workload: put `(id, v)` or delete `id`.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Put(i64, i64),
+    Delete(i64),
+}
+
+async fn apply(writer: &ShardWriter, op: Op) -> memwal::Result<()> {
+    let schema = &writer.schema().schema;
+    match op {
+        Op::Put(id, v) => {
+            let batch = RecordBatch::try_new(
+                Arc::clone(schema),
+                vec![
+                    Arc::new(Int64Array::from(vec![id])),
+                    Arc::new(Int64Array::from(vec![v])),
+                ],
+            )
+            .unwrap();
+            writer.put(&[batch]).await
+        }
+        Op::Delete(id) => {
+            let keys = RecordBatch::try_new(
+                Arc::new(schema.project(&[0]).unwrap()),
+                vec![Arc::new(Int64Array::from(vec![id]))],
+            )
+            .unwrap();
+            writer.delete(&keys).await
+        }
+    }
+}
+
+fn model(ops: &[Op]) -> BTreeMap<i64, i64> {
+    let mut rows = BTreeMap::new();
+    for op in ops {
+        match *op {
+            Op::Put(id, v) => rows.insert(id, v),
+            Op::Delete(id) => rows.remove(&id),
+        };
+    }
+    rows
+}
+
+/// Every live row a writer's readers see, by a full scan.
+async fn scan(writer: &ShardWriter) -> BTreeMap<i64, i64> {
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let mut rows = BTreeMap::new();
+    for b in writer.snapshot().collect(&pool).await.unwrap() {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let vs = b.column(1).as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            assert!(
+                rows.insert(ids.value(i), vs.value(i)).is_none(),
+                "key {} twice",
+                ids.value(i)
+            );
+        }
+    }
+    rows
+}
+
+async fn manifest(store: &Arc<dyn ObjectStore>) -> ShardManifest {
+    let versions = VersionedObjects::new(
+        Arc::clone(store),
+        paths::shard_manifest_dir(&paths::shard_dir(LOCATION, 0)),
+        "json",
+        CommitOptions::default(),
+    );
+    let latest = versions
+        .load_latest(0, ShardManifest::decode)
+        .await
+        .unwrap();
+    latest.state.as_ref().clone()
+}
+
+/// The manifest names only SSTables that exist, and (after a writer has
+/// cleaned up) every SSTable that exists.
+async fn check_files(store: &Arc<dyn ObjectStore>, orphans_allowed: bool) -> ShardManifest {
+    let m = manifest(store).await;
+    let named: HashSet<String> = m.sstables.iter().map(|f| f.path.clone()).collect();
+    for f in &m.sstables {
+        let head = store.head(&Path::from(f.path.as_str())).await;
+        assert_eq!(
+            head.unwrap().size,
+            f.bytes,
+            "{} is not as committed",
+            f.path
+        );
+    }
+    let sst_dir = paths::shard_dir(LOCATION, 0).join("sst");
+    let present: Vec<String> = store
+        .list(Some(&sst_dir))
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    if !orphans_allowed {
+        let present: HashSet<String> = present.into_iter().collect();
+        assert_eq!(present, named, "unreferenced SSTables left behind");
+    }
+    m
+}
+
+/// Every WAL object left is a fence the manifest lists, or an entry after
+/// its cursor.
+async fn check_wal(store: &Arc<dyn ObjectStore>, m: &ShardManifest) {
+    let wal = WalLog::new(
+        Arc::clone(store),
+        paths::wal_dir(&paths::shard_dir(LOCATION, 0)),
+    );
+    for position in wal.positions_after(0).await.unwrap() {
+        if position <= m.replay_after {
+            let entry = wal.read(position).await.unwrap().unwrap();
+            assert_eq!(entry.kind, EntryKind::Fence, "WAL entry {position} kept");
+            assert!(m.fences.contains(&position), "fence {position} unlisted");
+        }
+    }
+}
+
+#[tokio::test]
+async fn two_hundred_generations_settle_into_at_most_max_sstables() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let options = WriterOptions {
+        sstable_grace: GRACE,
+        ..tiny(4)
+    };
+    let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options.clone())
+        .await
+        .unwrap();
+    let ops: Vec<Op> = (0..200)
+        .map(|i| match i % 7 {
+            3 => Op::Delete((i * 13) % 50),
+            _ => Op::Put((i * 31) % 50, i),
+        })
+        .collect();
+    for (i, &op) in ops.iter().enumerate() {
+        apply(&writer, op).await.unwrap();
+        if i % 50 == 49 {
+            // Reads are right while flushes and compactions run.
+            assert_eq!(scan(&writer).await, model(&ops[..=i]), "after op {i}");
+        }
+    }
+    writer.close().await.unwrap();
+    let stats = writer.stats();
+    assert!(stats.flushes >= 200, "{stats:?}");
+    assert!(stats.compactions > 0, "{stats:?}");
+
+    let m = manifest(&store).await;
+    assert!(m.generation > 200, "{m:?}");
+    assert!(m.sstables.len() <= 4, "{} SSTables", m.sstables.len());
+    assert!(!m.retired.is_empty(), "the last compaction's inputs wait");
+    check_wal(&store, &m).await;
+
+    // Once the grace period is over, the next writer deletes them.
+    tokio::time::sleep(GRACE).await;
+    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options)
+        .await
+        .unwrap();
+    assert_eq!(reopened.stats().frozen_memtables, 0);
+    assert_eq!(scan(&reopened).await, model(&ops));
+    reopened.close().await.unwrap();
+    let m = check_files(&store, false).await;
+    assert!(m.retired.is_empty(), "{:?}", m.retired);
+    assert!(m.sstables.len() <= 4, "{} SSTables", m.sstables.len());
+}
+
+/// The workload of the fault matrix: upserts and deletes over six keys.
+fn fault_workload() -> Vec<Op> {
+    (0..14)
+        .map(|i| match i % 4 {
+            3 => Op::Delete((i * 5) % 6),
+            _ => Op::Put(i % 6, i),
+        })
+        .collect()
+}
+
+/// Runs the workload on `faulty` until the writer stops, then closes it;
+/// returns how many operations were acknowledged, and whether the writer
+/// stopped on an error (during the workload or its close).
+async fn run_until_failure(store: Arc<dyn ObjectStore>, ops: &[Op]) -> (usize, bool) {
+    let options = WriterOptions {
+        append_retries: 0,
+        ..tiny(2)
+    };
+    let Ok(writer) = ShardWriter::open(store, LOCATION, 0, table(), options).await else {
+        return (0, true);
+    };
+    let mut acked = 0;
+    for &op in ops {
+        if apply(&writer, op).await.is_err() {
+            break;
+        }
+        acked += 1;
+    }
+    let closed = writer.close().await;
+    (acked, acked < ops.len() || closed.is_err())
+}
+
+#[tokio::test]
+async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
+    let ops = fault_workload();
+    // The calls of the flush and compaction sequence, by kind and object.
+    let targets = [
+        (OpKind::Put, "/sst/"),
+        (OpKind::Get, "/sst/"),
+        (OpKind::Head, "/sst/"),
+        (OpKind::Delete, "/sst/"),
+        (OpKind::List, "/sst"),
+        (OpKind::Put, "/manifest/"),
+        (OpKind::Get, "/manifest/"),
+        (OpKind::Head, "/manifest/"),
+        (OpKind::Delete, "/wal/"),
+    ];
+    // How many such calls a run without faults makes.
+    let clean_dir = tempfile::tempdir().unwrap();
+    let clean = FaultyStore::new(local(&clean_dir));
+    assert_eq!(
+        run_until_failure(clean.clone(), &ops).await,
+        (ops.len(), false)
+    );
+    let (mut cases, mut stopped) = (0, 0);
+    for (kind, needle) in targets {
+        // Count this target's calls in a clean run.
+        let probe_dir = tempfile::tempdir().unwrap();
+        let probe = FaultyStore::new(local(&probe_dir));
+        probe.inject(
+            Fault::nth(kind, u64::MAX)
+                .on_paths_containing(needle)
+                .times(1),
+        );
+        run_until_failure(probe.clone(), &ops).await;
+        let calls = probe.matched_calls();
+        assert!(calls > 0, "no {kind:?} call on {needle}");
+        for nth in 1..=calls {
+            for after in [false, true] {
+                cases += 1;
+                let dir = tempfile::tempdir().unwrap();
+                let inner = local(&dir);
+                let faulty = FaultyStore::new(Arc::clone(&inner));
+                // The store fails this call and every later one like it:
+                // the writer cannot retry its way past the failure.
+                let fault = Fault::nth(kind, nth)
+                    .on_paths_containing(needle)
+                    .times(u64::MAX);
+                faulty.inject(if after { fault.after_write() } else { fault });
+                let (acked, failed) = run_until_failure(faulty.clone(), &ops).await;
+                stopped += usize::from(failed);
+                let case = format!("{kind:?} #{nth} on {needle} (after: {after}), {acked} acked");
+
+                // Reopen without faults: acknowledged operations are all
+                // there; the one in flight may or may not be.
+                check_files(&inner, true).await;
+                let writer = ShardWriter::open(Arc::clone(&inner), LOCATION, 0, table(), tiny(2))
+                    .await
+                    .unwrap_or_else(|e| panic!("{case}: reopen failed: {e}"));
+                let seen = scan(&writer).await;
+                let in_flight = (acked + 1).min(ops.len());
+                assert!(
+                    seen == model(&ops[..acked]) || seen == model(&ops[..in_flight]),
+                    "{case}: saw {seen:?}, acknowledged {:?}",
+                    model(&ops[..acked])
+                );
+                writer.close().await.unwrap();
+                // The next writer cleaned up what the failure left behind.
+                let m = check_files(&inner, false).await;
+                check_wal(&inner, &m).await;
+            }
+        }
+    }
+    assert!(cases > 40, "only {cases} cases");
+    // Most faults stop the writer.
+    assert!(stopped * 2 > cases, "{stopped} of {cases} runs stopped");
+}
