@@ -2,9 +2,14 @@
 //! rows of the PEERS.md KV schema (`id` key + int64, int32, float64, a
 //! 72-character string) in `--put-rows`-row puts, `--window` puts in flight
 //! (each awaiting durability), WAL interval `--interval-ms` (0: latency
-//! mode), durable unless `--non-durable`; integer or 16-byte UUID keys.
-//! Then point reads of MemTable-resident keys through the Rust API and
-//! through SQL. Prints one JSON object.
+//! mode), durable unless `--non-durable`; integer or 16-byte UUID keys;
+//! MemTables of `--memtable-mb`, compaction above `--max-sstables`.
+//! Writes run with flushes and compactions in the background; the table is
+//! then closed (everything flushed, WAL entries deleted) and reopened, and
+//! the read phase measures bytes on disk per row, point reads through the
+//! Rust API and through SQL (served from SSTables), and a full-table
+//! `count(*), sum(a)` through memwal against DataFusion reading the same
+//! SSTable files as a plain Parquet listing table. Prints one JSON object.
 //!
 //! ```text
 //! cargo run --example kv_bench -- --keys int --window 32
@@ -44,6 +49,15 @@ struct Args {
     /// Point reads through the Rust API (and a tenth of that through SQL).
     #[arg(long, default_value_t = 10_000)]
     reads: usize,
+    /// MemTable size threshold in MiB.
+    #[arg(long, default_value_t = 64)]
+    memtable_mb: usize,
+    /// Compaction keeps at most this many SSTables per shard.
+    #[arg(long, default_value_t = 8)]
+    max_sstables: usize,
+    /// Full-table scans per engine in the read phase.
+    #[arg(long, default_value_t = 5)]
+    scans: usize,
     /// Directory for the root (a fresh subdirectory is made in it).
     #[arg(long, default_value = "target/kv-bench")]
     dir: String,
@@ -122,9 +136,16 @@ async fn main() {
     let options = WriterOptions {
         durable: !args.non_durable,
         wal_flush_interval: Duration::from_millis(args.interval_ms),
+        memtable_bytes: args.memtable_mb << 20,
+        max_sstables: args.max_sstables,
+        // Nothing reads while the bench writes: compaction inputs go at
+        // once, so the bytes on disk are the live ones.
+        sstable_grace: Duration::ZERO,
         ..WriterOptions::default()
     };
-    let session = MemwalSession::open_with(&root, options).await.unwrap();
+    let session = MemwalSession::open_with(&root, options.clone())
+        .await
+        .unwrap();
     let table = create_table(&session, args.keys).await;
 
     // Every batch is made before the clock starts.
@@ -158,15 +179,20 @@ async fn main() {
     let stats = writer.stats();
     table.close().await.unwrap();
     let close_seconds = started.elapsed().as_secs_f64();
+    let after_close = writer.stats();
     let (disk_bytes, disk_files) = dir_bytes_and_files(dir.path());
+    drop((session, table, writer));
 
-    // Point reads of MemTable-resident keys (the writer is reopened: the
-    // reads below come from its replayed MemTable).
+    // Read phase: a fresh session on the closed table; the writer is
+    // reopened (nothing to replay) so reads come from the SSTables.
+    let session = MemwalSession::open_with(&root, options).await.unwrap();
+    let table = session.table("kv").await.unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let pick = |rng: &mut rand::rngs::StdRng| rng.random_range(0..args.rows as u64);
     let key_schema = Arc::new(table.schema().schema.project(&[0]).unwrap());
     let mut rust = Vec::with_capacity(args.reads);
-    let _ = table.writer(0).await.unwrap();
+    let reopened = table.writer(0).await.unwrap();
+    let sstables = reopened.stats().sstables;
     for _ in 0..args.reads {
         let id = pick(&mut rng);
         let key = RecordBatch::try_new(Arc::clone(&key_schema), vec![key_array(args.keys, &[id])])
@@ -199,6 +225,9 @@ async fn main() {
         assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
     }
     sql.sort_unstable();
+    let files = reopened.snapshot().sstables;
+    let (memwal_scan, plain_scan) =
+        full_scans(&session, dir.path(), &files, args.rows, args.scans).await;
     let report = serde_json::json!({
         "keys": format!("{:?}", args.keys).to_lowercase(),
         "rows": args.rows,
@@ -213,8 +242,15 @@ async fn main() {
         "wal_bytes": stats.wal_bytes,
         "append_latency_avg_ms": stats.append_latency_total.as_secs_f64() * 1e3 / stats.wal_appends.max(1) as f64,
         "append_latency_max_ms": stats.append_latency_max.as_secs_f64() * 1e3,
+        "flushes": after_close.flushes,
+        "compactions": after_close.compactions,
+        "sstables": sstables,
         "disk_files": disk_files,
         "disk_bytes": disk_bytes,
+        "disk_bytes_per_row": disk_bytes as f64 / args.rows as f64,
+        "full_scan_memwal_ms": memwal_scan * 1e3,
+        "full_scan_plain_parquet_ms": plain_scan * 1e3,
+        "full_scan_speed_vs_plain": plain_scan / memwal_scan,
         "rust_get_p50_ms": percentile(&rust, 0.5),
         "rust_get_p99_ms": percentile(&rust, 0.99),
         "sql_point_p50_ms": percentile(&sql, 0.5),
@@ -245,4 +281,75 @@ async fn create_table(session: &MemwalSession, keys: Keys) -> Arc<Table> {
         .await
         .unwrap();
     session.table("kv").await.unwrap()
+}
+
+/// Median seconds of `count(*), sum(a)` over the whole table through memwal
+/// and through DataFusion reading the table's SSTable files as a plain
+/// Parquet listing table, alternating, `scans` times each.
+async fn full_scans(
+    session: &MemwalSession,
+    root: &std::path::Path,
+    files: &[memwal::sstable::SstableFile],
+    rows: usize,
+    scans: usize,
+) -> (f64, f64) {
+    use datafusion::datasource::file_format::parquet::ParquetFormat;
+    use datafusion::datasource::listing::{
+        ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+    };
+    use datafusion::prelude::SessionContext;
+    let plain = SessionContext::new();
+    // Exactly the SSTables the manifest lists (not compaction inputs still
+    // in their grace period).
+    let urls = files
+        .iter()
+        .map(|f| ListingTableUrl::parse(root.join(&f.path).to_str().unwrap()).unwrap())
+        .collect();
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default()));
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .infer_schema(&plain.state())
+        .await
+        .unwrap();
+    plain
+        .register_table("kv", Arc::new(ListingTable::try_new(config).unwrap()))
+        .unwrap();
+    let query = "SELECT count(*), sum(a) FROM kv";
+    if std::env::var("KV_EXPLAIN").is_ok() {
+        let plan = session
+            .sql(&format!("EXPLAIN {query}"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        eprintln!(
+            "{}",
+            datafusion::arrow::util::pretty::pretty_format_batches(&plan).unwrap()
+        );
+    }
+    let expected = (0..rows as i64).map(|i| i * 7).sum::<i64>();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for _ in 0..scans.max(1) {
+        for (engine, df, times) in [
+            ("memwal", session.sql(query).await.unwrap(), &mut ours),
+            ("plain", plain.sql(query).await.unwrap(), &mut theirs),
+        ] {
+            let t = Instant::now();
+            let out = df.collect().await.unwrap();
+            times.push(t.elapsed().as_secs_f64());
+            let sum = out[0]
+                .column(1)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0);
+            assert_eq!(sum, expected, "wrong full-scan result from {engine}");
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    (median(&mut ours), median(&mut theirs))
 }

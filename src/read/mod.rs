@@ -19,7 +19,8 @@ pub use wal_tail::WalTail;
 
 use crate::error::Result;
 use crate::memtable::{MemTable, TableSchema};
-use crate::sstable::{SstableFile, SstableReader, merge, newest_per_key_sorted};
+use crate::sstable::merge::{self, KeyRange, Run};
+use crate::sstable::{SstableFile, SstableReader, key_range, newest_per_key_sorted};
 
 /// A MemTable as a snapshot sees it: its first `batches` batches.
 #[derive(Debug, Clone)]
@@ -90,6 +91,82 @@ impl ShardSnapshot {
         }
     }
 
+    /// The key ranges of the runs a scan merges: each SSTable's, and the
+    /// MemTables' together (absent when empty); `None` where unknown.
+    async fn ranges(&self) -> Result<(Vec<Option<KeyRange>>, Option<KeyRange>)> {
+        let mut files = Vec::with_capacity(self.sstables.len());
+        for file in self.sstables.iter() {
+            files.push(self.reader.key_range(file).await?);
+        }
+        Ok((
+            files,
+            memtable_key_range(&self.schema, &self.memtable_batches())?,
+        ))
+    }
+
+    fn memtable_batches(&self) -> Vec<RecordBatch> {
+        self.memtables
+            .iter()
+            .flat_map(|l| l.memtable.batches(0, l.batches))
+            .map(|b| b.batch)
+            .collect()
+    }
+
+    /// This snapshot as at most `parts` snapshots of disjoint key ranges,
+    /// in key order, each complete for its range (so each can be scanned
+    /// on its own, in parallel): possible when no two runs' key ranges
+    /// overlap. Otherwise the snapshot itself.
+    pub async fn split(&self, parts: usize) -> Result<Vec<ShardSnapshot>> {
+        let (files, memtable) = self.ranges().await?;
+        let has_memtable = !self.memtables.is_empty();
+        // Runs in key order: `Some(i)` an SSTable, `None` the MemTables.
+        let mut runs: Vec<(Option<usize>, KeyRange)> = Vec::new();
+        for (i, range) in files.into_iter().enumerate() {
+            match range {
+                Some(range) => runs.push((Some(i), range)),
+                None => return Ok(vec![self.clone()]),
+            }
+        }
+        if let Some(range) = memtable {
+            runs.push((None, range));
+        } else if has_memtable && self.memtable_batches().iter().any(|b| b.num_rows() > 0) {
+            return Ok(vec![self.clone()]);
+        }
+        if parts < 2
+            || runs.len() < 2
+            || merge::disjoint_ranges(runs.iter().map(|r| &r.1)).is_none()
+        {
+            return Ok(vec![self.clone()]);
+        }
+        runs.sort_by(|a, b| {
+            a.1.0
+                .partial_cmp(&b.1.0)
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let per_part = runs.len().div_ceil(parts);
+        Ok(runs
+            .chunks(per_part)
+            .map(|chunk| {
+                let with_memtable = chunk.iter().any(|(i, _)| i.is_none());
+                ShardSnapshot {
+                    schema: Arc::clone(&self.schema),
+                    reader: Arc::clone(&self.reader),
+                    memtables: if with_memtable {
+                        self.memtables.clone()
+                    } else {
+                        Vec::new()
+                    },
+                    sstables: Arc::new(
+                        chunk
+                            .iter()
+                            .filter_map(|(i, _)| i.map(|i| self.sstables[i].clone()))
+                            .collect(),
+                    ),
+                }
+            })
+            .collect())
+    }
+
     /// The live rows (newest version per key, no tombstones), user form
     /// projected to `projection` (all columns if `None`); sorted by key
     /// for a table with a key, in write order for an append-only one.
@@ -104,9 +181,30 @@ impl ShardSnapshot {
             None => (0..schema.schema.fields().len()).collect(),
         };
         let tombstone = schema.stored.fields().len() - 1;
-        // What the merge needs besides the projection: keys and tombstones.
+        let (file_ranges, _) = self.ranges().await?;
+        let memtable = self.memtable_batches();
+        let sorted = match schema.has_key() && !memtable.is_empty() {
+            true => Some(newest_per_key_sorted(schema, &memtable)?),
+            false => None,
+        };
+        let memtable_range = match &sorted {
+            Some(sorted) => key_range(schema, sorted)?,
+            None => None,
+        };
+        // Overlapping runs are merged by key; disjoint ones need no key.
+        let ranges: Option<Vec<&KeyRange>> = file_ranges
+            .iter()
+            .map(Option::as_ref)
+            .chain(sorted.as_ref().map(|_| memtable_range.as_ref()))
+            .collect();
+        let overlapping = schema.has_key()
+            && ranges
+                .and_then(|r| merge::disjoint_ranges(r.into_iter()))
+                .is_none();
         let mut columns: Vec<usize> = user.clone();
-        columns.extend(schema.key.iter().copied());
+        if overlapping {
+            columns.extend(schema.key.iter().copied());
+        }
         columns.push(tombstone);
         columns.sort_unstable();
         columns.dedup();
@@ -115,26 +213,27 @@ impl ShardSnapshot {
         for file in self.sstables.iter() {
             streams.push(self.reader.stream(file, &columns).await?);
         }
-        let memtable: Vec<RecordBatch> = self
-            .memtables
-            .iter()
-            .flat_map(|l| l.memtable.batches(0, l.batches))
-            .map(|b| b.batch)
-            .collect();
         let rows = if schema.has_key() {
-            let mut runs = streams
+            let mut runs = Vec::with_capacity(streams.len() + 1);
+            for ((rows, file), keys) in streams
                 .into_iter()
                 .zip(self.sstables.iter())
-                .map(|(s, f)| merge::as_run(schema, &columns, s, f.generation))
-                .collect::<Result<Vec<_>>>()?;
-            if !memtable.is_empty() {
-                let sorted = newest_per_key_sorted(schema, &memtable)?.project(&columns)?;
-                runs.push(merge::as_run(
-                    schema,
-                    &columns,
-                    one_batch(Arc::new(schema.stored.project(&columns)?), sorted),
-                    u64::MAX,
-                )?);
+                .zip(file_ranges)
+            {
+                runs.push(Run {
+                    rows,
+                    seq: file.generation,
+                    keys,
+                });
+            }
+            if let Some(sorted) = sorted {
+                let keys = memtable_range;
+                let sorted = sorted.project(&columns)?;
+                runs.push(Run {
+                    rows: one_batch(Arc::new(schema.stored.project(&columns)?), sorted),
+                    seq: u64::MAX,
+                    keys,
+                });
             }
             merge::merge_runs(schema, &columns, runs, false, pool)?
         } else {
@@ -179,4 +278,26 @@ fn one_batch(schema: SchemaRef, batch: RecordBatch) -> SendableRecordBatchStream
         schema,
         futures::stream::once(async move { Ok(batch) }),
     ))
+}
+
+/// The smallest and largest key among `batches` (stored form, tombstones
+/// included), for a table with a one-column key.
+fn memtable_key_range(schema: &TableSchema, batches: &[RecordBatch]) -> Result<Option<KeyRange>> {
+    use datafusion::functions_aggregate::min_max::{MaxAccumulator, MinAccumulator};
+    use datafusion::logical_expr::Accumulator;
+    let [key] = schema.key.as_slice() else {
+        return Ok(None);
+    };
+    if batches.iter().all(|b| b.num_rows() == 0) {
+        return Ok(None);
+    }
+    let data_type = schema.stored.field(*key).data_type();
+    let mut min = MinAccumulator::try_new(data_type)?;
+    let mut max = MaxAccumulator::try_new(data_type)?;
+    for batch in batches {
+        let column = Arc::clone(batch.column(*key));
+        min.update_batch(std::slice::from_ref(&column))?;
+        max.update_batch(&[column])?;
+    }
+    Ok(Some((min.evaluate()?, max.evaluate()?)))
 }

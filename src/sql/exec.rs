@@ -67,14 +67,17 @@ pub enum ScanMode {
 
 /// The live rows of a table (newest version per key, no tombstones) as of
 /// snapshots of its shards taken when the plan was made: one partition
-/// per shard, each sorted by key, or a few keys looked up newest layer
-/// first.
+/// per shard (or per key range of a shard whose runs do not overlap),
+/// each sorted by key, or a few keys looked up newest layer first.
 #[derive(Debug)]
 pub struct ScanExec {
     table: Arc<Table>,
     projection: Option<Vec<usize>>,
     mode: ScanMode,
-    /// By shard; `None` for shards a key lookup does not touch.
+    /// A full scan: one partition per part (a shard, or a key range of a
+    /// shard whose runs do not overlap).
+    parts: Vec<ShardSnapshot>,
+    /// Key lookups: by shard; `None` for shards no key is in.
     snapshots: Vec<Option<ShardSnapshot>>,
     properties: Arc<PlanProperties>,
 }
@@ -86,6 +89,7 @@ impl ScanExec {
         table: Arc<Table>,
         projection: Option<Vec<usize>>,
         mode: ScanMode,
+        target_partitions: usize,
     ) -> Result<Self> {
         let schema = match &projection {
             Some(p) => Arc::new(table.schema().schema.project(p)?),
@@ -107,8 +111,17 @@ impl ScanExec {
                 false => None,
             });
         }
+        let mut parts = Vec::new();
+        if let ScanMode::All = mode {
+            // Shards are partitions; spare partitions split shards whose
+            // runs are disjoint.
+            let per_shard = target_partitions.div_ceil(snapshots.len()).max(1);
+            for snapshot in std::mem::take(&mut snapshots).into_iter().flatten() {
+                parts.extend(snapshot.split(per_shard).await?);
+            }
+        }
         let (partitions, ordering) = match mode {
-            ScanMode::All => (table.shard_count(), key_ordering(&table, &schema)),
+            ScanMode::All => (parts.len(), key_ordering(&table, &schema)),
             ScanMode::Keys(_) => (1, None),
         };
         let equivalence = match ordering {
@@ -127,6 +140,7 @@ impl ScanExec {
             table,
             projection,
             mode,
+            parts,
             snapshots,
         })
     }
@@ -161,6 +175,9 @@ impl DisplayAs for ScanExec {
         }
         if let Some(p) = &self.projection {
             write!(f, ", projection={p:?}")?;
+        }
+        for (part, snapshot) in self.parts.iter().enumerate() {
+            write!(f, ", part {part}: [{}]", snapshot.describe())?;
         }
         for (shard, snapshot) in self.snapshots.iter().enumerate() {
             if let Some(snapshot) = snapshot {
@@ -201,14 +218,9 @@ impl ExecutionPlan for ScanExec {
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         // Rows before de-duplication: an upper bound.
         let rows: u64 = match (&self.mode, partition) {
-            (ScanMode::All, Some(p)) => self.snapshots[p].as_ref().map_or(0, |s| s.stored_rows()),
+            (ScanMode::All, Some(p)) => self.parts[p].stored_rows(),
             (ScanMode::Keys(keys), _) => keys.num_rows() as u64,
-            (ScanMode::All, None) => self
-                .snapshots
-                .iter()
-                .flatten()
-                .map(|s| s.stored_rows())
-                .sum(),
+            (ScanMode::All, None) => self.parts.iter().map(|s| s.stored_rows()).sum(),
         };
         let mut stats = Statistics::new_unknown(&self.schema());
         stats.num_rows = Precision::Inexact(rows as usize);
@@ -223,9 +235,7 @@ impl ExecutionPlan for ScanExec {
         let projection = self.projection.clone();
         match &self.mode {
             ScanMode::All => {
-                let snapshot = self.snapshots[partition]
-                    .clone()
-                    .expect("a full scan has every shard's snapshot");
+                let snapshot = self.parts[partition].clone();
                 let pool = Arc::clone(ctx.memory_pool());
                 let stream = async move { snapshot.scan(projection.as_deref(), &pool).await };
                 Ok(Box::pin(RecordBatchStreamAdapter::new(

@@ -181,7 +181,7 @@ impl TableProvider for MemwalTable {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         filters: &[Expr],
         _limit: Option<usize>,
@@ -191,7 +191,13 @@ impl TableProvider for MemwalTable {
             None => ScanMode::All,
         };
         Ok(Arc::new(
-            ScanExec::new(Arc::clone(&self.table), projection.cloned(), mode).await?,
+            ScanExec::new(
+                Arc::clone(&self.table),
+                projection.cloned(),
+                mode,
+                state.config().target_partitions(),
+            )
+            .await?,
         ))
     }
 

@@ -1,18 +1,26 @@
 //! Merging sorted runs of one shard into the newest version of each key
-//! (DESIGN.md §7): each run (an SSTable, or a MemTable snapshot sorted by
-//! [`super::newest_per_key_sorted`]) is sorted by key with one row per key
-//! and tagged with a sequence number (newer runs higher). DataFusion's
-//! streaming merge orders the runs by (key, sequence descending); the one
-//! operator DataFusion lacks, [`newest_per_key`], keeps the first row of
-//! each key and drops tombstones. Memory stays bounded by a few batches per
-//! run, however large the runs are.
+//! (DESIGN.md §7). Each run (an SSTable, or a MemTable snapshot sorted by
+//! [`super::newest_per_key_sorted`]) is sorted by key with one row per key.
+//!
+//! - Runs whose key ranges do not overlap are read one after another: no
+//!   merge, no key comparisons (a table filled in key order stays that
+//!   cheap to scan).
+//! - Otherwise DataFusion's streaming merge orders the rows by key. Given
+//!   the runs newest first and with its round-robin tie breaker off, it
+//!   places equal keys in input order (documented as a stable merge), so
+//!   the newest version of a key comes first; the one operator DataFusion
+//!   lacks, [`newest_per_key`], keeps that row.
+//!
+//! Memory stays bounded by a few batches per run, however large the runs.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray};
+use datafusion::arrow::compute::kernels::boolean::{not, or};
+use datafusion::arrow::compute::kernels::cmp::distinct;
 use datafusion::arrow::compute::{SortOptions, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use datafusion::arrow::row::{OwnedRow, RowConverter, SortField};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
 use datafusion::physical_expr::expressions::Column;
@@ -25,153 +33,186 @@ use futures::StreamExt;
 use crate::error::{Error, Result};
 use crate::memtable::TableSchema;
 
-/// The run-order column added to each run: higher is newer.
-pub const SEQ: &str = "_seq";
-
 /// Rows per merged batch.
 const BATCH_ROWS: usize = 8192;
 
-/// The columns of a run: the stored columns `columns` (which include the
-/// key columns and `_tombstone`) and [`SEQ`].
-pub fn run_schema(schema: &TableSchema, columns: &[usize]) -> Result<SchemaRef> {
-    let mut fields: Vec<Field> = schema
-        .stored
-        .project(columns)?
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    fields.push(Field::new(SEQ, DataType::UInt64, false));
-    Ok(Arc::new(Schema::new(fields)))
+/// The smallest and largest key of a run.
+pub type KeyRange = (ScalarValue, ScalarValue);
+
+/// One sorted run of a merge: rows in stored form projected to the
+/// merge's columns, sorted by key with one row per key.
+pub struct Run {
+    pub rows: SendableRecordBatchStream,
+    /// Newer runs have higher numbers.
+    pub seq: u64,
+    /// The smallest and largest key, when known (one-column keys).
+    pub keys: Option<KeyRange>,
 }
 
-/// `stream` (stored form projected to `columns`) as a run with sequence
-/// number `seq`.
-pub fn as_run(
-    schema: &TableSchema,
-    columns: &[usize],
-    stream: SendableRecordBatchStream,
-    seq: u64,
-) -> Result<SendableRecordBatchStream> {
-    let out = run_schema(schema, columns)?;
-    let schema = Arc::clone(&out);
-    let stream = stream.map(move |batch| {
-        let batch = batch?;
-        let mut columns = batch.columns().to_vec();
-        columns.push(Arc::new(UInt64Array::from_value(seq, batch.num_rows())) as ArrayRef);
-        Ok(RecordBatch::try_new(Arc::clone(&schema), columns)?)
-    });
-    Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
-}
-
-/// Merges `runs` (see the module doc; schema [`run_schema`] of `columns`)
-/// into the newest row of each key, sorted by key, in stored form
-/// projected to `columns`. Tombstones are dropped unless `keep_tombstones`.
+/// Merges `runs` into the newest row of each key, sorted by key, in stored
+/// form projected to `columns` (which include `_tombstone`, and the key
+/// columns unless the runs' key ranges are known not to overlap).
+/// Tombstones are dropped unless `keep_tombstones`.
 pub fn merge_runs(
     schema: &TableSchema,
     columns: &[usize],
-    mut runs: Vec<SendableRecordBatchStream>,
+    mut runs: Vec<Run>,
     keep_tombstones: bool,
     pool: &Arc<dyn MemoryPool>,
 ) -> Result<SendableRecordBatchStream> {
-    let run_schema = run_schema(schema, columns)?;
+    let projected = Arc::new(schema.stored.project(columns)?);
     let position = |stored: usize| {
-        columns
-            .iter()
-            .position(|&c| c == stored)
-            .ok_or_else(|| Error::invalid("a merge needs the key columns and _tombstone"))
+        columns.iter().position(|&c| c == stored).ok_or_else(|| {
+            Error::invalid("a merge of overlapping runs needs the key columns and _tombstone")
+        })
     };
-    let keys = schema
-        .key
-        .iter()
-        .map(|&k| position(k))
-        .collect::<Result<Vec<_>>>()?;
     let tombstone = position(schema.stored.fields().len() - 1)?;
-    let merged = if runs.len() == 1 {
-        runs.pop().expect("one run")
-    } else if runs.is_empty() {
-        return Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::new(schema.stored.project(columns)?),
-            futures::stream::empty(),
-        )));
-    } else {
-        let mut order: Vec<PhysicalSortExpr> = keys
-            .iter()
-            .map(|&k| {
-                PhysicalSortExpr::new(
-                    Arc::new(Column::new(run_schema.field(k).name(), k)),
-                    SortOptions::new(false, false),
-                )
-            })
+    let rows = if let Some(order) = disjoint(&runs) {
+        let mut slots: Vec<Option<Run>> = runs.into_iter().map(Some).collect();
+        let streams = order
+            .into_iter()
+            .map(|i| slots[i].take().expect("each run once").rows)
             .collect();
-        let seq = run_schema.fields().len() - 1;
-        order.push(PhysicalSortExpr::new(
-            Arc::new(Column::new(SEQ, seq)),
-            SortOptions::new(true, false),
-        ));
-        let order = LexOrdering::new(order).expect("at least one sort column");
-        StreamingMergeBuilder::new()
-            .with_streams(runs)
-            .with_schema(Arc::clone(&run_schema))
+        concat(projected, streams)
+    } else {
+        let keys = schema
+            .key
+            .iter()
+            .map(|&k| position(k))
+            .collect::<Result<Vec<_>>>()?;
+        let order = LexOrdering::new(keys.iter().map(|&k| {
+            PhysicalSortExpr::new(
+                Arc::new(Column::new(projected.field(k).name(), k)),
+                SortOptions::new(false, false),
+            )
+        }))
+        .ok_or_else(|| Error::invalid("a merge needs a key"))?;
+        runs.sort_by_key(|r| std::cmp::Reverse(r.seq));
+        let merged = StreamingMergeBuilder::new()
+            .with_streams(runs.into_iter().map(|r| r.rows).collect())
+            .with_schema(projected)
             .with_expressions(&order)
             .with_metrics(BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0))
             .with_batch_size(BATCH_ROWS)
             .with_reservation(MemoryConsumer::new("memwal merge").register(pool))
-            .build()?
+            .with_round_robin_tie_breaker(false)
+            .build()?;
+        newest_per_key(merged, keys)
     };
-    newest_per_key(merged, &keys, tombstone, keep_tombstones)
+    Ok(if keep_tombstones {
+        rows
+    } else {
+        drop_tombstones(rows, tombstone)
+    })
 }
 
-/// Keeps the first row of each key of `merged` (sorted by key, newest
-/// first within a key) and, unless `keep_tombstones`, drops it if it is a
-/// tombstone; removes [`SEQ`].
-pub fn newest_per_key(
-    merged: SendableRecordBatchStream,
-    keys: &[usize],
-    tombstone: usize,
-    keep_tombstones: bool,
-) -> Result<SendableRecordBatchStream> {
-    let in_schema = merged.schema();
-    let out_columns: Vec<usize> = (0..in_schema.fields().len() - 1).collect();
-    let out = Arc::new(in_schema.project(&out_columns)?);
-    let converter = RowConverter::new(
-        keys.iter()
-            .map(|&k| SortField::new(in_schema.field(k).data_type().clone()))
-            .collect(),
-    )?;
-    let keys = keys.to_vec();
-    let mut last: Option<OwnedRow> = None;
-    let stream = merged.map(move |batch| {
-        let batch = batch?;
-        let n = batch.num_rows();
-        if n == 0 {
-            return Ok(batch.project(&out_columns)?);
+/// The order (by smallest key) in which `runs` can be read one after
+/// another, if their key ranges are known and do not overlap.
+fn disjoint(runs: &[Run]) -> Option<Vec<usize>> {
+    let ranges = runs
+        .iter()
+        .map(|r| r.keys.as_ref())
+        .collect::<Option<Vec<_>>>()?;
+    disjoint_ranges(ranges.into_iter())
+}
+
+/// The order (by smallest key) of `ranges`, if no two overlap.
+pub fn disjoint_ranges<'a>(ranges: impl Iterator<Item = &'a KeyRange>) -> Option<Vec<usize>> {
+    let mut ranges: Vec<(usize, &KeyRange)> = ranges.enumerate().collect();
+    ranges.sort_by(|a, b| {
+        a.1.0
+            .partial_cmp(&b.1.0)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    for pair in ranges.windows(2) {
+        if pair[0].1.1.partial_cmp(&pair[1].1.0) != Some(std::cmp::Ordering::Less) {
+            return None;
         }
-        let columns: Vec<ArrayRef> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-        let rows = converter.convert_columns(&columns)?;
+    }
+    Some(ranges.into_iter().map(|(i, _)| i).collect())
+}
+
+/// `rows` without the rows whose `_tombstone` (at `tombstone`) is set.
+fn drop_tombstones(rows: SendableRecordBatchStream, tombstone: usize) -> SendableRecordBatchStream {
+    let schema = rows.schema();
+    let rows = rows.map(move |batch| {
+        let batch = batch?;
         let dead = batch
             .column(tombstone)
             .as_any()
             .downcast_ref::<BooleanArray>()
             .expect("_tombstone is boolean");
-        let keep: BooleanArray = (0..n)
-            .map(|i| {
-                let first = match i {
-                    0 => last.as_ref().is_none_or(|l| l.row() != rows.row(0)),
-                    _ => rows.row(i) != rows.row(i - 1),
-                };
-                let live = keep_tombstones || !(dead.is_valid(i) && dead.value(i));
-                Some(first && live)
-            })
-            .collect();
-        last = Some(rows.row(n - 1).owned());
-        let kept = filter_record_batch(&batch, &keep)?;
-        Ok(kept.project(&out_columns)?)
+        if dead.true_count() == 0 {
+            return Ok(batch);
+        }
+        // Never null: a stored row is a tombstone or it is not.
+        let live = not(dead)?;
+        Ok(filter_record_batch(&batch, &live)?)
     });
-    Ok(Box::pin(RecordBatchStreamAdapter::new(out, stream)))
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
 }
 
-/// The rows of `streams` one after another (append-only tables).
+/// Keeps the first row of each key of `merged` (sorted by the columns at
+/// `keys`, newest first within a key).
+pub fn newest_per_key(
+    merged: SendableRecordBatchStream,
+    keys: Vec<usize>,
+) -> SendableRecordBatchStream {
+    let schema = merged.schema();
+    // The key of the previous batch's last row.
+    let mut last: Option<Vec<ArrayRef>> = None;
+    let rows = merged.map(move |batch| {
+        let batch = batch?;
+        let n = batch.num_rows();
+        if n == 0 {
+            return Ok(batch);
+        }
+        // Row i starts a key if any key column differs from row i - 1.
+        let mut first: Option<BooleanArray> = None;
+        for (i, &k) in keys.iter().enumerate() {
+            let column = batch.column(k);
+            let previous: ArrayRef = match &last {
+                Some(last) => datafusion::arrow::compute::concat(&[
+                    last[i].as_ref(),
+                    column.slice(0, n - 1).as_ref(),
+                ])?,
+                None => column.slice(0, n - 1),
+            };
+            let current = match &last {
+                Some(_) => Arc::clone(column),
+                None => column.slice(1, n - 1),
+            };
+            let differs = distinct(&current, &previous)?;
+            first = Some(match first {
+                Some(f) => or(&f, &differs)?,
+                None => differs,
+            });
+        }
+        let mut first = first.expect("at least one key column");
+        if last.is_none() {
+            // The very first row starts a key.
+            let head = BooleanArray::from(vec![true]);
+            first = datafusion::arrow::compute::concat(&[&head, &first])?
+                .as_any()
+                .downcast_ref::<BooleanArray>()
+                .expect("booleans")
+                .clone();
+        }
+        last = Some(
+            keys.iter()
+                .map(|&k| batch.column(k).slice(n - 1, 1))
+                .collect(),
+        );
+        if first.true_count() == n {
+            return Ok(batch);
+        }
+        Ok(filter_record_batch(&batch, &first)?)
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
+}
+
+/// The rows of `streams` one after another (disjoint runs, or an
+/// append-only table's layers).
 pub fn concat(
     schema: SchemaRef,
     streams: Vec<SendableRecordBatchStream>,

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
+use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -45,7 +46,7 @@ use crate::store::paths;
 pub const ROW_GROUP_ROWS: usize = 64 * 1024;
 
 /// Rows per data page: a key lookup decodes about this many rows.
-pub const PAGE_ROWS: usize = 4096;
+pub const PAGE_ROWS: usize = 1024;
 
 /// The rows of `batches` (stored form, oldest first) as an SSTable body:
 /// for a table with a key, sorted by key with only each key's newest row
@@ -72,6 +73,31 @@ pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> R
     Ok(take_record_batch(&all, &UInt32Array::from(order))?)
 }
 
+/// The smallest and largest key of `sorted` (sorted by key), for a table
+/// with a one-column key.
+pub fn key_range(
+    schema: &TableSchema,
+    sorted: &RecordBatch,
+) -> Result<
+    Option<(
+        datafusion::common::ScalarValue,
+        datafusion::common::ScalarValue,
+    )>,
+> {
+    use datafusion::common::ScalarValue;
+    let [key] = schema.key.as_slice() else {
+        return Ok(None);
+    };
+    if sorted.num_rows() == 0 {
+        return Ok(None);
+    }
+    let column = sorted.column(*key);
+    Ok(Some((
+        ScalarValue::try_from_array(column, 0)?,
+        ScalarValue::try_from_array(column, sorted.num_rows() - 1)?,
+    )))
+}
+
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
 pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
     let mut out = Vec::new();
@@ -93,7 +119,22 @@ fn properties(schema: &TableSchema, rows: usize) -> WriterProperties {
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_data_page_row_count_limit(PAGE_ROWS)
+        // A dictionary page is decoded whole before any row of its column
+        // chunk: for high-cardinality columns (keys, numbers) that is the
+        // whole chunk again, which a lookup of one page cannot afford.
+        // Strings keep dictionaries.
+        .set_dictionary_enabled(false)
         .set_write_batch_size(PAGE_ROWS.min(1024));
+    for (i, field) in schema.stored.fields().iter().enumerate() {
+        let string = matches!(
+            field.data_type(),
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+        );
+        if string && !schema.key.contains(&i) {
+            props =
+                props.set_column_dictionary_enabled(ColumnPath::from(field.name().as_str()), true);
+        }
+    }
     if schema.has_key() {
         props = props.set_sorting_columns(Some(
             schema
@@ -346,6 +387,13 @@ mod tests {
         );
         assert!(id.offset_index_offset().is_some(), "no page index");
         assert!(meta.row_group(0).column(1).bloom_filter_offset().is_none());
+
+        let indexed = datafusion::parquet::file::metadata::ParquetMetaDataReader::new()
+            .with_page_index_policy(datafusion::parquet::file::metadata::PageIndexPolicy::Required)
+            .parse_and_finish(&bytes)
+            .unwrap();
+        let pages = indexed.offset_index().unwrap()[0][0].page_locations().len();
+        assert_eq!(pages, ROW_GROUP_ROWS / PAGE_ROWS, "pages sized for lookups");
 
         let err = decode(&t, "sst/1/data.parquet", bytes.slice(..bytes.len() / 2)).unwrap_err();
         assert!(err.to_string().contains("sst/1/data.parquet"), "{err}");

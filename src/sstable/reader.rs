@@ -37,6 +37,8 @@ use crate::memtable::TableSchema;
 
 /// Rows per batch a stream yields.
 const BATCH_ROWS: usize = 8192;
+/// Bytes of pages read by lookups kept in memory (per reader).
+const CACHED_RANGE_BYTES: usize = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
@@ -50,6 +52,7 @@ pub struct SstableReader {
     schema: Arc<TableSchema>,
     footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
     blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
+    ranges: Arc<RangeCache>,
 }
 
 impl SstableReader {
@@ -60,6 +63,7 @@ impl SstableReader {
             schema,
             footers: Mutex::default(),
             blooms: Mutex::default(),
+            ranges: Arc::default(),
         }
     }
 
@@ -68,6 +72,15 @@ impl SstableReader {
             store: Arc::clone(&self.store),
             path: Path::from(file.path.as_str()),
             size: file.bytes,
+            cache: None,
+        }
+    }
+
+    /// Like [`SstableReader::object`], keeping the pages it reads.
+    fn cached_object(&self, file: &SstableFile) -> ObjectReader {
+        ObjectReader {
+            cache: Some(Arc::clone(&self.ranges)),
+            ..self.object(file)
         }
     }
 
@@ -144,6 +157,49 @@ impl SstableReader {
         )))
     }
 
+    /// The smallest and largest key of `file` (from its statistics), for
+    /// a table with a one-column key.
+    pub async fn key_range(
+        &self,
+        file: &SstableFile,
+    ) -> Result<
+        Option<(
+            datafusion::common::ScalarValue,
+            datafusion::common::ScalarValue,
+        )>,
+    > {
+        use datafusion::common::ScalarValue;
+        let [key] = self.schema.key.as_slice() else {
+            return Ok(None);
+        };
+        let meta = self.footer(file).await?;
+        let parquet = meta.metadata();
+        let groups = parquet.row_groups();
+        if groups.is_empty() {
+            return Ok(None);
+        }
+        let stats = StatisticsConverter::try_new(
+            self.schema.stored.field(*key).name(),
+            meta.schema(),
+            parquet.file_metadata().schema_descr(),
+        )
+        .map_err(|e| Self::corrupt(file, e))?;
+        let mins = stats
+            .row_group_mins(groups)
+            .map_err(|e| Self::corrupt(file, e))?;
+        let maxes = stats
+            .row_group_maxes(groups)
+            .map_err(|e| Self::corrupt(file, e))?;
+        // Rows are sorted by key: the first group holds the smallest.
+        if mins.is_null(0) || maxes.is_null(groups.len() - 1) {
+            return Ok(None);
+        }
+        Ok(Some((
+            ScalarValue::try_from_array(&mins, 0)?,
+            ScalarValue::try_from_array(&maxes, groups.len() - 1)?,
+        )))
+    }
+
     /// The row of `file` whose key columns equal `key` (one row of the key
     /// columns, stored types), in stored form, or `None`. The row may be a
     /// tombstone.
@@ -189,10 +245,12 @@ impl SstableReader {
                 continue;
             }
             let selection = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
-            let mut builder =
-                ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta.clone())
-                    .with_row_groups(vec![rg])
-                    .with_batch_size(BATCH_ROWS);
+            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                self.cached_object(file),
+                meta.clone(),
+            )
+            .with_row_groups(vec![rg])
+            .with_batch_size(BATCH_ROWS);
             if let Some(selection) = selection {
                 builder = builder.with_row_selection(selection);
             }
@@ -337,12 +395,55 @@ fn bloom_check(bloom: &Sbbf, key: &ArrayRef) -> Option<bool> {
     })
 }
 
-/// One object of a store as Parquet reads it: byte ranges, and the footer
-/// of a file whose size is known (no extra request to learn it).
+/// Byte ranges of SSTables (immutable objects), kept until their total
+/// passes [`CACHED_RANGE_BYTES`]; the oldest go first.
+#[derive(Debug, Default)]
+struct RangeCache {
+    inner: Mutex<CachedRanges>,
+}
+
+#[derive(Debug, Default)]
+struct CachedRanges {
+    ranges: HashMap<(Path, u64, u64), bytes::Bytes>,
+    order: std::collections::VecDeque<(Path, u64, u64)>,
+    bytes: usize,
+}
+
+impl RangeCache {
+    fn get(&self, key: &(Path, u64, u64)) -> Option<bytes::Bytes> {
+        self.inner
+            .lock()
+            .expect("range cache poisoned")
+            .ranges
+            .get(key)
+            .cloned()
+    }
+
+    fn insert(&self, key: (Path, u64, u64), value: bytes::Bytes) {
+        let mut c = self.inner.lock().expect("range cache poisoned");
+        c.bytes += value.len();
+        if c.ranges.insert(key.clone(), value).is_none() {
+            c.order.push_back(key);
+        }
+        while c.bytes > CACHED_RANGE_BYTES {
+            let Some(oldest) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = c.ranges.remove(&oldest) {
+                c.bytes -= gone.len();
+            }
+        }
+    }
+}
+
+/// One object of a store as Parquet reads it: byte ranges (through the
+/// cache, for lookups), and the footer of a file whose size is known (no
+/// extra request to learn it).
 struct ObjectReader {
     store: Arc<dyn ObjectStore>,
     path: Path,
     size: u64,
+    cache: Option<Arc<RangeCache>>,
 }
 
 fn external(e: object_store::Error) -> datafusion::parquet::errors::ParquetError {
@@ -367,10 +468,38 @@ impl AsyncFileReader for ObjectReader {
         ranges: Vec<std::ops::Range<u64>>,
     ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Vec<bytes::Bytes>>> {
         async move {
-            self.store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(external)
+            let Some(cache) = &self.cache else {
+                return self
+                    .store
+                    .get_ranges(&self.path, &ranges)
+                    .await
+                    .map_err(external);
+            };
+            let key = |r: &std::ops::Range<u64>| (self.path.clone(), r.start, r.end);
+            let mut out: Vec<Option<bytes::Bytes>> =
+                ranges.iter().map(|r| cache.get(&key(r))).collect();
+            let missing: Vec<std::ops::Range<u64>> = ranges
+                .iter()
+                .zip(&out)
+                .filter(|(_, hit)| hit.is_none())
+                .map(|(r, _)| r.clone())
+                .collect();
+            if !missing.is_empty() {
+                let fetched = self
+                    .store
+                    .get_ranges(&self.path, &missing)
+                    .await
+                    .map_err(external)?;
+                let mut fetched = missing.iter().zip(fetched);
+                for (r, slot) in ranges.iter().zip(&mut out) {
+                    if slot.is_none() {
+                        let (_, bytes) = fetched.next().expect("one per missing range");
+                        cache.insert(key(r), bytes.clone());
+                        *slot = Some(bytes);
+                    }
+                }
+            }
+            Ok(out.into_iter().map(|b| b.expect("filled above")).collect())
         }
         .boxed()
     }

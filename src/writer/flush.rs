@@ -327,11 +327,14 @@ impl Shared {
             streams.push(self.reader.stream(file, &columns).await?);
         }
         let rows = if schema.has_key() {
-            let runs = streams
-                .into_iter()
-                .zip(inputs)
-                .map(|(s, f)| merge::as_run(schema, &columns, s, f.generation))
-                .collect::<Result<Vec<_>>>()?;
+            let mut runs = Vec::with_capacity(inputs.len());
+            for (rows, file) in streams.into_iter().zip(inputs) {
+                runs.push(merge::Run {
+                    rows,
+                    seq: file.generation,
+                    keys: self.reader.key_range(file).await?,
+                });
+            }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
             merge::merge_runs(schema, &columns, runs, !oldest, &pool)?
         } else {
