@@ -6,10 +6,13 @@
 
 mod wal_tail;
 
+use std::cmp::Ordering;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -20,7 +23,7 @@ pub use wal_tail::WalTail;
 use crate::error::Result;
 use crate::memtable::{MemTable, TableSchema};
 use crate::sstable::merge::{self, KeyRange, Run};
-use crate::sstable::{SstableFile, SstableReader, key_range, newest_per_key_sorted};
+use crate::sstable::{SstableFile, SstableReader, newest_per_key_sorted};
 
 /// A MemTable as a snapshot sees it: its first `batches` batches.
 #[derive(Debug, Clone)]
@@ -91,19 +94,6 @@ impl ShardSnapshot {
         }
     }
 
-    /// The key ranges of the runs a scan merges: each SSTable's, and the
-    /// MemTables' together (absent when empty); `None` where unknown.
-    async fn ranges(&self) -> Result<(Vec<Option<KeyRange>>, Option<KeyRange>)> {
-        let mut files = Vec::with_capacity(self.sstables.len());
-        for file in self.sstables.iter() {
-            files.push(self.reader.key_range(file).await?);
-        }
-        Ok((
-            files,
-            memtable_key_range(&self.schema, &self.memtable_batches())?,
-        ))
-    }
-
     fn memtable_batches(&self) -> Vec<RecordBatch> {
         self.memtables
             .iter()
@@ -112,137 +102,234 @@ impl ShardSnapshot {
             .collect()
     }
 
-    /// This snapshot as at most `parts` snapshots of disjoint key ranges,
-    /// in key order, each complete for its range (so each can be scanned
-    /// on its own, in parallel): possible when no two runs' key ranges
-    /// overlap. Otherwise the snapshot itself.
-    pub async fn split(&self, parts: usize) -> Result<Vec<ShardSnapshot>> {
-        let (files, memtable) = self.ranges().await?;
-        let has_memtable = !self.memtables.is_empty();
-        // Runs in key order: `Some(i)` an SSTable, `None` the MemTables.
-        let mut runs: Vec<(Option<usize>, KeyRange)> = Vec::new();
-        for (i, range) in files.into_iter().enumerate() {
-            match range {
-                Some(range) => runs.push((Some(i), range)),
-                None => return Ok(vec![self.clone()]),
+    /// How to scan this snapshot in at most `parts` partitions, each over
+    /// a key range of its own (see [`ScanPart`]).
+    ///
+    /// Rows of a key can be in every run (each SSTable, and the MemTables
+    /// together), but runs written at different times mostly cover
+    /// different keys. So the pieces of the runs — SSTable row groups and
+    /// the MemTable rows — are grouped into clusters of overlapping key
+    /// ranges: a cluster of one piece is read as it is, only the others
+    /// are merged. Without known key ranges (a composite key, missing
+    /// statistics) the whole snapshot is one merged cluster; an
+    /// append-only table's rows are read one layer after another.
+    pub async fn parts(&self, parts: usize) -> Result<Vec<ScanPart>> {
+        let whole = |pieces: Vec<Piece>| ScanPart {
+            snapshot: self.clone(),
+            rows: self.stored_rows(),
+            clusters: match pieces.is_empty() {
+                true => Vec::new(),
+                false => vec![pieces],
+            },
+        };
+        let mut all: Vec<Piece> = (0..self.sstables.len()).map(Piece::File).collect();
+        let memtable_rows: u64 = self
+            .memtable_batches()
+            .iter()
+            .map(|b| b.num_rows() as u64)
+            .sum();
+        if memtable_rows > 0 {
+            all.push(Piece::Memtable);
+        }
+        if !self.schema.has_key() {
+            return Ok(vec![whole(all)]);
+        }
+        // (piece, key range, rows), for every piece.
+        let mut pieces = Vec::new();
+        for (i, file) in self.sstables.iter().enumerate() {
+            let Some(groups) = self.reader.row_group_ranges(file).await? else {
+                return Ok(vec![whole(all)]);
+            };
+            for (g, (range, rows)) in groups.into_iter().enumerate() {
+                pieces.push((Piece::RowGroup(i, g), range, rows));
             }
         }
-        if let Some(range) = memtable {
-            runs.push((None, range));
-        } else if has_memtable && self.memtable_batches().iter().any(|b| b.num_rows() > 0) {
-            return Ok(vec![self.clone()]);
+        if memtable_rows > 0 {
+            let Some(range) = memtable_key_range(&self.schema, &self.memtable_batches())? else {
+                return Ok(vec![whole(all)]);
+            };
+            pieces.push((Piece::Memtable, range, memtable_rows));
         }
-        if parts < 2
-            || runs.len() < 2
-            || merge::disjoint_ranges(runs.iter().map(|r| &r.1)).is_none()
-        {
-            return Ok(vec![self.clone()]);
-        }
-        runs.sort_by(|a, b| {
-            a.1.0
-                .partial_cmp(&b.1.0)
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-        let per_part = runs.len().div_ceil(parts);
-        Ok(runs
-            .chunks(per_part)
-            .map(|chunk| {
-                let with_memtable = chunk.iter().any(|(i, _)| i.is_none());
-                ShardSnapshot {
-                    schema: Arc::clone(&self.schema),
-                    reader: Arc::clone(&self.reader),
-                    memtables: if with_memtable {
-                        self.memtables.clone()
-                    } else {
-                        Vec::new()
-                    },
-                    sstables: Arc::new(
-                        chunk
-                            .iter()
-                            .filter_map(|(i, _)| i.map(|i| self.sstables[i].clone()))
-                            .collect(),
-                    ),
+        pieces.sort_by(|a, b| a.1.0.partial_cmp(&b.1.0).unwrap_or(Ordering::Equal));
+        // Sweep in key order: a piece that starts at or before the largest
+        // key seen so far joins the current cluster.
+        let mut clusters: Vec<(Vec<Piece>, u64)> = Vec::new();
+        let mut reach: Option<ScalarValue> = None;
+        for (piece, (lo, hi), rows) in pieces {
+            let joins = reach
+                .as_ref()
+                .is_some_and(|r| lo.partial_cmp(r) != Some(Ordering::Greater));
+            match (joins, clusters.last_mut()) {
+                (true, Some((cluster, total))) => {
+                    cluster.push(piece);
+                    *total += rows;
                 }
-            })
-            .collect())
+                _ => clusters.push((vec![piece], rows)),
+            }
+            if reach
+                .as_ref()
+                .is_none_or(|r| hi.partial_cmp(r) == Some(Ordering::Greater))
+            {
+                reach = Some(hi);
+            }
+        }
+        // Consecutive clusters into parts of about equal rows.
+        let total: u64 = clusters.iter().map(|c| c.1).sum();
+        let per_part = total.div_ceil(parts.max(1) as u64).max(1);
+        let mut out: Vec<ScanPart> = Vec::new();
+        let mut rows_in_last = u64::MAX;
+        for (cluster, rows) in clusters {
+            if rows_in_last >= per_part {
+                out.push(ScanPart {
+                    snapshot: self.clone(),
+                    rows: 0,
+                    clusters: Vec::new(),
+                });
+                rows_in_last = 0;
+            }
+            let part = out.last_mut().expect("pushed above");
+            part.clusters.push(cluster);
+            part.rows += rows;
+            rows_in_last += rows;
+        }
+        if out.is_empty() {
+            out.push(whole(Vec::new()));
+        }
+        Ok(out)
     }
 
-    /// The live rows (newest version per key, no tombstones), user form
-    /// projected to `projection` (all columns if `None`); sorted by key
-    /// for a table with a key, in write order for an append-only one.
+    /// Every live row, collected (user form, all columns).
+    pub async fn collect(&self, pool: &Arc<dyn MemoryPool>) -> Result<Vec<RecordBatch>> {
+        let mut out = Vec::new();
+        for part in self.parts(1).await? {
+            let stream = part.scan(None, pool).await?;
+            out.extend(futures::TryStreamExt::try_collect::<Vec<_>>(stream).await?);
+        }
+        Ok(out)
+    }
+}
+
+/// A piece of a shard's rows for a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    /// A whole SSTable (by index in the snapshot).
+    File(usize),
+    /// One row group of an SSTable.
+    RowGroup(usize, usize),
+    /// The MemTables' rows, sorted (newest version per key).
+    Memtable,
+}
+
+/// What one scan partition reads of a shard snapshot: clusters of pieces,
+/// in key order for a table with a key; the pieces of a cluster are
+/// merged, and no key is in two clusters (or two parts).
+#[derive(Debug, Clone)]
+pub struct ScanPart {
+    snapshot: ShardSnapshot,
+    /// Rows in the pieces, before de-duplication.
+    rows: u64,
+    clusters: Vec<Vec<Piece>>,
+}
+
+impl ScanPart {
+    /// Rows in the pieces, before de-duplication.
+    pub fn stored_rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// A one-line description of the layers and the merging (for
+    /// `EXPLAIN`).
+    pub fn describe(&self) -> String {
+        let merged = self.clusters.iter().filter(|c| c.len() > 1).count();
+        format!(
+            "{}, {} clusters ({merged} merged)",
+            self.snapshot.describe(),
+            self.clusters.len()
+        )
+    }
+
+    /// The live rows (newest version per key, no tombstones) of this part,
+    /// user form projected to `projection` (all columns if `None`); sorted
+    /// by key for a table with a key, in write order for an append-only
+    /// one.
     pub async fn scan(
         &self,
         projection: Option<&[usize]>,
         pool: &Arc<dyn MemoryPool>,
     ) -> Result<SendableRecordBatchStream> {
-        let schema = &self.schema;
+        let snapshot = &self.snapshot;
+        let schema = &snapshot.schema;
         let user: Vec<usize> = match projection {
             Some(p) => p.to_vec(),
             None => (0..schema.schema.fields().len()).collect(),
         };
         let tombstone = schema.stored.fields().len() - 1;
-        let (file_ranges, _) = self.ranges().await?;
-        let memtable = self.memtable_batches();
-        let sorted = match schema.has_key() && !memtable.is_empty() {
-            true => Some(newest_per_key_sorted(schema, &memtable)?),
-            false => None,
-        };
-        let memtable_range = match &sorted {
-            Some(sorted) => key_range(schema, sorted)?,
-            None => None,
-        };
-        // Overlapping runs are merged by key; disjoint ones need no key.
-        let ranges: Option<Vec<&KeyRange>> = file_ranges
-            .iter()
-            .map(Option::as_ref)
-            .chain(sorted.as_ref().map(|_| memtable_range.as_ref()))
-            .collect();
-        let overlapping = schema.has_key()
-            && ranges
-                .and_then(|r| merge::disjoint_ranges(r.into_iter()))
-                .is_none();
-        let mut columns: Vec<usize> = user.clone();
-        if overlapping {
-            columns.extend(schema.key.iter().copied());
-        }
+        // What every cluster yields: the projection and `_tombstone`.
+        let mut columns = user.clone();
         columns.push(tombstone);
         columns.sort_unstable();
         columns.dedup();
+        // What a merge reads besides: the key.
+        let mut merge_columns = columns.clone();
+        merge_columns.extend(schema.key.iter().copied());
+        merge_columns.sort_unstable();
+        merge_columns.dedup();
+        let drop_keys: Vec<usize> = columns
+            .iter()
+            .map(|c| merge_columns.binary_search(c).expect("a subset"))
+            .collect();
 
-        let mut streams = Vec::with_capacity(self.sstables.len() + 1);
-        for file in self.sstables.iter() {
-            streams.push(self.reader.stream(file, &columns).await?);
-        }
-        let rows = if schema.has_key() {
-            let mut runs = Vec::with_capacity(streams.len() + 1);
-            for ((rows, file), keys) in streams
-                .into_iter()
-                .zip(self.sstables.iter())
-                .zip(file_ranges)
-            {
-                runs.push(Run {
-                    rows,
-                    seq: file.generation,
-                    keys,
-                });
+        let memtable = self
+            .clusters
+            .iter()
+            .flatten()
+            .any(|p| *p == Piece::Memtable);
+        let memtable = match memtable {
+            true if schema.has_key() => {
+                Some(newest_per_key_sorted(schema, &snapshot.memtable_batches())?)
             }
-            if let Some(sorted) = sorted {
-                let keys = memtable_range;
-                let sorted = sorted.project(&columns)?;
-                runs.push(Run {
-                    rows: one_batch(Arc::new(schema.stored.project(&columns)?), sorted),
-                    seq: u64::MAX,
-                    keys,
-                });
-            }
-            merge::merge_runs(schema, &columns, runs, false, pool)?
-        } else {
-            let projected = Arc::new(schema.stored.project(&columns)?);
-            for batch in memtable {
-                streams.push(one_batch(Arc::clone(&projected), batch.project(&columns)?));
-            }
-            merge::concat(projected, streams)
+            true => Some(concat_batches(
+                &schema.stored,
+                &snapshot.memtable_batches(),
+            )?),
+            false => None,
         };
+        let projected = Arc::new(schema.stored.project(&columns)?);
+        let mut streams = Vec::with_capacity(self.clusters.len());
+        for cluster in &self.clusters {
+            if !schema.has_key() || cluster.len() == 1 {
+                for &piece in cluster {
+                    streams.push(self.piece(piece, &columns, memtable.as_ref()).await?);
+                }
+                continue;
+            }
+            let mut runs = Vec::with_capacity(cluster.len());
+            for &piece in cluster {
+                runs.push(Run {
+                    rows: self.piece(piece, &merge_columns, memtable.as_ref()).await?,
+                    seq: match piece {
+                        Piece::File(i) | Piece::RowGroup(i, _) => snapshot.sstables[i].generation,
+                        Piece::Memtable => u64::MAX,
+                    },
+                });
+            }
+            let merged = merge::merge_runs(schema, &merge_columns, runs, true, pool)?;
+            let positions = drop_keys.clone();
+            let out = Arc::clone(&projected);
+            let merged = merged.map(move |b| {
+                Ok(RecordBatch::try_new(
+                    Arc::clone(&out),
+                    b?.project(&positions)?.columns().to_vec(),
+                )?)
+            });
+            streams.push(Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&projected),
+                merged,
+            )));
+        }
+        let at_tombstone = columns.binary_search(&tombstone).expect("read");
+        let rows =
+            merge::drop_tombstones(merge::concat(Arc::clone(&projected), streams), at_tombstone);
         // The projection's positions among `columns`, in user form.
         let positions: Vec<usize> = user
             .iter()
@@ -266,10 +353,35 @@ impl ShardSnapshot {
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
 
-    /// Every live row, collected (user form, all columns).
-    pub async fn collect(&self, pool: &Arc<dyn MemoryPool>) -> Result<Vec<RecordBatch>> {
-        let stream = self.scan(None, pool).await?;
-        Ok(futures::TryStreamExt::try_collect(stream).await?)
+    /// The rows of one piece, stored form projected to `columns`.
+    async fn piece(
+        &self,
+        piece: Piece,
+        columns: &[usize],
+        memtable: Option<&RecordBatch>,
+    ) -> Result<SendableRecordBatchStream> {
+        let snapshot = &self.snapshot;
+        match piece {
+            Piece::File(i) => {
+                snapshot
+                    .reader
+                    .stream(&snapshot.sstables[i], None, columns)
+                    .await
+            }
+            Piece::RowGroup(i, g) => {
+                snapshot
+                    .reader
+                    .stream(&snapshot.sstables[i], Some(vec![g]), columns)
+                    .await
+            }
+            Piece::Memtable => {
+                let rows = memtable.expect("sorted above").project(columns)?;
+                Ok(one_batch(
+                    Arc::new(snapshot.schema.stored.project(columns)?),
+                    rows,
+                ))
+            }
+        }
     }
 }
 
@@ -300,4 +412,136 @@ fn memtable_key_range(schema: &TableSchema, batches: &[RecordBatch]) -> Result<O
         max.update_batch(&[column])?;
     }
     Ok(Some((min.evaluate()?, max.evaluate()?)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::TableMeta;
+    use crate::memtable::KeyedBatch;
+    use crate::sstable::{self, ROW_GROUP_ROWS};
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use datafusion::execution::memory_pool::UnboundedMemoryPool;
+    use object_store::ObjectStore;
+    use std::collections::BTreeMap;
+
+    fn table() -> Arc<TableSchema> {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ]);
+        Arc::new(TableSchema::new(
+            &TableMeta::new(&schema, vec!["id".into()], &[]).unwrap(),
+        ))
+    }
+
+    fn rows(t: &TableSchema, ids: &[i64], v: i64) -> RecordBatch {
+        let b = RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())),
+                Arc::new(Int64Array::from(vec![v; ids.len()])),
+            ],
+        )
+        .unwrap();
+        t.to_stored(&b).unwrap()
+    }
+
+    /// Runs with several row groups, overlapping in places (some keys in
+    /// every run, deleted in some), over a MemTable: every partitioning
+    /// yields exactly the newest live version of each key, in key order
+    /// within a part, no key in two parts.
+    #[tokio::test]
+    async fn clusters_merge_only_where_runs_overlap_and_parts_split_the_keys() {
+        let t = table();
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let shard = crate::store::paths::shard_dir("t", 0);
+        let n = ROW_GROUP_ROWS as i64 + 1000;
+        let mut model = BTreeMap::new();
+        let mut files = Vec::new();
+        // Generation g covers keys [g * n - 500, (g + 1) * n): each run
+        // overlaps the one before in its last row group; generation 2
+        // deletes some keys, in its range and the one before.
+        for g in 0..3i64 {
+            let ids: Vec<i64> = ((g * n - 500).max(0)..(g + 1) * n).collect();
+            let mut batches = vec![rows(&t, &ids, g)];
+            for &id in &ids {
+                model.insert(id, g);
+            }
+            if g == 2 {
+                let gone: Vec<i64> = (2 * n - 1000..2 * n + 5000).step_by(7).collect();
+                let keys = RecordBatch::try_new(
+                    Arc::new(t.schema.project(&[0]).unwrap()),
+                    vec![Arc::new(Int64Array::from(gone.clone()))],
+                )
+                .unwrap();
+                batches.push(t.tombstones(&keys).unwrap());
+                for id in gone {
+                    model.remove(&id);
+                }
+            }
+            files.push(
+                sstable::write(&store, &shard, g as u64 + 1, &t, &batches)
+                    .await
+                    .unwrap(),
+            );
+        }
+        // The MemTable: new keys and versions at the end, and a delete.
+        let memtable = Arc::new(MemTable::new(Arc::clone(&t)));
+        let put = |b: RecordBatch| -> KeyedBatch { t.keyed(b).unwrap() };
+        let ids = [3 * n - 1, 3 * n + 5, 3 * n + 9];
+        memtable.append(vec![put(rows(&t, &ids, 9))]);
+        for id in ids {
+            model.insert(id, 9);
+        }
+        let keys = RecordBatch::try_new(
+            Arc::new(t.schema.project(&[0]).unwrap()),
+            vec![Arc::new(Int64Array::from(vec![3 * n - 2]))],
+        )
+        .unwrap();
+        memtable.append(vec![put(t.tombstones(&keys).unwrap())]);
+        model.remove(&(3 * n - 2));
+        let snapshot = ShardSnapshot {
+            schema: Arc::clone(&t),
+            reader: Arc::new(SstableReader::new(Arc::clone(&store), Arc::clone(&t))),
+            memtables: vec![MemLayer {
+                batches: 2,
+                memtable,
+            }],
+            sstables: Arc::new(files),
+        };
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        for parts in [1, 2, 5] {
+            let planned = snapshot.parts(parts).await.unwrap();
+            assert!(planned.len() <= parts, "{} parts", planned.len());
+            let clusters: Vec<&Vec<Piece>> = planned.iter().flat_map(|p| &p.clusters).collect();
+            assert!(
+                clusters.iter().any(|c| c.len() == 1),
+                "nothing read unmerged"
+            );
+            assert!(clusters.iter().any(|c| c.len() > 1), "nothing merged");
+            let mut seen = BTreeMap::new();
+            for part in &planned {
+                let batches: Vec<RecordBatch> =
+                    futures::TryStreamExt::try_collect(part.scan(None, &pool).await.unwrap())
+                        .await
+                        .unwrap();
+                let mut last = None;
+                for b in batches {
+                    let ids = b.column(0).as_primitive::<Int64Type>();
+                    let vs = b.column(1).as_primitive::<Int64Type>();
+                    for i in 0..b.num_rows() {
+                        let id = ids.value(i);
+                        assert!(last < Some(id), "part not sorted by key at {id}");
+                        last = Some(id);
+                        assert!(seen.insert(id, vs.value(i)).is_none(), "key {id} twice");
+                    }
+                }
+            }
+            assert_eq!(seen, model, "{parts} parts");
+        }
+    }
 }

@@ -28,7 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use crate::read::ShardSnapshot;
+use crate::read::{ScanPart, ShardSnapshot};
 use crate::table::Table;
 use datafusion::catalog::Session;
 use datafusion::datasource::{TableProvider, TableType};
@@ -76,7 +76,7 @@ pub struct ScanExec {
     mode: ScanMode,
     /// A full scan: one partition per part (a shard, or a key range of a
     /// shard whose runs do not overlap).
-    parts: Vec<ShardSnapshot>,
+    parts: Vec<ScanPart>,
     /// Key lookups: by shard; `None` for shards no key is in.
     snapshots: Vec<Option<ShardSnapshot>>,
     properties: Arc<PlanProperties>,
@@ -117,7 +117,7 @@ impl ScanExec {
             // runs are disjoint.
             let per_shard = target_partitions.div_ceil(snapshots.len()).max(1);
             for snapshot in std::mem::take(&mut snapshots).into_iter().flatten() {
-                parts.extend(snapshot.split(per_shard).await?);
+                parts.extend(snapshot.parts(per_shard).await?);
             }
         }
         let (partitions, ordering) = match mode {

@@ -1,15 +1,12 @@
 //! Merging sorted runs of one shard into the newest version of each key
-//! (DESIGN.md §7). Each run (an SSTable, or a MemTable snapshot sorted by
-//! [`super::newest_per_key_sorted`]) is sorted by key with one row per key.
-//!
-//! - Runs whose key ranges do not overlap are read one after another: no
-//!   merge, no key comparisons (a table filled in key order stays that
-//!   cheap to scan).
-//! - Otherwise DataFusion's streaming merge orders the rows by key. Given
-//!   the runs newest first and with its round-robin tie breaker off, it
-//!   places equal keys in input order (documented as a stable merge), so
-//!   the newest version of a key comes first; the one operator DataFusion
-//!   lacks, [`newest_per_key`], keeps that row.
+//! (DESIGN.md §7). Each run (SSTable row groups, or a MemTable snapshot
+//! sorted by [`super::newest_per_key_sorted`]) is sorted by key with one
+//! row per key. DataFusion's streaming merge orders the rows by key; given
+//! the runs newest first and with its round-robin tie breaker off, it
+//! places equal keys in input order (documented as a stable merge), so the
+//! newest version of a key comes first; the one operator DataFusion lacks,
+//! [`newest_per_key`], keeps that row. (Runs whose key ranges do not
+//! overlap need no merge at all: see [`crate::read`].)
 //!
 //! Memory stays bounded by a few batches per run, however large the runs.
 
@@ -45,14 +42,11 @@ pub struct Run {
     pub rows: SendableRecordBatchStream,
     /// Newer runs have higher numbers.
     pub seq: u64,
-    /// The smallest and largest key, when known (one-column keys).
-    pub keys: Option<KeyRange>,
 }
 
 /// Merges `runs` into the newest row of each key, sorted by key, in stored
-/// form projected to `columns` (which include `_tombstone`, and the key
-/// columns unless the runs' key ranges are known not to overlap).
-/// Tombstones are dropped unless `keep_tombstones`.
+/// form projected to `columns` (which include the key columns and
+/// `_tombstone`). Tombstones are dropped unless `keep_tombstones`.
 pub fn merge_runs(
     schema: &TableSchema,
     columns: &[usize],
@@ -62,24 +56,20 @@ pub fn merge_runs(
 ) -> Result<SendableRecordBatchStream> {
     let projected = Arc::new(schema.stored.project(columns)?);
     let position = |stored: usize| {
-        columns.iter().position(|&c| c == stored).ok_or_else(|| {
-            Error::invalid("a merge of overlapping runs needs the key columns and _tombstone")
-        })
+        columns
+            .iter()
+            .position(|&c| c == stored)
+            .ok_or_else(|| Error::invalid("a merge needs the key columns and _tombstone"))
     };
     let tombstone = position(schema.stored.fields().len() - 1)?;
-    let rows = if let Some(order) = disjoint(&runs) {
-        let mut slots: Vec<Option<Run>> = runs.into_iter().map(Some).collect();
-        let streams = order
-            .into_iter()
-            .map(|i| slots[i].take().expect("each run once").rows)
-            .collect();
-        concat(projected, streams)
+    let keys = schema
+        .key
+        .iter()
+        .map(|&k| position(k))
+        .collect::<Result<Vec<_>>>()?;
+    let rows = if runs.len() == 1 {
+        runs.pop().expect("one run").rows
     } else {
-        let keys = schema
-            .key
-            .iter()
-            .map(|&k| position(k))
-            .collect::<Result<Vec<_>>>()?;
         let order = LexOrdering::new(keys.iter().map(|&k| {
             PhysicalSortExpr::new(
                 Arc::new(Column::new(projected.field(k).name(), k)),
@@ -106,34 +96,11 @@ pub fn merge_runs(
     })
 }
 
-/// The order (by smallest key) in which `runs` can be read one after
-/// another, if their key ranges are known and do not overlap.
-fn disjoint(runs: &[Run]) -> Option<Vec<usize>> {
-    let ranges = runs
-        .iter()
-        .map(|r| r.keys.as_ref())
-        .collect::<Option<Vec<_>>>()?;
-    disjoint_ranges(ranges.into_iter())
-}
-
-/// The order (by smallest key) of `ranges`, if no two overlap.
-pub fn disjoint_ranges<'a>(ranges: impl Iterator<Item = &'a KeyRange>) -> Option<Vec<usize>> {
-    let mut ranges: Vec<(usize, &KeyRange)> = ranges.enumerate().collect();
-    ranges.sort_by(|a, b| {
-        a.1.0
-            .partial_cmp(&b.1.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
-    });
-    for pair in ranges.windows(2) {
-        if pair[0].1.1.partial_cmp(&pair[1].1.0) != Some(std::cmp::Ordering::Less) {
-            return None;
-        }
-    }
-    Some(ranges.into_iter().map(|(i, _)| i).collect())
-}
-
 /// `rows` without the rows whose `_tombstone` (at `tombstone`) is set.
-fn drop_tombstones(rows: SendableRecordBatchStream, tombstone: usize) -> SendableRecordBatchStream {
+pub fn drop_tombstones(
+    rows: SendableRecordBatchStream,
+    tombstone: usize,
+) -> SendableRecordBatchStream {
     let schema = rows.schema();
     let rows = rows.map(move |batch| {
         let batch = batch?;

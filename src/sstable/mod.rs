@@ -73,31 +73,6 @@ pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> R
     Ok(take_record_batch(&all, &UInt32Array::from(order))?)
 }
 
-/// The smallest and largest key of `sorted` (sorted by key), for a table
-/// with a one-column key.
-pub fn key_range(
-    schema: &TableSchema,
-    sorted: &RecordBatch,
-) -> Result<
-    Option<(
-        datafusion::common::ScalarValue,
-        datafusion::common::ScalarValue,
-    )>,
-> {
-    use datafusion::common::ScalarValue;
-    let [key] = schema.key.as_slice() else {
-        return Ok(None);
-    };
-    if sorted.num_rows() == 0 {
-        return Ok(None);
-    }
-    let column = sorted.column(*key);
-    Ok(Some((
-        ScalarValue::try_from_array(column, 0)?,
-        ScalarValue::try_from_array(column, sorted.num_rows() - 1)?,
-    )))
-}
-
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
 pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
     let mut out = Vec::new();

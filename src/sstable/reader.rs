@@ -32,8 +32,10 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 
 use super::SstableFile;
+use super::merge::KeyRange;
 use crate::error::{Error, Result};
 use crate::memtable::TableSchema;
+use datafusion::common::ScalarValue;
 
 /// Rows per batch a stream yields.
 const BATCH_ROWS: usize = 8192;
@@ -128,20 +130,25 @@ impl SstableReader {
     }
 
     /// The rows of `file` (stored form projected to `columns`, indices
-    /// into the stored schema), in file order (by key), as a stream.
+    /// into the stored schema) in file order (by key), as a stream: all of
+    /// them, or those of `row_groups`.
     pub async fn stream(
         &self,
         file: &SstableFile,
+        row_groups: Option<Vec<usize>>,
         columns: &[usize],
     ) -> Result<SendableRecordBatchStream> {
         let meta = self.footer(file).await?;
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().copied());
         let schema: SchemaRef = Arc::new(self.schema.stored.project(columns)?);
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
-            .with_projection(mask)
-            .with_batch_size(BATCH_ROWS)
-            .build()
-            .map_err(|e| Self::corrupt(file, e))?;
+        let mut builder =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
+                .with_projection(mask)
+                .with_batch_size(BATCH_ROWS);
+        if let Some(row_groups) = row_groups {
+            builder = builder.with_row_groups(row_groups);
+        }
+        let stream = builder.build().map_err(|e| Self::corrupt(file, e))?;
         let file = file.clone();
         let out_schema = Arc::clone(&schema);
         let stream = stream.map(move |batch| {
@@ -157,27 +164,19 @@ impl SstableReader {
         )))
     }
 
-    /// The smallest and largest key of `file` (from its statistics), for
-    /// a table with a one-column key.
-    pub async fn key_range(
+    /// The smallest and largest key and the row count of each row group
+    /// of `file` (from its statistics), for a table with a one-column key;
+    /// `None` where statistics are missing.
+    pub async fn row_group_ranges(
         &self,
         file: &SstableFile,
-    ) -> Result<
-        Option<(
-            datafusion::common::ScalarValue,
-            datafusion::common::ScalarValue,
-        )>,
-    > {
-        use datafusion::common::ScalarValue;
+    ) -> Result<Option<Vec<(KeyRange, u64)>>> {
         let [key] = self.schema.key.as_slice() else {
             return Ok(None);
         };
         let meta = self.footer(file).await?;
         let parquet = meta.metadata();
         let groups = parquet.row_groups();
-        if groups.is_empty() {
-            return Ok(None);
-        }
         let stats = StatisticsConverter::try_new(
             self.schema.stored.field(*key).name(),
             meta.schema(),
@@ -190,14 +189,18 @@ impl SstableReader {
         let maxes = stats
             .row_group_maxes(groups)
             .map_err(|e| Self::corrupt(file, e))?;
-        // Rows are sorted by key: the first group holds the smallest.
-        if mins.is_null(0) || maxes.is_null(groups.len() - 1) {
-            return Ok(None);
+        let mut ranges = Vec::with_capacity(groups.len());
+        for (i, group) in groups.iter().enumerate() {
+            if mins.is_null(i) || maxes.is_null(i) {
+                return Ok(None);
+            }
+            let range = (
+                ScalarValue::try_from_array(&mins, i)?,
+                ScalarValue::try_from_array(&maxes, i)?,
+            );
+            ranges.push((range, group.num_rows() as u64));
         }
-        Ok(Some((
-            ScalarValue::try_from_array(&mins, 0)?,
-            ScalarValue::try_from_array(&maxes, groups.len() - 1)?,
-        )))
+        Ok(Some(ranges))
     }
 
     /// The row of `file` whose key columns equal `key` (one row of the key

@@ -324,7 +324,7 @@ impl Shared {
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
         let mut streams = Vec::with_capacity(inputs.len());
         for file in inputs {
-            streams.push(self.reader.stream(file, &columns).await?);
+            streams.push(self.reader.stream(file, None, &columns).await?);
         }
         let rows = if schema.has_key() {
             let mut runs = Vec::with_capacity(inputs.len());
@@ -332,7 +332,6 @@ impl Shared {
                 runs.push(merge::Run {
                     rows,
                     seq: file.generation,
-                    keys: self.reader.key_range(file).await?,
                 });
             }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
