@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, Scalar};
 use datafusion::arrow::compute::kernels::cmp::{eq, gt_eq, lt_eq};
-use datafusion::arrow::compute::{and, filter_record_batch};
+use datafusion::arrow::compute::{and, concat_batches};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ProjectionMask;
@@ -39,8 +39,8 @@ use datafusion::common::ScalarValue;
 
 /// Rows per batch a stream yields.
 const BATCH_ROWS: usize = 8192;
-/// Bytes of pages read by lookups kept in memory (per reader).
-const CACHED_RANGE_BYTES: usize = 64 << 20;
+/// Memory of decoded pages lookups keep (per reader).
+const CACHED_PAGE_BYTES: usize = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
@@ -54,7 +54,7 @@ pub struct SstableReader {
     schema: Arc<TableSchema>,
     footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
     blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
-    ranges: Arc<RangeCache>,
+    pages: Mutex<PageCache>,
 }
 
 impl SstableReader {
@@ -65,7 +65,7 @@ impl SstableReader {
             schema,
             footers: Mutex::default(),
             blooms: Mutex::default(),
-            ranges: Arc::default(),
+            pages: Mutex::default(),
         }
     }
 
@@ -74,15 +74,6 @@ impl SstableReader {
             store: Arc::clone(&self.store),
             path: Path::from(file.path.as_str()),
             size: file.bytes,
-            cache: None,
-        }
-    }
-
-    /// Like [`SstableReader::object`], keeping the pages it reads.
-    fn cached_object(&self, file: &SstableFile) -> ObjectReader {
-        ObjectReader {
-            cache: Some(Arc::clone(&self.ranges)),
-            ..self.object(file)
         }
     }
 
@@ -247,35 +238,55 @@ impl SstableReader {
             if !self.bloom_may_contain(file, &meta, rg, key).await? {
                 continue;
             }
-            let selection = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
-            let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                self.cached_object(file),
-                meta.clone(),
-            )
-            .with_row_groups(vec![rg])
-            .with_batch_size(BATCH_ROWS);
-            if let Some(selection) = selection {
-                builder = builder.with_row_selection(selection);
+            let (selection, first_row) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
+            let page_key = (file.path.clone(), rg, first_row);
+            let cached = self
+                .pages
+                .lock()
+                .expect("page cache poisoned")
+                .get(&page_key);
+            let rows = match cached {
+                Some(rows) => rows,
+                None => {
+                    let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+                        self.object(file),
+                        meta.clone(),
+                    )
+                    .with_row_groups(vec![rg])
+                    // Buffers sized for one page, as cached.
+                    .with_batch_size(super::PAGE_ROWS);
+                    if let Some(selection) = selection {
+                        builder = builder.with_row_selection(selection);
+                    }
+                    let batches: Vec<RecordBatch> = builder
+                        .build()
+                        .map_err(|e| Self::corrupt(file, e))?
+                        .map_err(|e| Self::read_error(file, e))
+                        .try_collect()
+                        .await?;
+                    let rows = concat_batches(&Arc::clone(meta.schema()), &batches)?;
+                    self.pages
+                        .lock()
+                        .expect("page cache poisoned")
+                        .insert(page_key, rows.clone());
+                    rows
+                }
+            };
+            let mut matches: Option<BooleanArray> = None;
+            for (i, &column) in schema.key.iter().enumerate() {
+                let m = eq(rows.column(column), &Scalar::new(Arc::clone(&key[i])))?;
+                matches = Some(match matches {
+                    Some(prev) => and(&prev, &m)?,
+                    None => m,
+                });
             }
-            let mut rows = builder.build().map_err(|e| Self::corrupt(file, e))?;
-            while let Some(batch) = rows.next().await {
-                let batch = batch.map_err(|e| Self::read_error(file, e))?;
-                let mut matches: Option<BooleanArray> = None;
-                for (i, &column) in schema.key.iter().enumerate() {
-                    let m = eq(batch.column(column), &Scalar::new(Arc::clone(&key[i])))?;
-                    matches = Some(match matches {
-                        Some(prev) => and(&prev, &m)?,
-                        None => m,
-                    });
-                }
-                let found = filter_record_batch(&batch, &matches.expect("a key column"))?;
-                if found.num_rows() > 0 {
-                    let row = RecordBatch::try_new(
-                        Arc::clone(&schema.stored),
-                        found.slice(0, 1).columns().to_vec(),
-                    )?;
-                    return Ok(Some(row));
-                }
+            let matches = matches.expect("a key column");
+            if let Some(at) = matches.iter().position(|m| m == Some(true)) {
+                let row = RecordBatch::try_new(
+                    Arc::clone(&schema.stored),
+                    rows.slice(at, 1).columns().to_vec(),
+                )?;
+                return Ok(Some(row));
             }
         }
         Ok(None)
@@ -335,16 +346,17 @@ fn covers(mins: &ArrayRef, maxes: &ArrayRef, value: &Scalar<ArrayRef>) -> Result
 }
 
 /// The rows of row group `rg` on pages whose first-key-column range covers
-/// `value`, or `None` (read the whole group) without a page index.
+/// `value`, and the first of them; no selection (the whole group, from its
+/// first row) without a page index.
 fn pages_covering(
     parquet: &datafusion::parquet::file::metadata::ParquetMetaData,
     stats: &StatisticsConverter<'_>,
     rg: usize,
     value: &ArrayRef,
-) -> Result<Option<RowSelection>> {
+) -> Result<(Option<RowSelection>, usize)> {
     let (Some(column_index), Some(offset_index)) = (parquet.column_index(), parquet.offset_index())
     else {
-        return Ok(None);
+        return Ok((None, 0));
     };
     let pages = || -> datafusion::parquet::errors::Result<_> {
         Ok((
@@ -354,20 +366,26 @@ fn pages_covering(
         ))
     };
     let Ok((mins, maxes, Some(counts))) = pages() else {
-        return Ok(None);
+        return Ok((None, 0));
     };
     let covering = covers(&mins, &maxes, &Scalar::new(Arc::clone(value)))?;
+    let mut first = None;
+    let mut row = 0;
     let selectors: Vec<RowSelector> = (0..counts.len())
         .map(|page| {
             let rows = counts.value(page) as usize;
-            if covering.is_null(page) || covering.value(page) {
-                RowSelector::select(rows)
-            } else {
-                RowSelector::skip(rows)
+            let selected = covering.is_null(page) || covering.value(page);
+            if selected && first.is_none() {
+                first = Some(row);
+            }
+            row += rows;
+            match selected {
+                true => RowSelector::select(rows),
+                false => RowSelector::skip(rows),
             }
         })
         .collect();
-    Ok(Some(RowSelection::from(selectors)))
+    Ok((Some(RowSelection::from(selectors)), first.unwrap_or(row)))
 }
 
 /// Whether `bloom` may contain the one value of `key` as Parquet hashes
@@ -398,55 +416,47 @@ fn bloom_check(bloom: &Sbbf, key: &ArrayRef) -> Option<bool> {
     })
 }
 
-/// Byte ranges of SSTables (immutable objects), kept until their total
-/// passes [`CACHED_RANGE_BYTES`]; the oldest go first.
+/// Decoded pages of SSTables (immutable, so never stale) that lookups
+/// read, by file, row group and first row, kept until their memory passes
+/// [`CACHED_PAGE_BYTES`]; the oldest go first.
 #[derive(Debug, Default)]
-struct RangeCache {
-    inner: Mutex<CachedRanges>,
-}
-
-#[derive(Debug, Default)]
-struct CachedRanges {
-    ranges: HashMap<(Path, u64, u64), bytes::Bytes>,
-    order: std::collections::VecDeque<(Path, u64, u64)>,
+struct PageCache {
+    pages: HashMap<PageKey, RecordBatch>,
+    order: std::collections::VecDeque<PageKey>,
     bytes: usize,
 }
 
-impl RangeCache {
-    fn get(&self, key: &(Path, u64, u64)) -> Option<bytes::Bytes> {
-        self.inner
-            .lock()
-            .expect("range cache poisoned")
-            .ranges
-            .get(key)
-            .cloned()
+type PageKey = (String, usize, usize);
+
+impl PageCache {
+    fn get(&self, key: &PageKey) -> Option<RecordBatch> {
+        self.pages.get(key).cloned()
     }
 
-    fn insert(&self, key: (Path, u64, u64), value: bytes::Bytes) {
-        let mut c = self.inner.lock().expect("range cache poisoned");
-        c.bytes += value.len();
-        if c.ranges.insert(key.clone(), value).is_none() {
-            c.order.push_back(key);
+    fn insert(&mut self, key: PageKey, rows: RecordBatch) {
+        self.bytes += rows.get_array_memory_size();
+        if let Some(old) = self.pages.insert(key.clone(), rows) {
+            self.bytes -= old.get_array_memory_size();
+        } else {
+            self.order.push_back(key);
         }
-        while c.bytes > CACHED_RANGE_BYTES {
-            let Some(oldest) = c.order.pop_front() else {
+        while self.bytes > CACHED_PAGE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
                 break;
             };
-            if let Some(gone) = c.ranges.remove(&oldest) {
-                c.bytes -= gone.len();
+            if let Some(gone) = self.pages.remove(&oldest) {
+                self.bytes -= gone.get_array_memory_size();
             }
         }
     }
 }
 
-/// One object of a store as Parquet reads it: byte ranges (through the
-/// cache, for lookups), and the footer of a file whose size is known (no
-/// extra request to learn it).
+/// One object of a store as Parquet reads it: byte ranges, and the footer
+/// of a file whose size is known (no extra request to learn it).
 struct ObjectReader {
     store: Arc<dyn ObjectStore>,
     path: Path,
     size: u64,
-    cache: Option<Arc<RangeCache>>,
 }
 
 fn external(e: object_store::Error) -> datafusion::parquet::errors::ParquetError {
@@ -471,38 +481,10 @@ impl AsyncFileReader for ObjectReader {
         ranges: Vec<std::ops::Range<u64>>,
     ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Vec<bytes::Bytes>>> {
         async move {
-            let Some(cache) = &self.cache else {
-                return self
-                    .store
-                    .get_ranges(&self.path, &ranges)
-                    .await
-                    .map_err(external);
-            };
-            let key = |r: &std::ops::Range<u64>| (self.path.clone(), r.start, r.end);
-            let mut out: Vec<Option<bytes::Bytes>> =
-                ranges.iter().map(|r| cache.get(&key(r))).collect();
-            let missing: Vec<std::ops::Range<u64>> = ranges
-                .iter()
-                .zip(&out)
-                .filter(|(_, hit)| hit.is_none())
-                .map(|(r, _)| r.clone())
-                .collect();
-            if !missing.is_empty() {
-                let fetched = self
-                    .store
-                    .get_ranges(&self.path, &missing)
-                    .await
-                    .map_err(external)?;
-                let mut fetched = missing.iter().zip(fetched);
-                for (r, slot) in ranges.iter().zip(&mut out) {
-                    if slot.is_none() {
-                        let (_, bytes) = fetched.next().expect("one per missing range");
-                        cache.insert(key(r), bytes.clone());
-                        *slot = Some(bytes);
-                    }
-                }
-            }
-            Ok(out.into_iter().map(|b| b.expect("filled above")).collect())
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(external)
         }
         .boxed()
     }
