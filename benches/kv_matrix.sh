@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The write-path benchmark matrix behind BENCHMARKS.md: the seed's KV
-# protocol (examples/kv_bench.rs) on a local directory, one shard, 1,000,000
-# rows in 1,000-row puts: integer and UUID keys at window 32, window 1, at
-# the 100 ms WAL interval; latency mode (interval 0) at window 1; and
-# non-durable puts. One JSON object per line, each prefixed by its label.
+# The KV benchmark matrix behind BENCHMARKS.md: the seed's KV protocol
+# (examples/kv_bench.rs) on a local directory, one shard, 1,000,000 rows in
+# 1,000-row puts: integer and UUID keys at window 32, window 1, at the
+# 100 ms WAL interval; latency mode (interval 0) at window 1; non-durable
+# puts; and 8 MiB MemTables with compaction above 32 SSTables (reads over
+# 10+ SSTables). Every run flushes and compacts while it writes, then reads
+# after a reopen. One JSON object per line, each prefixed by its label.
 #
 #   bash benches/kv_matrix.sh [WORKDIR]        (default /tmp/memwal-kv-bench)
 set -euo pipefail
@@ -27,4 +29,6 @@ run "int window=1 latency-mode"       --keys int  --window 1 --interval-ms 0
 run "int window=32 latency-mode"      --keys int  --window 32 --interval-ms 0
 run "int window=1 non-durable"        --keys int  --window 1 --non-durable
 run "int window=32 non-durable"       --keys int  --window 32 --non-durable
+run "int window=32 8MiB memtables"    --keys int  --window 32 --memtable-mb 8 --max-sstables 32
+run "uuid window=32 8MiB memtables"   --keys uuid --window 32 --memtable-mb 8 --max-sstables 32
 rm -rf "$work"

@@ -9,7 +9,8 @@
 //! the read phase measures bytes on disk per row, point reads through the
 //! Rust API and through SQL (served from SSTables), and a full-table
 //! `count(*), sum(a)` through memwal against DataFusion reading the same
-//! SSTable files as a plain Parquet listing table. Prints one JSON object.
+//! SSTable files as a plain Parquet listing table — over the SSTables as
+//! flushed, then again after a major compaction. Prints one JSON object.
 //!
 //! ```text
 //! cargo run --example kv_bench -- --keys int --window 32
@@ -228,6 +229,14 @@ async fn main() {
     let files = reopened.snapshot().sstables;
     let (memwal_scan, plain_scan) =
         full_scans(&session, dir.path(), &files, args.rows, args.scans).await;
+    // A major compaction leaves one SSTable: scans read it with no merge.
+    let t = Instant::now();
+    table.compact().await.unwrap();
+    let compact_seconds = t.elapsed().as_secs_f64();
+    let files = reopened.snapshot().sstables;
+    let (memwal_compacted, plain_compacted) =
+        full_scans(&session, dir.path(), &files, args.rows, args.scans).await;
+    let (compacted_bytes, compacted_files) = dir_bytes_and_files(dir.path());
     let report = serde_json::json!({
         "keys": format!("{:?}", args.keys).to_lowercase(),
         "rows": args.rows,
@@ -251,6 +260,12 @@ async fn main() {
         "full_scan_memwal_ms": memwal_scan * 1e3,
         "full_scan_plain_parquet_ms": plain_scan * 1e3,
         "full_scan_speed_vs_plain": plain_scan / memwal_scan,
+        "major_compaction_seconds": compact_seconds,
+        "compacted_disk_files": compacted_files,
+        "compacted_disk_bytes_per_row": compacted_bytes as f64 / args.rows as f64,
+        "compacted_full_scan_memwal_ms": memwal_compacted * 1e3,
+        "compacted_full_scan_plain_parquet_ms": plain_compacted * 1e3,
+        "compacted_full_scan_speed_vs_plain": plain_compacted / memwal_compacted,
         "rust_get_p50_ms": percentile(&rust, 0.5),
         "rust_get_p99_ms": percentile(&rust, 0.99),
         "sql_point_p50_ms": percentile(&sql, 0.5),
@@ -315,19 +330,6 @@ async fn full_scans(
         .register_table("kv", Arc::new(ListingTable::try_new(config).unwrap()))
         .unwrap();
     let query = "SELECT count(*), sum(a) FROM kv";
-    if std::env::var("KV_EXPLAIN").is_ok() {
-        let plan = session
-            .sql(&format!("EXPLAIN {query}"))
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
-        eprintln!(
-            "{}",
-            datafusion::arrow::util::pretty::pretty_format_batches(&plan).unwrap()
-        );
-    }
     let expected = (0..rows as i64).map(|i| i * 7).sum::<i64>();
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for _ in 0..scans.max(1) {

@@ -412,6 +412,15 @@ impl Table {
         Ok(None)
     }
 
+    /// Merges each shard's SSTables into one (see
+    /// [`ShardWriter::compact`]); opens the writers it needs.
+    pub async fn compact(&self) -> Result<()> {
+        for shard in 0..self.shards.len() as u32 {
+            self.writer(shard).await?.compact().await?;
+        }
+        Ok(())
+    }
+
     /// Makes everything put so far durable and closes every open writer;
     /// reports the first error.
     pub async fn close(&self) -> Result<()> {

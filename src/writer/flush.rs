@@ -72,6 +72,7 @@ impl Shared {
                 continue;
             };
             let done = async {
+                let _one_at_a_time = self.maintenance.lock().await;
                 self.flush(&generation).await?;
                 self.compact().await
             };
@@ -282,39 +283,55 @@ impl Shared {
             let Some(start) = run_to_merge(&files, self.options.max_sstables) else {
                 return self.delete_retired().await;
             };
-            let inputs = files[start..].to_vec();
-            let output = self
-                .retrying("compaction", || self.merge(&inputs, start == 0))
-                .await?;
-            let retired_at_ms = now_ms();
-            self.commit(
-                "shard manifest commit of a compaction",
-                |m| {
-                    let Some(at) = m.sstables.iter().position(|f| *f == inputs[0]) else {
-                        return false;
-                    };
-                    if m.sstables[at..] != inputs[..] {
-                        return false;
-                    }
-                    m.sstables.truncate(at);
-                    m.sstables.push(output.clone());
-                    m.retired.extend(inputs.iter().map(|f| RetiredFile {
-                        path: f.path.clone(),
-                        retired_at_ms,
-                    }));
-                    true
-                },
-                |_| {},
-            )
-            .await?;
-            self.counters.compactions.fetch_add(1, Ordering::Relaxed);
-            log::debug!(
-                "compacted {} SSTables into {} ({} rows)",
-                inputs.len(),
-                output.path,
-                output.rows
-            );
+            self.merge_suffix(&files[start..], start == 0).await?;
         }
+    }
+
+    /// Merges every SSTable of the shard into one (a major compaction).
+    pub(super) async fn compact_all(&self) -> Result<()> {
+        let _one_at_a_time = self.maintenance.lock().await;
+        let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
+        if files.len() > 1 {
+            self.merge_suffix(&files, true).await?;
+        }
+        self.delete_retired().await
+    }
+
+    /// Replaces `inputs`, the newest SSTables (all of them if `oldest`),
+    /// by their merge, and retires them.
+    async fn merge_suffix(&self, inputs: &[SstableFile], oldest: bool) -> Result<()> {
+        let output = self
+            .retrying("compaction", || self.merge(inputs, oldest))
+            .await?;
+        let retired_at_ms = now_ms();
+        self.commit(
+            "shard manifest commit of a compaction",
+            |m| {
+                let Some(at) = m.sstables.iter().position(|f| *f == inputs[0]) else {
+                    return false;
+                };
+                if m.sstables[at..] != inputs[..] {
+                    return false;
+                }
+                m.sstables.truncate(at);
+                m.sstables.push(output.clone());
+                m.retired.extend(inputs.iter().map(|f| RetiredFile {
+                    path: f.path.clone(),
+                    retired_at_ms,
+                }));
+                true
+            },
+            |_| {},
+        )
+        .await?;
+        self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        log::debug!(
+            "compacted {} SSTables into {} ({} rows)",
+            inputs.len(),
+            output.path,
+            output.rows
+        );
+        Ok(())
     }
 
     /// Writes the merge of `inputs` (consecutive, oldest first) as one

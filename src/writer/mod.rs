@@ -235,6 +235,8 @@ struct Shared {
     /// WAL data entries at or below this are deleted (recorded in the
     /// manifest with the next commit).
     wal_deleted_through: AtomicU64,
+    /// Held while flushing or compacting: one manifest change at a time.
+    maintenance: tokio::sync::Mutex<()>,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
@@ -444,6 +446,7 @@ impl ShardWriter {
             opened: Instant::now(),
             fences: Mutex::new(fences),
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
+            maintenance: tokio::sync::Mutex::new(()),
         });
         let wal_task = tokio::spawn(Arc::clone(&shared).run_wal(fence + 1));
         let flush_task = tokio::spawn(Arc::clone(&shared).run_flush());
@@ -678,6 +681,16 @@ impl ShardWriter {
             flushes: c.flushes.load(Ordering::Relaxed),
             compactions: c.compactions.load(Ordering::Relaxed),
         }
+    }
+
+    /// Merges all of the shard's SSTables into one (a major compaction:
+    /// tombstones are dropped), after any flush or compaction in progress.
+    /// Scans of a compacted shard read one run, with no merge by key.
+    pub async fn compact(&self) -> Result<()> {
+        if let Some(e) = self.stopped() {
+            return Err(e);
+        }
+        self.shared.compact_all().await
     }
 
     /// Makes everything put so far durable, flushes every MemTable to an
