@@ -3,8 +3,8 @@
 # (examples/kv_bench.rs) on a local directory, one shard, 1,000,000 rows in
 # 1,000-row puts: integer and UUID keys at window 32, window 1, at the
 # 100 ms WAL interval; latency mode (interval 0) at window 1; non-durable
-# puts; and 8 MiB MemTables with compaction above 32 SSTables (reads over
-# 10+ SSTables). Every run flushes and compacts while it writes, then reads
+# puts; 8 MiB MemTables with compaction above 32 SSTables (reads over
+# 10+ SSTables), and above 4 (compactions run while the writes do). Every run flushes and compacts while it writes, then reads
 # after a reopen. One JSON object per line, each prefixed by its label.
 #
 #   bash benches/kv_matrix.sh [WORKDIR]        (default /tmp/memwal-kv-bench)
@@ -31,4 +31,6 @@ run "int window=1 non-durable"        --keys int  --window 1 --non-durable
 run "int window=32 non-durable"       --keys int  --window 32 --non-durable
 run "int window=32 8MiB memtables"    --keys int  --window 32 --memtable-mb 8 --max-sstables 32
 run "uuid window=32 8MiB memtables"   --keys uuid --window 32 --memtable-mb 8 --max-sstables 32
+run "int window=32 compacting"        --keys int  --window 32 --memtable-mb 8 --max-sstables 4
+run "uuid window=32 compacting"       --keys uuid --window 32 --memtable-mb 8 --max-sstables 4
 rm -rf "$work"
