@@ -82,20 +82,26 @@ async fn run(args: Args) -> memwal::Result<()> {
             session.catalog().root().url()
         );
     }
-    if !args.command.is_empty() {
-        for sql in &args.command {
-            exec_and_print(&session, &print_options, sql).await?;
+    let result = async {
+        if !args.command.is_empty() {
+            for sql in &args.command {
+                exec_and_print(&session, &print_options, sql).await?;
+            }
+        } else if !args.file.is_empty() {
+            for file in &args.file {
+                exec_file(&session, &print_options, file).await?;
+            }
+        } else {
+            repl(&session, &mut print_options)
+                .await
+                .map_err(|e| memwal::Error::Io(std::io::Error::other(e)))?;
         }
-    } else if !args.file.is_empty() {
-        for file in &args.file {
-            exec_file(&session, &print_options, file).await?;
-        }
-    } else {
-        repl(&session, &mut print_options)
-            .await
-            .map_err(|e| memwal::Error::Io(std::io::Error::other(e)))?;
+        Ok(())
     }
-    Ok(())
+    .await;
+    // Flush what this shell wrote (its MemTables become SSTables).
+    let closed = session.close().await;
+    result.and(closed)
 }
 
 /// Runs every statement of `sql` and prints each result as datafusion-cli

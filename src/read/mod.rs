@@ -113,7 +113,11 @@ impl ShardSnapshot {
     /// are merged. Without known key ranges (a composite key, missing
     /// statistics) the whole snapshot is one merged cluster; an
     /// append-only table's rows are read one layer after another.
-    pub async fn parts(&self, parts: usize) -> Result<Vec<ScanPart>> {
+    ///
+    /// Pieces whose key range lies outside `bounds` (the keys a pushed-down
+    /// filter on the key can accept) are skipped: no row in them can pass
+    /// that filter, and no newer version of one of their keys can either.
+    pub async fn parts(&self, parts: usize, bounds: &KeyBounds) -> Result<Vec<ScanPart>> {
         let whole = |pieces: Vec<Piece>| ScanPart {
             snapshot: self.clone(),
             rows: self.stored_rows(),
@@ -150,6 +154,7 @@ impl ShardSnapshot {
             };
             pieces.push((Piece::Memtable, range, memtable_rows));
         }
+        pieces.retain(|(_, (lo, hi), _)| bounds.may_overlap(lo, hi));
         pieces.sort_by(|a, b| a.1.0.partial_cmp(&b.1.0).unwrap_or(Ordering::Equal));
         // Sweep in key order: a piece that starts at or before the largest
         // key seen so far joins the current cluster.
@@ -201,11 +206,78 @@ impl ShardSnapshot {
     /// Every live row, collected (user form, all columns).
     pub async fn collect(&self, pool: &Arc<dyn MemoryPool>) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
-        for part in self.parts(1).await? {
+        for part in self.parts(1, &KeyBounds::all()).await? {
             let stream = part.scan(None, pool).await?;
             out.extend(futures::TryStreamExt::try_collect::<Vec<_>>(stream).await?);
         }
         Ok(out)
+    }
+}
+
+/// The keys a scan needs (of a one-column key): every row outside is
+/// filtered out above the scan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KeyBounds {
+    pub lower: Option<(ScalarValue, bool)>,
+    pub upper: Option<(ScalarValue, bool)>,
+}
+
+impl KeyBounds {
+    /// No bound: every key.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Narrows the bounds by `key > value` (`inclusive`: `>=`).
+    pub fn above(&mut self, value: ScalarValue, inclusive: bool) {
+        let tighter = match &self.lower {
+            None => true,
+            Some((v, inc)) => match value.partial_cmp(v) {
+                Some(Ordering::Greater) => true,
+                Some(Ordering::Equal) => *inc && !inclusive,
+                _ => false,
+            },
+        };
+        if tighter {
+            self.lower = Some((value, inclusive));
+        }
+    }
+
+    /// Narrows the bounds by `key < value` (`inclusive`: `<=`).
+    pub fn below(&mut self, value: ScalarValue, inclusive: bool) {
+        let tighter = match &self.upper {
+            None => true,
+            Some((v, inc)) => match value.partial_cmp(v) {
+                Some(Ordering::Less) => true,
+                Some(Ordering::Equal) => *inc && !inclusive,
+                _ => false,
+            },
+        };
+        if tighter {
+            self.upper = Some((value, inclusive));
+        }
+    }
+
+    /// Whether keys in `lo..=hi` may be within the bounds (an
+    /// incomparable bound never excludes anything).
+    pub fn may_overlap(&self, lo: &ScalarValue, hi: &ScalarValue) -> bool {
+        let below_lower =
+            self.lower
+                .as_ref()
+                .is_some_and(|(v, inclusive)| match hi.partial_cmp(v) {
+                    Some(Ordering::Less) => true,
+                    Some(Ordering::Equal) => !inclusive,
+                    _ => false,
+                });
+        let above_upper =
+            self.upper
+                .as_ref()
+                .is_some_and(|(v, inclusive)| match lo.partial_cmp(v) {
+                    Some(Ordering::Greater) => true,
+                    Some(Ordering::Equal) => !inclusive,
+                    _ => false,
+                });
+        !below_lower && !above_upper
     }
 }
 
@@ -241,9 +313,20 @@ impl ScanPart {
     /// `EXPLAIN`).
     pub fn describe(&self) -> String {
         let merged = self.clusters.iter().filter(|c| c.len() > 1).count();
+        let pieces: Vec<&Piece> = self.clusters.iter().flatten().collect();
+        let groups = pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::RowGroup(..)))
+            .count();
+        let files = pieces
+            .iter()
+            .filter(|p| matches!(p, Piece::File(_)))
+            .count();
+        let memtable = pieces.contains(&&Piece::Memtable);
         format!(
-            "{}, {} clusters ({merged} merged)",
+            "{}; reads {groups} row groups, {files} whole SSTables{} in {} clusters ({merged} merged)",
             self.snapshot.describe(),
+            if memtable { ", the MemTables" } else { "" },
             self.clusters.len()
         )
     }
@@ -515,7 +598,7 @@ mod tests {
         };
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
         for parts in [1, 2, 5] {
-            let planned = snapshot.parts(parts).await.unwrap();
+            let planned = snapshot.parts(parts, &KeyBounds::all()).await.unwrap();
             assert!(planned.len() <= parts, "{} parts", planned.len());
             let clusters: Vec<&Vec<Piece>> = planned.iter().flat_map(|p| &p.clusters).collect();
             assert!(
@@ -543,5 +626,40 @@ mod tests {
             }
             assert_eq!(seen, model, "{parts} parts");
         }
+
+        // A key range reads only the pieces that can hold it, and every
+        // live row in it.
+        let mut bounds = KeyBounds::all();
+        bounds.above(ScalarValue::Int64(Some(2 * n + 10)), false);
+        bounds.below(ScalarValue::Int64(Some(3 * n + 5)), true);
+        let planned = snapshot.parts(2, &bounds).await.unwrap();
+        let pieces: usize = planned.iter().flat_map(|p| &p.clusters).map(Vec::len).sum();
+        assert_eq!(
+            pieces, 3,
+            "the last SSTable's two row groups and the MemTable"
+        );
+        let mut seen = BTreeMap::new();
+        for part in &planned {
+            let batches: Vec<RecordBatch> =
+                futures::TryStreamExt::try_collect(part.scan(None, &pool).await.unwrap())
+                    .await
+                    .unwrap();
+            for b in batches {
+                let ids = b.column(0).as_primitive::<Int64Type>();
+                let vs = b.column(1).as_primitive::<Int64Type>();
+                for i in 0..b.num_rows() {
+                    seen.insert(ids.value(i), vs.value(i));
+                }
+            }
+        }
+        let wanted: BTreeMap<i64, i64> = model
+            .range(2 * n + 11..=3 * n + 5)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        assert!(
+            wanted.iter().all(|(k, v)| seen.get(k) == Some(v)),
+            "a live row in range is missing"
+        );
+        assert!(seen.len() < model.len(), "nothing pruned");
     }
 }

@@ -28,7 +28,7 @@ use datafusion::physical_plan::{
 };
 use futures::{StreamExt, TryStreamExt};
 
-use crate::read::{ScanPart, ShardSnapshot};
+use crate::read::{KeyBounds, ScanPart, ShardSnapshot};
 use crate::table::Table;
 use datafusion::catalog::Session;
 use datafusion::datasource::{TableProvider, TableType};
@@ -89,6 +89,7 @@ impl ScanExec {
         table: Arc<Table>,
         projection: Option<Vec<usize>>,
         mode: ScanMode,
+        bounds: KeyBounds,
         target_partitions: usize,
     ) -> Result<Self> {
         let schema = match &projection {
@@ -117,7 +118,7 @@ impl ScanExec {
             // runs are disjoint.
             let per_shard = target_partitions.div_ceil(snapshots.len()).max(1);
             for snapshot in std::mem::take(&mut snapshots).into_iter().flatten() {
-                parts.extend(snapshot.parts(per_shard).await?);
+                parts.extend(snapshot.parts(per_shard, &bounds).await?);
             }
         }
         let (partitions, ordering) = match mode {

@@ -2,8 +2,9 @@
 //!
 //! Scans read the live rows (newest version per key, no tombstones; shards
 //! are partitions). `key = const` and `key IN (...)` on a one-column key
-//! become key lookups; every other filter, and LIMIT, DataFusion applies
-//! after de-duplication. INSERT goes to the shard writers through
+//! become key lookups, and key ranges skip SSTable row groups (and
+//! MemTables) outside them; every filter, and LIMIT, DataFusion still
+//! applies after de-duplication. INSERT goes to the shard writers through
 //! [`InsertSink`]; DELETE and TRUNCATE write tombstones in `execute()`.
 
 use std::fmt;
@@ -27,6 +28,7 @@ use futures::StreamExt;
 
 use super::exec::{DeleteExec, ScanExec, ScanMode};
 use crate::catalog::{ObjectPath, TableMeta};
+use crate::read::KeyBounds;
 use crate::table::Table;
 
 /// A table of the catalog, backed by this process's [`Table`].
@@ -123,6 +125,67 @@ impl MemwalTable {
         }
     }
 
+    /// Narrows `bounds` by `filter` if it is a range on a one-column key
+    /// (`key > const`, `<`, `>=`, `<=`, either way round, or `BETWEEN`)
+    /// whose literal the key's type holds exactly; returns whether it did.
+    fn narrow_key_bounds(&self, filter: &Expr, bounds: &mut KeyBounds) -> bool {
+        let [key] = self.table.schema().key.as_slice() else {
+            return false;
+        };
+        let key_field = self.table.schema().schema.field(*key);
+        let is_key = |e: &Expr| match e {
+            Expr::Column(c) => c.name == *key_field.name(),
+            // Casts between integers, strings or binaries keep the order.
+            Expr::Cast(cast) => {
+                matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key_field.name())
+                    && injective_cast(key_field.data_type(), cast.field.data_type())
+            }
+            _ => false,
+        };
+        // The literal as a key value, if it converts both ways unchanged.
+        let exact = |e: &Expr| match e {
+            Expr::Literal(v, _) if !v.is_null() => {
+                let key = v.cast_to(key_field.data_type()).ok()?;
+                (key.cast_to(&v.data_type()).ok()? == *v).then_some(key)
+            }
+            _ => None,
+        };
+        match filter {
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let (op, value) = if is_key(left) {
+                    (*op, right)
+                } else if is_key(right) {
+                    let Some(swapped) = op.swap() else {
+                        return false;
+                    };
+                    (swapped, left)
+                } else {
+                    return false;
+                };
+                let Some(value) = exact(value) else {
+                    return false;
+                };
+                match op {
+                    Operator::Gt => bounds.above(value, false),
+                    Operator::GtEq => bounds.above(value, true),
+                    Operator::Lt => bounds.below(value, false),
+                    Operator::LtEq => bounds.below(value, true),
+                    _ => return false,
+                }
+                true
+            }
+            Expr::Between(between) if !between.negated && is_key(&between.expr) => {
+                let (Some(low), Some(high)) = (exact(&between.low), exact(&between.high)) else {
+                    return false;
+                };
+                bounds.above(low, true);
+                bounds.below(high, true);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The keys selected by every point filter among `filters` (their
     /// intersection is what matters; using one of them is enough, the
     /// filters still apply above the scan).
@@ -172,9 +235,12 @@ impl TableProvider for MemwalTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| match self.point_keys(f) {
-                Some(_) => TableProviderFilterPushDown::Inexact,
-                None => TableProviderFilterPushDown::Unsupported,
+            .map(|f| {
+                let range = self.narrow_key_bounds(f, &mut KeyBounds::all());
+                match self.point_keys(f).is_some() || range {
+                    true => TableProviderFilterPushDown::Inexact,
+                    false => TableProviderFilterPushDown::Unsupported,
+                }
             })
             .collect())
     }
@@ -190,11 +256,16 @@ impl TableProvider for MemwalTable {
             Some(keys) => ScanMode::Keys(keys),
             None => ScanMode::All,
         };
+        let mut bounds = KeyBounds::all();
+        for filter in filters {
+            self.narrow_key_bounds(filter, &mut bounds);
+        }
         Ok(Arc::new(
             ScanExec::new(
                 Arc::clone(&self.table),
                 projection.cloned(),
                 mode,
+                bounds,
                 state.config().target_partitions(),
             )
             .await?,
