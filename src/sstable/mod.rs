@@ -222,20 +222,6 @@ pub async fn write_stream(
     })
 }
 
-/// Reads a whole SSTable (stored form).
-pub async fn read(
-    store: &Arc<dyn ObjectStore>,
-    schema: &TableSchema,
-    file: &SstableFile,
-) -> Result<Vec<RecordBatch>> {
-    let bytes = store
-        .get(&Path::from(file.path.as_str()))
-        .await?
-        .bytes()
-        .await?;
-    decode(schema, &file.path, bytes)
-}
-
 /// Decodes a whole SSTable (stored form), naming `path` in errors.
 pub fn decode(schema: &TableSchema, path: &str, bytes: Bytes) -> Result<Vec<RecordBatch>> {
     let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt {
@@ -389,7 +375,12 @@ mod tests {
             file.path
                 .starts_with("tables/t-1/shards/0/sst/00000000000000000007-")
         );
-        let back = read(&store, &t, &file).await.unwrap();
+        let reader = SstableReader::new(Arc::clone(&store), Arc::clone(&t));
+        let all: Vec<usize> = (0..t.stored.fields().len()).collect();
+        let back: Vec<RecordBatch> =
+            futures::TryStreamExt::try_collect(reader.stream(&file, None, &all).await.unwrap())
+                .await
+                .unwrap();
         assert_eq!(
             triples(&t, &back[0]),
             [
