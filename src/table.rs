@@ -362,9 +362,11 @@ impl Table {
     }
 
     /// Reads the shard manifest if it changed (one existence check when it
-    /// did not) and the WAL after its cursor.
+    /// did not), the WAL after its cursor, and checks the manifest did not
+    /// move meanwhile.
     async fn refresh(&self, reader: &mut ShardReader) -> Result<()> {
         let started = Instant::now();
+        reader.refreshed = None;
         for _ in 0..SNAPSHOT_ATTEMPTS {
             let manifest = match reader.manifest.take() {
                 Some(known) if !reader.versions.has_newer(&known).await? => known.confirmed(),
@@ -377,8 +379,13 @@ impl Table {
                 }
             };
             let cursor = manifest.state.replay_after;
+            let fresh = reader.tail.refresh(cursor).await?
+                // A flush that committed (and deleted the WAL it covers)
+                // after the manifest was read leaves no gap to see when
+                // nothing was written after it: check the manifest again.
+                && !reader.versions.has_newer(&manifest).await?;
             reader.manifest = Some(manifest);
-            if reader.tail.refresh(cursor).await? {
+            if fresh {
                 reader.refreshed = Some(started);
                 return Ok(());
             }

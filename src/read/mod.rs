@@ -567,7 +567,7 @@ mod tests {
                 }
             }
             files.push(
-                sstable::write(&store, &shard, g as u64 + 1, &t, &batches)
+                sstable::write(&store, &shard, 1, g as u64 + 1, &t, &batches)
                     .await
                     .unwrap(),
             );

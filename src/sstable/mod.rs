@@ -149,12 +149,14 @@ pub struct SstableFile {
 }
 
 /// Writes the SSTable of `generation` for `batches` (stored form, oldest
-/// first) into the shard at `shard_dir`, under a fresh name created with
+/// first) into the shard at `shard_dir` as the writer of `epoch`, under a
+/// fresh name created with
 /// put-if-absent. The file is not part of the table until a shard manifest
 /// names it.
 pub async fn write(
     store: &Arc<dyn ObjectStore>,
     shard_dir: &Path,
+    epoch: u64,
     generation: u64,
     schema: &Arc<TableSchema>,
     batches: &[RecordBatch],
@@ -171,7 +173,7 @@ pub async fn write(
         .await
         .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
     };
-    let path = paths::new_sstable_file(shard_dir, generation);
+    let path = paths::new_sstable_file(shard_dir, generation, epoch);
     let len = bytes.len() as u64;
     store
         .put_opts(&path, PutPayload::from_bytes(bytes), PutMode::Create.into())
@@ -192,13 +194,14 @@ pub async fn write(
 pub async fn write_stream(
     store: &Arc<dyn ObjectStore>,
     shard_dir: &Path,
+    epoch: u64,
     (first_generation, generation): (u64, u64),
     schema: &TableSchema,
     mut rows: datafusion::execution::SendableRecordBatchStream,
 ) -> Result<SstableFile> {
     use datafusion::parquet::arrow::AsyncArrowWriter;
     use futures::StreamExt;
-    let path = paths::new_sstable_file(shard_dir, generation);
+    let path = paths::new_sstable_file(shard_dir, generation, epoch);
     let object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
     let mut writer = AsyncArrowWriter::try_new(
         object,
@@ -369,7 +372,7 @@ mod tests {
         let t = Arc::new(table(true));
         let shard = paths::shard_dir("tables/t-1", 0);
         let batches = [put(&t, &[3, 1, 2], 1), put(&t, &[2], 2)];
-        let file = write(&store, &shard, 7, &t, &batches).await.unwrap();
+        let file = write(&store, &shard, 1, 7, &t, &batches).await.unwrap();
         assert_eq!((file.generation, file.rows), (7, 3));
         assert!(
             file.path
@@ -390,7 +393,7 @@ mod tests {
             ]
         );
         // A second flush of the same generation gets its own name.
-        let again = write(&store, &shard, 7, &t, &batches).await.unwrap();
+        let again = write(&store, &shard, 1, 7, &t, &batches).await.unwrap();
         assert_ne!(again.path, file.path);
 
         let ctx = SessionContext::new();

@@ -238,8 +238,8 @@ impl SstableReader {
             if !self.bloom_may_contain(file, &meta, rg, key).await? {
                 continue;
             }
-            let (selection, first_row) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
-            let page_key = (file.path.clone(), rg, first_row);
+            let (selection, rows_read) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
+            let page_key = (file.path.clone(), rg, rows_read);
             let cached = self
                 .pages
                 .lock()
@@ -346,17 +346,18 @@ fn covers(mins: &ArrayRef, maxes: &ArrayRef, value: &Scalar<ArrayRef>) -> Result
 }
 
 /// The rows of row group `rg` on pages whose first-key-column range covers
-/// `value`, and the first of them; no selection (the whole group, from its
-/// first row) without a page index.
+/// `value`, and the range from the first to the last of them (which names
+/// the selection: the pages are consecutive, the column being sorted); no
+/// selection (the whole group) without a page index.
 fn pages_covering(
     parquet: &datafusion::parquet::file::metadata::ParquetMetaData,
     stats: &StatisticsConverter<'_>,
     rg: usize,
     value: &ArrayRef,
-) -> Result<(Option<RowSelection>, usize)> {
+) -> Result<(Option<RowSelection>, (usize, usize))> {
     let (Some(column_index), Some(offset_index)) = (parquet.column_index(), parquet.offset_index())
     else {
-        return Ok((None, 0));
+        return Ok((None, (0, usize::MAX)));
     };
     let pages = || -> datafusion::parquet::errors::Result<_> {
         Ok((
@@ -366,10 +367,11 @@ fn pages_covering(
         ))
     };
     let Ok((mins, maxes, Some(counts))) = pages() else {
-        return Ok((None, 0));
+        return Ok((None, (0, usize::MAX)));
     };
     let covering = covers(&mins, &maxes, &Scalar::new(Arc::clone(value)))?;
     let mut first = None;
+    let mut end = 0;
     let mut row = 0;
     let selectors: Vec<RowSelector> = (0..counts.len())
         .map(|page| {
@@ -379,13 +381,19 @@ fn pages_covering(
                 first = Some(row);
             }
             row += rows;
+            if selected {
+                end = row;
+            }
             match selected {
                 true => RowSelector::select(rows),
                 false => RowSelector::skip(rows),
             }
         })
         .collect();
-    Ok((Some(RowSelection::from(selectors)), first.unwrap_or(row)))
+    Ok((
+        Some(RowSelection::from(selectors)),
+        (first.unwrap_or(row), end),
+    ))
 }
 
 /// Whether `bloom` may contain the one value of `key` as Parquet hashes
@@ -426,7 +434,8 @@ struct PageCache {
     bytes: usize,
 }
 
-type PageKey = (String, usize, usize);
+/// File, row group, and the rows read (first and end).
+type PageKey = (String, usize, (usize, usize));
 
 impl PageCache {
     fn get(&self, key: &PageKey) -> Option<RecordBatch> {

@@ -53,15 +53,33 @@ pub fn shard_manifest_dir(shard_dir: &Path) -> Path {
     shard_dir.clone().join("manifest")
 }
 
-/// `<shard dir>/sst/<20-digit generation>-<16 hex>/data.parquet`: a fresh
-/// name for an SSTable of `generation` (random, so a retried or raced flush
-/// never overwrites one a manifest may already name).
-pub fn new_sstable_file(shard_dir: &Path, generation: u64) -> Path {
+/// `<shard dir>/sst/<20-digit generation>-<20-digit epoch>-<16 hex>/data.parquet`:
+/// a fresh name for an SSTable of `generation` written by the writer of
+/// `epoch` (random, so a retried or raced flush never overwrites one a
+/// manifest may already name).
+pub fn new_sstable_file(shard_dir: &Path, generation: u64, epoch: u64) -> Path {
     shard_dir
         .clone()
         .join("sst")
-        .join(format!("{generation:020}-{:016x}", rand::random::<u64>()).as_str())
+        .join(
+            format!(
+                "{generation:020}-{epoch:020}-{:016x}",
+                rand::random::<u64>()
+            )
+            .as_str(),
+        )
         .join("data.parquet")
+}
+
+/// The epoch of the writer that made an SSTable path of
+/// [`new_sstable_file`] (0 for a name without one).
+pub fn sstable_epoch(path: &str) -> u64 {
+    path.rsplit('/')
+        .nth(1)
+        .and_then(|dir| dir.split('-').nth(1))
+        .filter(|e| e.len() == 20)
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(0)
 }
 
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.

@@ -17,8 +17,9 @@
 //! 3. compaction: merge a run of the newest SSTables into one (streaming),
 //!    commit the swap, and delete the inputs once
 //!    [`super::WriterOptions::sstable_grace`] has passed;
-//! 4. at start, objects a crash left behind are collected: SSTables no
-//!    manifest names (no other writer can commit them: its epoch is older)
+//! 4. at start, objects a crash left behind are collected: SSTables of
+//!    older epochs that the manifest does not name (their writers can no
+//!    longer commit them)
 //!    and WAL entries below the cursor that a crash kept from deletion;
 //!    retired SSTables past their grace period are deleted.
 
@@ -37,7 +38,7 @@ use super::manifest::{RetiredFile, ShardManifest, commit_as};
 use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::sstable::{self, SstableFile, merge};
-use crate::store::Versioned;
+use crate::store::{Versioned, paths};
 
 /// Deletes issued at once.
 const DELETES: usize = 16;
@@ -48,7 +49,11 @@ impl Shared {
         if let Err(e) = self.collect_leftovers().await {
             log::warn!("cleaning up after an earlier writer failed: {e}");
         }
-        if let Err(e) = self.delete_retired().await {
+        let expired = async {
+            let _one_at_a_time = self.maintenance.lock().await;
+            self.delete_retired().await
+        };
+        if let Err(e) = expired.await {
             self.stop(e);
             return;
         }
@@ -147,8 +152,10 @@ impl Shared {
             })
             .await?;
         let mut layers = self.layers.write().expect("layers poisoned");
-        layers.sstables = Arc::new(committed.state.sstables.clone());
-        layers.manifest = committed;
+        if committed.version > layers.manifest.version {
+            layers.sstables = Arc::new(committed.state.sstables.clone());
+            layers.manifest = committed;
+        }
         also(&mut layers);
         Ok(())
     }
@@ -167,6 +174,7 @@ impl Shared {
                 sstable::write(
                     &self.store,
                     &self.shard_dir,
+                    self.epoch,
                     generation.number,
                     &self.schema,
                     &batches,
@@ -215,13 +223,20 @@ impl Shared {
         }
         let fences: HashSet<u64> = manifest.state.fences.iter().copied().collect();
         let wal = &self.wal;
-        futures::stream::iter((from + 1..=through).filter(|p| !fences.contains(p)))
+        let deleted = futures::stream::iter((from + 1..=through).filter(|p| !fences.contains(p)))
             .map(|position| delete_if_present(&self.store, wal.path_of(position)))
             .buffer_unordered(DELETES)
             .try_collect::<()>()
-            .await?;
-        self.wal_deleted_through
-            .fetch_max(through, Ordering::AcqRel);
+            .await;
+        // A failed delete leaves garbage for the next flush (or the next
+        // writer's start) to delete; it is no reason to stop writing.
+        match deleted {
+            Ok(()) => {
+                self.wal_deleted_through
+                    .fetch_max(through, Ordering::AcqRel);
+            }
+            Err(e) => log::warn!("deleting WAL entries up to {through} failed: {e}"),
+        }
         Ok(())
     }
 
@@ -251,9 +266,13 @@ impl Shared {
             .map_ok(|meta| meta.location)
             .try_collect()
             .await?;
+        // Only older epochs' files: a newer writer (one that fenced this
+        // one since) may be about to commit its own.
         let orphans: Vec<Path> = listed
             .into_iter()
-            .filter(|path| !named.contains(path.as_ref()))
+            .filter(|path| {
+                !named.contains(path.as_ref()) && paths::sstable_epoch(path.as_ref()) < self.epoch
+            })
             .collect();
         if !leftovers.is_empty() || !orphans.is_empty() {
             log::debug!(
@@ -360,7 +379,15 @@ impl Shared {
             inputs[0].first_generation,
             inputs[inputs.len() - 1].generation,
         );
-        sstable::write_stream(&self.store, &self.shard_dir, generations, schema, rows).await
+        sstable::write_stream(
+            &self.store,
+            &self.shard_dir,
+            self.epoch,
+            generations,
+            schema,
+            rows,
+        )
+        .await
     }
 
     /// Deletes retired SSTables past their grace period and drops them
@@ -380,7 +407,7 @@ impl Shared {
         if expired.is_empty() {
             return Ok(());
         }
-        futures::stream::iter(
+        let deleted = futures::stream::iter(
             expired
                 .iter()
                 .map(|p| Path::from(p.as_str()))
@@ -389,7 +416,12 @@ impl Shared {
         .map(|path| delete_if_present(&self.store, path))
         .buffer_unordered(DELETES)
         .try_collect::<()>()
-        .await?;
+        .await;
+        if let Err(e) = deleted {
+            // They stay retired; the next compaction tries again.
+            log::warn!("deleting retired SSTables failed: {e}");
+            return Ok(());
+        }
         self.commit(
             "shard manifest commit of deleted SSTables",
             |m| {

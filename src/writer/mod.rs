@@ -386,9 +386,18 @@ impl ShardWriter {
             current.last_position.store(position, Ordering::Relaxed);
         }
         // The newest replayed generation stays active unless the manifest
-        // is past it; every other one is sealed and flushes at once.
-        if generations.last().is_none_or(|g| g.number < generation) {
-            generations.push(Generation::new(generation.max(1), &schema));
+        // is past it or it is full; every other one is sealed and flushes
+        // at once.
+        match generations.last() {
+            None => generations.push(Generation::new(generation.max(1), &schema)),
+            Some(g) if g.number < generation => {
+                generations.push(Generation::new(generation, &schema))
+            }
+            Some(g) if g.memtable.bytes() >= options.memtable_bytes => {
+                let next = g.number + 1;
+                generations.push(Generation::new(next, &schema));
+            }
+            Some(_) => {}
         }
         let active_number = generations.last().expect("pushed above").number;
         for g in &generations {
