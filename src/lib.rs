@@ -7,6 +7,7 @@
 
 pub mod catalog;
 pub mod error;
+pub mod hnsw;
 pub mod memtable;
 pub mod read;
 pub mod sql;
