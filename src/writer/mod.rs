@@ -457,8 +457,14 @@ impl ShardWriter {
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
             maintenance: tokio::sync::Mutex::new(()),
         });
-        let wal_task = tokio::spawn(Arc::clone(&shared).run_wal(fence + 1));
-        let flush_task = tokio::spawn(Arc::clone(&shared).run_flush());
+        let wal_task = tokio::spawn(Shared::guarded(
+            Arc::clone(&shared),
+            Arc::clone(&shared).run_wal(fence + 1),
+        ));
+        let flush_task = tokio::spawn(Shared::guarded(
+            Arc::clone(&shared),
+            Arc::clone(&shared).run_flush(),
+        ));
         Ok(Self {
             shared,
             tasks: Mutex::new(vec![wal_task, flush_task]),
@@ -760,12 +766,29 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// Runs one of the writer's tasks; if it panics, the writer stops (so
+    /// no put waits forever) and counts the WAL as done (so `close` does
+    /// not either).
+    async fn guarded(self: Arc<Self>, task: impl Future<Output = ()>) {
+        use futures::FutureExt;
+        if std::panic::AssertUnwindSafe(task)
+            .catch_unwind()
+            .await
+            .is_err()
+        {
+            self.stop(Error::Poisoned("a shard writer task panicked".into()));
+            self.wal_done.store(true, Ordering::Release);
+            self.flush_wake.notify_one();
+        }
+    }
+
     /// Stops the writer with `error`: every waiting and later put gets it.
     fn stop(&self, error: Error) {
         log::warn!("shard writer of epoch {} stopped: {error}", self.epoch);
         self.progress.send_modify(|p| {
             p.error.get_or_insert(Arc::new(error));
         });
+        self.wake.notify_one();
         self.flush_wake.notify_one();
     }
 
