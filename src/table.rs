@@ -299,9 +299,11 @@ impl Table {
         key: &RecordBatch,
         max_age: Duration,
     ) -> Result<Option<RecordBatch>> {
-        let (shard, _, _) = self.locate(key)?;
-        let snapshot = self.snapshot(shard, max_age).await?;
-        self.get_in(&snapshot, key).await
+        let (shard, encoded, stored) = self.locate(key)?;
+        self.snapshot(shard, max_age)
+            .await?
+            .get(&encoded, &self.schema.key_columns(&stored))
+            .await
     }
 
     /// The live row with key `key` in `snapshot` (of the key's shard).

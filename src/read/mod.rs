@@ -230,32 +230,12 @@ impl KeyBounds {
 
     /// Narrows the bounds by `key > value` (`inclusive`: `>=`).
     pub fn above(&mut self, value: ScalarValue, inclusive: bool) {
-        let tighter = match &self.lower {
-            None => true,
-            Some((v, inc)) => match value.partial_cmp(v) {
-                Some(Ordering::Greater) => true,
-                Some(Ordering::Equal) => *inc && !inclusive,
-                _ => false,
-            },
-        };
-        if tighter {
-            self.lower = Some((value, inclusive));
-        }
+        tighten(&mut self.lower, value, inclusive, Ordering::Greater);
     }
 
     /// Narrows the bounds by `key < value` (`inclusive`: `<=`).
     pub fn below(&mut self, value: ScalarValue, inclusive: bool) {
-        let tighter = match &self.upper {
-            None => true,
-            Some((v, inc)) => match value.partial_cmp(v) {
-                Some(Ordering::Less) => true,
-                Some(Ordering::Equal) => *inc && !inclusive,
-                _ => false,
-            },
-        };
-        if tighter {
-            self.upper = Some((value, inclusive));
-        }
+        tighten(&mut self.upper, value, inclusive, Ordering::Less);
     }
 
     /// Whether keys in `lo..=hi` may be within the bounds (an
@@ -278,6 +258,27 @@ impl KeyBounds {
                     _ => false,
                 });
         !below_lower && !above_upper
+    }
+}
+
+/// Replaces `bound` by `(value, inclusive)` if that admits fewer keys:
+/// `value` lies further in direction `inward`, or equal and exclusive.
+fn tighten(
+    bound: &mut Option<(ScalarValue, bool)>,
+    value: ScalarValue,
+    inclusive: bool,
+    inward: Ordering,
+) {
+    let tighter = match bound {
+        None => true,
+        Some((v, inc)) => match value.partial_cmp(v) {
+            Some(o) if o == inward => true,
+            Some(Ordering::Equal) => *inc && !inclusive,
+            _ => false,
+        },
+    };
+    if tighter {
+        *bound = Some((value, inclusive));
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
 use datafusion::datasource::sink::{DataSink, DataSinkExec};
@@ -72,24 +72,19 @@ impl MemwalTable {
         &self.table
     }
 
-    /// The literal keys `filter` selects, if it is `key = const`,
-    /// `key IN (consts)` or an OR of those, on a one-column key.
-    fn point_keys(&self, filter: &Expr) -> Option<Vec<ScalarValue>> {
+    /// The key column, if the key has exactly one.
+    fn key_field(&self) -> Option<&Field> {
         let [key] = self.table.schema().key.as_slice() else {
             return None;
         };
-        let key_field = self.table.schema().schema.field(*key);
-        let is_key = |e: &Expr| match e {
-            Expr::Column(c) => c.name == *key_field.name(),
-            // A cast that maps distinct keys to distinct values (DataFusion
-            // adds one to compare a fixed-size binary key with a binary
-            // literal, or a narrow integer with a wide one).
-            Expr::Cast(cast) => {
-                matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key_field.name())
-                    && injective_cast(key_field.data_type(), cast.field.data_type())
-            }
-            _ => false,
-        };
+        Some(self.table.schema().schema.field(*key))
+    }
+
+    /// The literal keys `filter` selects, if it is `key = const`,
+    /// `key IN (consts)` or an OR of those, on a one-column key.
+    fn point_keys(&self, filter: &Expr) -> Option<Vec<ScalarValue>> {
+        let key_field = self.key_field()?;
+        let is_key = |e: &Expr| is_key(e, key_field);
         let literal = |e: &Expr| match e {
             Expr::Literal(v, _) if !v.is_null() => Some(v.clone()),
             _ => None,
@@ -129,19 +124,10 @@ impl MemwalTable {
     /// (`key > const`, `<`, `>=`, `<=`, either way round, or `BETWEEN`)
     /// whose literal the key's type holds exactly; returns whether it did.
     fn narrow_key_bounds(&self, filter: &Expr, bounds: &mut KeyBounds) -> bool {
-        let [key] = self.table.schema().key.as_slice() else {
+        let Some(key_field) = self.key_field() else {
             return false;
         };
-        let key_field = self.table.schema().schema.field(*key);
-        let is_key = |e: &Expr| match e {
-            Expr::Column(c) => c.name == *key_field.name(),
-            // Casts between integers, strings or binaries keep the order.
-            Expr::Cast(cast) => {
-                matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key_field.name())
-                    && injective_cast(key_field.data_type(), cast.field.data_type())
-            }
-            _ => false,
-        };
+        let is_key = |e: &Expr| is_key(e, key_field);
         // The literal as a key value, if it converts both ways unchanged.
         let exact = |e: &Expr| match e {
             Expr::Literal(v, _) if !v.is_null() => {
@@ -322,6 +308,21 @@ impl TableProvider for MemwalTable {
         self.require_key()?;
         let scan = self.scan(state, None, &[], None).await?;
         Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), scan)))
+    }
+}
+
+/// Whether `e` is the key column `key`, or a cast of it that keeps
+/// distinct keys distinct and in order (DataFusion adds one to compare a
+/// fixed-size binary key with a binary literal, or a narrow integer with a
+/// wide one).
+fn is_key(e: &Expr, key: &Field) -> bool {
+    match e {
+        Expr::Column(c) => c.name == *key.name(),
+        Expr::Cast(cast) => {
+            matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key.name())
+                && injective_cast(key.data_type(), cast.field.data_type())
+        }
+        _ => false,
     }
 }
 
