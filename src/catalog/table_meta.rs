@@ -8,36 +8,13 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+pub use crate::hnsw::Metric;
 
 /// Largest accepted vector dimension.
 pub const MAX_VECTOR_DIM: i32 = 65_536;
 
 /// Largest accepted shard count.
 pub const MAX_SHARDS: u32 = 1024;
-
-/// Distance used by a vector column's index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum Metric {
-    /// Squared Euclidean distance.
-    #[default]
-    L2,
-    /// 1 − cosine similarity.
-    Cosine,
-    /// Negative inner product.
-    Dot,
-}
-
-impl Metric {
-    fn parse(s: &str) -> Option<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "l2" | "euclidean" => Some(Metric::L2),
-            "cosine" => Some(Metric::Cosine),
-            "dot" => Some(Metric::Dot),
-            _ => None,
-        }
-    }
-}
 
 /// Options of a `FLOAT[n]` vector column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,0 +1,170 @@
+//! Builds memwal's HNSW graph over deterministic vectors (`--shape`,
+//! `--n` × `--dim`, see `memwal::hnsw::dataset`) and searches it with
+//! `--queries` queries at each `--ef`, against exact ground truth. Prints
+//! one JSON object: build vectors per CPU-second (and per wall second),
+//! and per ef the queries per CPU-second and recall@k.
+//!
+//! `--write DIR` also writes the data, the queries and the ground truth
+//! as raw little-endian files (`data.f32`, `queries.f32`, `truth.u32`) so
+//! `benches/peers/hnsw_peers.py` measures hnswlib and faiss on the same
+//! vectors.
+//!
+//! ```text
+//! cargo run --example hnsw_bench -- --shape clustered --n 20000 --dim 1024
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
+use datafusion::arrow::datatypes::{DataType, Field};
+use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ShapeArg {
+    Clustered,
+    LowRank,
+    Gaussian,
+}
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, value_enum, default_value = "clustered")]
+    shape: ShapeArg,
+    #[arg(long, default_value_t = 20_000)]
+    n: usize,
+    #[arg(long, default_value_t = 1024)]
+    dim: usize,
+    #[arg(long, default_value_t = 1_000)]
+    queries: usize,
+    #[arg(long, default_value_t = 10)]
+    k: usize,
+    #[arg(long, default_value_t = 16)]
+    m: usize,
+    #[arg(long, default_value_t = 100)]
+    ef_construction: usize,
+    #[arg(long, value_delimiter = ',', default_value = "16,32,64,128")]
+    ef: Vec<usize>,
+    /// Insertion threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Write data, queries and ground truth here for the peer script.
+    #[arg(long)]
+    write: Option<std::path::PathBuf>,
+}
+
+/// The data shapes the benchmarks and tests share (PEERS.md: 100 clusters).
+fn shape(arg: ShapeArg) -> Shape {
+    match arg {
+        ShapeArg::Clustered => Shape::Clustered {
+            clusters: 100,
+            spread: 0.5,
+        },
+        ShapeArg::LowRank => Shape::LowRank { rank: 32 },
+        ShapeArg::Gaussian => Shape::Gaussian,
+    }
+}
+
+/// CPU seconds this process has used (user + system).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with ')'): utime is the
+    // 12th, stime the 13th, in clock ticks (100 per second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn write_raw(path: &std::path::Path, bytes: impl Iterator<Item = [u8; 4]>) {
+    let data: Vec<u8> = bytes.flatten().collect();
+    std::fs::write(path, data).expect("write bench data");
+}
+
+fn main() {
+    let args = Args::parse();
+    let dim = args.dim;
+    let shape = shape(args.shape);
+    let data = vectors(shape, args.n, dim, args.seed, 0);
+    let queries = vectors(shape, args.queries, dim, args.seed, 1);
+    let truth = exact_neighbours(&data, &queries, dim, args.k, distance::l2);
+    if let Some(dir) = &args.write {
+        std::fs::create_dir_all(dir).expect("create bench data directory");
+        write_raw(&dir.join("data.f32"), data.iter().map(|x| x.to_le_bytes()));
+        write_raw(
+            &dir.join("queries.f32"),
+            queries.iter().map(|x| x.to_le_bytes()),
+        );
+        write_raw(
+            &dir.join("truth.u32"),
+            truth.iter().flatten().map(|x| x.to_le_bytes()),
+        );
+    }
+
+    let array = FixedSizeListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        dim as i32,
+        Arc::new(Float32Array::from(data)),
+        None,
+    );
+    let params = HnswParams {
+        m: args.m,
+        ef_construction: args.ef_construction,
+    };
+    let graph = Graph::new(dim, Metric::L2, params, args.seed);
+    let (cpu, wall) = (cpu_seconds(), Instant::now());
+    // In 1,000-row appends, as a MemTable receives them.
+    for start in (0..args.n).step_by(1_000) {
+        let len = 1_000.min(args.n - start);
+        graph.add(&array.slice(start, len), start as u64, args.threads);
+    }
+    let build_cpu = cpu_seconds() - cpu;
+    let build_wall = wall.elapsed().as_secs_f64();
+
+    let mut searches = Vec::new();
+    for &ef in &args.ef {
+        let (cpu, wall) = (cpu_seconds(), Instant::now());
+        let found: Vec<Vec<u32>> = queries
+            .chunks_exact(dim)
+            .map(|q| {
+                graph
+                    .search(q, args.k, ef, &|_| true)
+                    .iter()
+                    .map(|h| h.row as u32)
+                    .collect()
+            })
+            .collect();
+        let (cpu, wall) = (cpu_seconds() - cpu, wall.elapsed().as_secs_f64());
+        searches.push(serde_json::json!({
+            "ef": ef,
+            "recall": recall(&found, &truth),
+            "queries_per_cpu_s": args.queries as f64 / cpu.max(0.01),
+            "queries_per_s": args.queries as f64 / wall,
+        }));
+    }
+    let out = serde_json::json!({
+        "engine": "memwal",
+        "kernel": kernel::kernels().name,
+        "shape": format!("{:?}", args.shape),
+        "n": args.n,
+        "dim": dim,
+        "m": args.m,
+        "ef_construction": args.ef_construction,
+        "threads": args.threads,
+        "build_vectors_per_cpu_s": args.n as f64 / build_cpu.max(0.01),
+        "build_vectors_per_s": args.n as f64 / build_wall,
+        "search": searches,
+    });
+    println!("{out}");
+}

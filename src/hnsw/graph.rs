@@ -1,0 +1,813 @@
+//! The HNSW graph (Malkov & Yashunin): searched by any number of readers
+//! while it grows, without read-side locks.
+//!
+//! - Nodes are dense `u32` ids in insertion order. Each node points at its
+//!   vector inside an Arrow buffer the graph keeps alive (vectors are not
+//!   copied) and knows the row it came from.
+//! - Neighbour lists are fixed-stride arrays of atomics (level 0 in flat
+//!   segments, upper levels per node), each guarded by a sequence lock:
+//!   writers take the lock bit, readers copy the list and retry if the
+//!   sequence moved, so a reader never sees a list half rewritten.
+//! - Inserters (one `add` at a time, on one or more threads) link nodes;
+//!   a node counts as published once it and every node before it is fully
+//!   linked. `published` (node count and entry point, one atomic word) is
+//!   stored with release and loaded once per search with acquire; a search
+//!   never follows a link to a node beyond it.
+//! - Levels come from a hash of the node id, so one thread inserting the
+//!   same vectors builds the same graph every time.
+
+use std::cmp::{Ordering as CmpOrdering, Reverse};
+use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::{Mutex, OnceLock};
+
+use datafusion::arrow::array::{Array, AsArray, FixedSizeListArray};
+use datafusion::arrow::buffer::ScalarBuffer;
+use datafusion::arrow::datatypes::Float32Type;
+
+use super::kernel::{Kernel, kernels};
+use super::{HnswParams, Metric};
+
+/// Nodes in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
+const FIRST_SEGMENT: usize = 1024;
+/// Enough segments for `u32` node ids.
+const SEGMENTS: usize = 23;
+/// Highest level a node can get.
+const MAX_LEVEL: u8 = 16;
+/// No node.
+const NONE: u32 = u32::MAX;
+
+/// One search result: the distance to the query and the row of the vector.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Hit {
+    pub distance: f32,
+    pub row: u64,
+}
+
+/// A distance ordered by `total_cmp` (so it can key a heap).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct D(f32);
+
+impl Eq for D {}
+
+impl PartialOrd for D {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for D {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// A pointer to the first value of one vector inside a buffer in
+/// [`Graph::buffers`].
+#[derive(Clone, Copy)]
+struct VectorRef(*const f32);
+
+// SAFETY: the pointee is an immutable Arrow buffer that the graph holds
+// (`Graph::buffers`) for as long as the node exists.
+unsafe impl Send for VectorRef {}
+unsafe impl Sync for VectorRef {}
+
+struct Node {
+    vector: VectorRef,
+    row: u64,
+    /// 1 / |vector| for cosine (0 for a zero vector), else unused.
+    inv_norm: f32,
+    level: u8,
+    /// The lists of levels `1..=level`, `upper_stride` words each.
+    upper: Box<[AtomicU32]>,
+    /// Set once the node is fully linked.
+    linked: AtomicBool,
+}
+
+struct Segment {
+    nodes: Box<[OnceLock<Node>]>,
+    /// Level-0 lists, `level0_stride` words per node.
+    level0: Box<[AtomicU32]>,
+}
+
+/// A vector prepared for distance computations.
+struct Query<'a> {
+    vector: &'a [f32],
+    inv_norm: f32,
+}
+
+/// Generation-tagged visited marks, reused across searches.
+#[derive(Default)]
+struct Visited {
+    marks: Vec<u16>,
+    tag: u16,
+}
+
+impl Visited {
+    fn reset(&mut self, nodes: usize) {
+        if self.marks.len() < nodes {
+            self.marks.resize(nodes, 0);
+        }
+        self.tag = self.tag.wrapping_add(1);
+        if self.tag == 0 {
+            self.marks.fill(0);
+            self.tag = 1;
+        }
+    }
+
+    /// Marks `id`; false if it was marked already.
+    fn insert(&mut self, id: u32) -> bool {
+        let mark = &mut self.marks[id as usize];
+        let fresh = *mark != self.tag;
+        *mark = self.tag;
+        fresh
+    }
+}
+
+/// An HNSW graph over `dim`-dimensional `f32` vectors. See the module doc
+/// for the concurrency contract.
+pub struct Graph {
+    dim: usize,
+    metric: Metric,
+    params: HnswParams,
+    seed: u64,
+    kernel: Kernel,
+    level0_stride: usize,
+    upper_stride: usize,
+    segments: [OnceLock<Segment>; SEGMENTS],
+    /// Nodes set up for insertion (ids below it have a `Node`).
+    reserved: AtomicU32,
+    /// `published nodes << 32 | entry node`, for readers.
+    published: AtomicU64,
+    /// `(entry node, its level)` for inserters; may be unpublished.
+    entry: Mutex<(u32, u8)>,
+    publish_lock: Mutex<()>,
+    /// The buffers the vectors live in.
+    buffers: Mutex<Vec<ScalarBuffer<f32>>>,
+    /// One `add` at a time.
+    adding: Mutex<()>,
+    visited: Mutex<Vec<Visited>>,
+}
+
+impl std::fmt::Debug for Graph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Graph")
+            .field("dim", &self.dim)
+            .field("metric", &self.metric)
+            .field("nodes", &self.len())
+            .finish()
+    }
+}
+
+impl Graph {
+    /// An empty graph; `seed` picks the node levels.
+    pub fn new(dim: usize, metric: Metric, params: HnswParams, seed: u64) -> Self {
+        assert!(params.m >= 2, "HNSW needs m >= 2");
+        let k = kernels();
+        Self {
+            dim,
+            metric,
+            params,
+            seed,
+            kernel: match metric {
+                Metric::L2 => k.l2,
+                Metric::Dot | Metric::Cosine => k.dot,
+            },
+            level0_stride: 2 + 2 * params.m,
+            upper_stride: 2 + params.m,
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            reserved: AtomicU32::new(0),
+            published: AtomicU64::new(NONE as u64),
+            entry: Mutex::new((NONE, 0)),
+            publish_lock: Mutex::new(()),
+            buffers: Mutex::new(Vec::new()),
+            adding: Mutex::new(()),
+            visited: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The vector dimension.
+    pub fn dim(&self) -> usize {
+        self.dim
+    }
+
+    /// The metric.
+    pub fn metric(&self) -> Metric {
+        self.metric
+    }
+
+    /// Published nodes: fully linked, visible to searches.
+    pub fn len(&self) -> usize {
+        (self.published.load(Ordering::Acquire) >> 32) as usize
+    }
+
+    /// Whether no node is published.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Adds every non-null vector of `vectors` (row `i` is row
+    /// `first_row + i`) on `threads` threads and returns when all of them
+    /// are published. Null vectors get no node. One `add` runs at a time;
+    /// searches may run throughout.
+    pub fn add(&self, vectors: &FixedSizeListArray, first_row: u64, threads: usize) {
+        let _one = self.adding.lock().expect("graph add lock poisoned");
+        assert_eq!(
+            vectors.value_length() as usize,
+            self.dim,
+            "vector dimension does not match the graph"
+        );
+        let values = vectors
+            .values()
+            .as_primitive::<Float32Type>()
+            .values()
+            .clone();
+        let start = self.reserved.load(Ordering::Relaxed);
+        let mut end = start;
+        for i in 0..vectors.len() {
+            if vectors.is_null(i) {
+                continue;
+            }
+            let offset = vectors.value_offset(i) as usize;
+            let vector = &values[offset..offset + self.dim];
+            let inv_norm = match self.metric {
+                Metric::Cosine => {
+                    let norm = (self.kernel)(vector, vector).sqrt();
+                    if norm > 0.0 { 1.0 / norm } else { 0.0 }
+                }
+                _ => 1.0,
+            };
+            let level = self.level_of(end);
+            let node = Node {
+                vector: VectorRef(vector.as_ptr()),
+                row: first_row + i as u64,
+                inv_norm,
+                level,
+                upper: (0..level as usize * self.upper_stride)
+                    .map(|_| AtomicU32::new(0))
+                    .collect(),
+                linked: AtomicBool::new(false),
+            };
+            let (segment, offset) = locate(end);
+            if self.segment(segment).nodes[offset].set(node).is_err() {
+                unreachable!("graph node {end} set twice");
+            }
+            end += 1;
+        }
+        self.buffers
+            .lock()
+            .expect("graph buffers poisoned")
+            .push(values);
+        self.reserved.store(end, Ordering::Release);
+
+        let next = AtomicU32::new(start);
+        let work = || {
+            let mut visited = self.take_visited();
+            loop {
+                let id = next.fetch_add(1, Ordering::Relaxed);
+                if id >= end {
+                    break;
+                }
+                self.insert(id, &mut visited);
+                self.node(id).linked.store(true, Ordering::Release);
+                self.advance_published();
+            }
+            self.return_visited(visited);
+        };
+        let threads = threads.clamp(1, ((end - start) as usize).div_ceil(64).max(1));
+        if threads == 1 {
+            work();
+        } else {
+            std::thread::scope(|s| {
+                for _ in 1..threads {
+                    s.spawn(work);
+                }
+                work();
+            });
+        }
+    }
+
+    /// The `k` nodes nearest to `query` among the published ones whose row
+    /// `accept` admits, nearest first, searching with a candidate list of
+    /// `max(ef, k)`. Distances are exact; the set is approximate.
+    pub fn search(
+        &self,
+        query: &[f32],
+        k: usize,
+        ef: usize,
+        accept: &dyn Fn(u64) -> bool,
+    ) -> Vec<Hit> {
+        assert_eq!(query.len(), self.dim, "query dimension does not match");
+        let published = self.published.load(Ordering::Acquire);
+        let (len, entry) = ((published >> 32) as u32, published as u32);
+        if len == 0 || k == 0 {
+            return Vec::new();
+        }
+        let q = self.query(query);
+        let mut current = (self.distance(&q, entry), entry);
+        for level in (1..=self.node(entry).level as usize).rev() {
+            current = self.greedy(&q, current, level, len);
+        }
+        let mut visited = self.take_visited();
+        let found = self.search_layer(
+            &q,
+            &[current],
+            ef.max(k),
+            0,
+            len,
+            &|id| accept(self.node(id).row),
+            &mut visited,
+        );
+        self.return_visited(visited);
+        found
+            .into_iter()
+            .take(k)
+            .map(|(d, id)| Hit {
+                distance: d.0,
+                row: self.node(id).row,
+            })
+            .collect()
+    }
+
+    fn level_of(&self, id: u32) -> u8 {
+        // SplitMix64 of the seed and the id: a uniform draw in (0, 1].
+        let mut z = self.seed ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let uniform = ((z >> 11) + 1) as f64 / (1u64 << 53) as f64;
+        let level = -uniform.ln() / (self.params.m as f64).ln();
+        (level as u8).min(MAX_LEVEL)
+    }
+
+    fn segment(&self, segment: usize) -> &Segment {
+        self.segments[segment].get_or_init(|| {
+            let nodes = FIRST_SEGMENT << segment;
+            Segment {
+                nodes: (0..nodes).map(|_| OnceLock::new()).collect(),
+                level0: (0..nodes * self.level0_stride)
+                    .map(|_| AtomicU32::new(0))
+                    .collect(),
+            }
+        })
+    }
+
+    fn node(&self, id: u32) -> &Node {
+        let (segment, offset) = locate(id);
+        self.segments[segment]
+            .get()
+            .and_then(|s| s.nodes[offset].get())
+            .expect("graph node read before it was reserved")
+    }
+
+    /// The list of `id` at `level`: `[sequence, count, ids...]`.
+    fn list(&self, id: u32, level: usize) -> &[AtomicU32] {
+        if level == 0 {
+            let (segment, offset) = locate(id);
+            let segment = self.segments[segment]
+                .get()
+                .expect("graph node read before it was reserved");
+            &segment.level0[offset * self.level0_stride..(offset + 1) * self.level0_stride]
+        } else {
+            let start = (level - 1) * self.upper_stride;
+            &self.node(id).upper[start..start + self.upper_stride]
+        }
+    }
+
+    fn vector(&self, node: &Node) -> &[f32] {
+        // SAFETY: `node.vector` points at `dim` floats of a buffer in
+        // `self.buffers`, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(node.vector.0, self.dim) }
+    }
+
+    fn query<'a>(&self, vector: &'a [f32]) -> Query<'a> {
+        let inv_norm = match self.metric {
+            Metric::Cosine => {
+                let norm = (self.kernel)(vector, vector).sqrt();
+                if norm > 0.0 { 1.0 / norm } else { 0.0 }
+            }
+            _ => 1.0,
+        };
+        Query { vector, inv_norm }
+    }
+
+    fn node_query(&self, id: u32) -> Query<'_> {
+        let node = self.node(id);
+        Query {
+            vector: self.vector(node),
+            inv_norm: node.inv_norm,
+        }
+    }
+
+    fn distance(&self, q: &Query, id: u32) -> D {
+        let node = self.node(id);
+        let raw = (self.kernel)(q.vector, self.vector(node));
+        D(match self.metric {
+            Metric::L2 => raw,
+            Metric::Dot => -raw,
+            Metric::Cosine => 1.0 - raw * q.inv_norm * node.inv_norm,
+        })
+    }
+
+    fn prefetch(&self, id: u32) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let p = self.node(id).vector.0 as *const i8;
+            // SAFETY: a prefetch never faults; the address is the vector's.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(p);
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = id;
+    }
+
+    /// Moves to the nearest neighbour at `level` until none is nearer.
+    fn greedy(&self, q: &Query, mut current: (D, u32), level: usize, limit: u32) -> (D, u32) {
+        let mut links = Vec::with_capacity(self.params.m);
+        loop {
+            let mut moved = false;
+            read_list(self.list(current.1, level), &mut links);
+            for &n in &links {
+                if n >= limit {
+                    continue;
+                }
+                let d = self.distance(q, n);
+                if d < current.0 {
+                    current = (d, n);
+                    moved = true;
+                }
+            }
+            if !moved {
+                return current;
+            }
+        }
+    }
+
+    /// Best-first search of `level` from `entries` with a result list of
+    /// `ef` accepted nodes; nodes at or above `limit` are ignored. Nearest
+    /// first.
+    #[allow(clippy::too_many_arguments)]
+    fn search_layer(
+        &self,
+        q: &Query,
+        entries: &[(D, u32)],
+        ef: usize,
+        level: usize,
+        limit: u32,
+        accept: &dyn Fn(u32) -> bool,
+        visited: &mut Visited,
+    ) -> Vec<(D, u32)> {
+        visited.reset(limit as usize);
+        let mut candidates = BinaryHeap::new();
+        let mut results: BinaryHeap<(D, u32)> = BinaryHeap::new();
+        for &(d, id) in entries {
+            if visited.insert(id) {
+                candidates.push(Reverse((d, id)));
+                if accept(id) {
+                    results.push((d, id));
+                }
+            }
+        }
+        while results.len() > ef {
+            results.pop();
+        }
+        let bound = |r: &BinaryHeap<(D, u32)>| match r.len() >= ef {
+            true => r.peek().map_or(D(f32::INFINITY), |x| x.0),
+            false => D(f32::INFINITY),
+        };
+        let mut worst = bound(&results);
+        let mut links = Vec::with_capacity(2 * self.params.m);
+        while let Some(Reverse((d, c))) = candidates.pop() {
+            if d > worst {
+                break;
+            }
+            read_list(self.list(c, level), &mut links);
+            links.retain(|&n| n < limit && visited.insert(n));
+            for &n in &links {
+                self.prefetch(n);
+            }
+            for &n in &links {
+                let dn = self.distance(q, n);
+                if dn < worst {
+                    candidates.push(Reverse((dn, n)));
+                    if accept(n) {
+                        results.push((dn, n));
+                        if results.len() > ef {
+                            results.pop();
+                        }
+                        worst = bound(&results);
+                    }
+                }
+            }
+        }
+        results.into_sorted_vec()
+    }
+
+    /// Keeps at most `m` of `candidates` (nearest first): a candidate is
+    /// kept only if it is nearer to the base than to every kept one, so
+    /// links spread in all directions (the paper's heuristic).
+    fn select(&self, candidates: &[(D, u32)], m: usize) -> Vec<(D, u32)> {
+        let mut kept: Vec<(D, u32)> = Vec::with_capacity(m);
+        for &(d, c) in candidates {
+            if kept.len() >= m {
+                break;
+            }
+            let cq = self.node_query(c);
+            if kept.iter().all(|&(_, s)| self.distance(&cq, s) >= d) {
+                kept.push((d, c));
+            }
+        }
+        kept
+    }
+
+    fn insert(&self, id: u32, visited: &mut Visited) {
+        let level = self.node(id).level;
+        let (entry, top) = {
+            let mut entry = self.entry.lock().expect("graph entry poisoned");
+            if entry.0 == NONE {
+                *entry = (id, level);
+                return;
+            }
+            *entry
+        };
+        let q = self.node_query(id);
+        let limit = self.reserved.load(Ordering::Acquire);
+        let mut current = (self.distance(&q, entry), entry);
+        for l in (level as usize + 1..=top as usize).rev() {
+            current = self.greedy(&q, current, l, limit);
+        }
+        let mut entries = vec![current];
+        for l in (0..=level.min(top) as usize).rev() {
+            let mut found = self.search_layer(
+                &q,
+                &entries,
+                self.params.ef_construction,
+                l,
+                limit,
+                &|_| true,
+                visited,
+            );
+            found.retain(|&(_, n)| n != id);
+            let chosen = self.select(&found, self.params.m);
+            write_list(self.list(id, l), chosen.iter().map(|&(_, n)| n));
+            for &(_, n) in &chosen {
+                self.link(n, id, l);
+            }
+            if !found.is_empty() {
+                entries = found;
+            }
+        }
+        if level > top {
+            let mut entry = self.entry.lock().expect("graph entry poisoned");
+            if level > entry.1 {
+                *entry = (id, level);
+            }
+        }
+    }
+
+    /// Adds `new` to the list of `base` at `level`, re-selecting the list
+    /// with the heuristic when it is full.
+    fn link(&self, base: u32, new: u32, level: usize) {
+        let max = if level == 0 {
+            2 * self.params.m
+        } else {
+            self.params.m
+        };
+        let list = self.list(base, level);
+        lock_list(list);
+        let count = list[1].load(Ordering::Relaxed) as usize;
+        if count < max {
+            list[2 + count].store(new, Ordering::Relaxed);
+            list[1].store(count as u32 + 1, Ordering::Relaxed);
+        } else {
+            let q = self.node_query(base);
+            let mut all: Vec<(D, u32)> = list[2..2 + count]
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .chain(std::iter::once(new))
+                .map(|n| (self.distance(&q, n), n))
+                .collect();
+            all.sort_unstable();
+            let kept = self.select(&all, max);
+            for (slot, (_, n)) in list[2..].iter().zip(&kept) {
+                slot.store(*n, Ordering::Relaxed);
+            }
+            list[1].store(kept.len() as u32, Ordering::Relaxed);
+        }
+        unlock_list(list);
+    }
+
+    /// Publishes the linked prefix of the nodes, with the highest node as
+    /// the readers' entry point.
+    fn advance_published(&self) {
+        let _one = self.publish_lock.lock().expect("graph publish poisoned");
+        let published = self.published.load(Ordering::Relaxed);
+        let (start, mut entry) = ((published >> 32) as u32, published as u32);
+        let reserved = self.reserved.load(Ordering::Acquire);
+        let mut len = start;
+        while len < reserved && self.node(len).linked.load(Ordering::Acquire) {
+            if entry == NONE || self.node(len).level > self.node(entry).level {
+                entry = len;
+            }
+            len += 1;
+        }
+        if len != start {
+            self.published
+                .store((len as u64) << 32 | entry as u64, Ordering::Release);
+        }
+    }
+
+    fn take_visited(&self) -> Visited {
+        self.visited
+            .lock()
+            .expect("visited pool poisoned")
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn return_visited(&self, visited: Visited) {
+        self.visited
+            .lock()
+            .expect("visited pool poisoned")
+            .push(visited);
+    }
+}
+
+fn locate(id: u32) -> (usize, usize) {
+    let n = id as usize / FIRST_SEGMENT + 1;
+    let segment = (usize::BITS - 1 - n.leading_zeros()) as usize;
+    (segment, id as usize - FIRST_SEGMENT * ((1 << segment) - 1))
+}
+
+/// Copies a list's ids into `out`, retrying while a writer holds it or
+/// changed it meanwhile (a sequence lock: never a mix of two versions).
+fn read_list(list: &[AtomicU32], out: &mut Vec<u32>) {
+    loop {
+        let before = list[0].load(Ordering::Acquire);
+        if before & 1 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        out.clear();
+        let count = (list[1].load(Ordering::Relaxed) as usize).min(list.len() - 2);
+        out.extend(list[2..2 + count].iter().map(|n| n.load(Ordering::Relaxed)));
+        fence(Ordering::Acquire);
+        if list[0].load(Ordering::Relaxed) == before {
+            return;
+        }
+    }
+}
+
+fn lock_list(list: &[AtomicU32]) {
+    loop {
+        let sequence = list[0].load(Ordering::Relaxed);
+        if sequence & 1 == 0
+            && list[0]
+                .compare_exchange_weak(sequence, sequence + 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        {
+            fence(Ordering::Release);
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn unlock_list(list: &[AtomicU32]) {
+    list[0].fetch_add(1, Ordering::Release);
+}
+
+fn write_list(list: &[AtomicU32], ids: impl Iterator<Item = u32>) {
+    lock_list(list);
+    let mut count = 0;
+    for (slot, id) in list[2..].iter().zip(ids) {
+        slot.store(id, Ordering::Relaxed);
+        count += 1;
+    }
+    list[1].store(count, Ordering::Relaxed);
+    unlock_list(list);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+    use crate::hnsw::distance;
+    use datafusion::arrow::array::Float32Array;
+    use datafusion::arrow::datatypes::{DataType, Field};
+    use std::sync::Arc;
+
+    fn array(data: &[f32], dim: usize) -> FixedSizeListArray {
+        FixedSizeListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            dim as i32,
+            Arc::new(Float32Array::from(data.to_vec())),
+            None,
+        )
+    }
+
+    #[test]
+    fn segments_cover_every_id_once() {
+        let mut seen = std::collections::HashSet::new();
+        for id in 0..100_000u32 {
+            let (s, o) = locate(id);
+            assert!(o < FIRST_SEGMENT << s);
+            assert!(seen.insert((s, o)));
+        }
+    }
+
+    #[test]
+    fn finds_neighbours_for_every_metric_and_skips_nulls() {
+        let dim = 16;
+        let data = vectors(
+            Shape::Clustered {
+                clusters: 8,
+                spread: 0.3,
+            },
+            2_000,
+            dim,
+            7,
+            0,
+        );
+        let queries = vectors(
+            Shape::Clustered {
+                clusters: 8,
+                spread: 0.3,
+            },
+            50,
+            dim,
+            7,
+            1,
+        );
+        for (metric, reference) in [
+            (Metric::L2, distance::l2 as fn(&[f32], &[f32]) -> f32),
+            (Metric::Cosine, distance::cosine),
+            (Metric::Dot, distance::dot),
+        ] {
+            let graph = Graph::new(dim, metric, HnswParams::default(), 1);
+            // In three appends, on two threads.
+            for (i, part) in data.chunks(700 * dim).enumerate() {
+                graph.add(&array(part, dim), (i * 700) as u64, 2);
+            }
+            assert_eq!(graph.len(), 2_000);
+            let truth = exact_neighbours(&data, &queries, dim, 10, reference);
+            let found: Vec<Vec<u32>> = queries
+                .chunks(dim)
+                .map(|q| {
+                    let hits = graph.search(q, 10, 64, &|_| true);
+                    for h in &hits {
+                        let v = &data[h.row as usize * dim..][..dim];
+                        assert!((h.distance - reference(q, v)).abs() < 1e-4, "{metric:?}");
+                    }
+                    hits.iter().map(|h| h.row as u32).collect()
+                })
+                .collect();
+            let r = recall(&found, &truth);
+            assert!(r >= 0.98, "{metric:?}: recall {r}");
+            // A filter admits only even rows.
+            let hits = graph.search(&queries[..dim], 10, 64, &|row| row % 2 == 0);
+            assert_eq!(hits.len(), 10);
+            assert!(hits.iter().all(|h| h.row % 2 == 0));
+        }
+
+        // Null vectors get no node; rows keep their numbers.
+        let with_nulls = FixedSizeListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            2,
+            Arc::new(Float32Array::from(vec![0.0, 0.0, 9.0, 9.0, 1.0, 1.0])),
+            Some(vec![true, false, true].into()),
+        );
+        let graph = Graph::new(2, Metric::L2, HnswParams::default(), 1);
+        graph.add(&with_nulls, 100, 1);
+        assert_eq!(graph.len(), 2);
+        let rows: Vec<u64> = graph
+            .search(&[9.0, 9.0], 5, 10, &|_| true)
+            .iter()
+            .map(|h| h.row)
+            .collect();
+        assert_eq!(rows, vec![102, 100]);
+    }
+
+    #[test]
+    fn one_thread_builds_the_same_graph_every_time() {
+        let dim = 8;
+        let data = vectors(Shape::Gaussian, 1_500, dim, 3, 0);
+        let build = || {
+            let g = Graph::new(dim, Metric::L2, HnswParams::default(), 9);
+            g.add(&array(&data, dim), 0, 1);
+            g
+        };
+        let (a, b) = (build(), build());
+        for id in 0..1_500 {
+            for level in 0..=a.node(id).level as usize {
+                let (mut x, mut y) = (Vec::new(), Vec::new());
+                read_list(a.list(id, level), &mut x);
+                read_list(b.list(id, level), &mut y);
+                assert_eq!(x, y);
+            }
+        }
+    }
+}
