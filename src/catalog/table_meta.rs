@@ -8,7 +8,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-pub use crate::hnsw::Metric;
+pub use crate::hnsw::{HnswParams, Metric};
 
 /// Largest accepted vector dimension.
 pub const MAX_VECTOR_DIM: i32 = 65_536;
@@ -21,6 +21,10 @@ pub const MAX_SHARDS: u32 = 1024;
 pub struct VectorOptions {
     pub dim: i32,
     pub metric: Metric,
+    /// The MemTable graph's parameters (`<column>.m`,
+    /// `<column>.ef_construction`).
+    #[serde(default)]
+    pub hnsw: HnswParams,
 }
 
 /// Per-column options.
@@ -105,6 +109,7 @@ impl TableMeta {
                 columns.entry(field.name().clone()).or_default().vector = Some(VectorOptions {
                     dim: *dim,
                     metric: Metric::default(),
+                    hnsw: HnswParams::default(),
                 });
             }
         }
@@ -134,12 +139,7 @@ impl TableMeta {
                 ))
             })?;
             match option.to_ascii_lowercase().as_str() {
-                "metric" => {
-                    let metric = Metric::parse(value).ok_or_else(|| {
-                        Error::invalid(format!(
-                            "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
-                        ))
-                    })?;
+                option @ ("metric" | "m" | "ef_construction") => {
                     let vector = columns
                         .get_mut(column)
                         .and_then(|c| c.vector.as_mut())
@@ -148,7 +148,31 @@ impl TableMeta {
                                 "option '{key}': column '{column}' is not a FLOAT[n] vector column"
                             ))
                         })?;
-                    vector.metric = metric;
+                    let count = |range: std::ops::RangeInclusive<usize>| {
+                        value
+                            .trim()
+                            .parse::<usize>()
+                            .ok()
+                            .filter(|n| range.contains(n))
+                            .ok_or_else(|| {
+                                Error::invalid(format!(
+                                    "option '{key}' must be an integer in {}..={}, got '{value}'",
+                                    range.start(),
+                                    range.end()
+                                ))
+                            })
+                    };
+                    match option {
+                        "metric" => {
+                            vector.metric = Metric::parse(value).ok_or_else(|| {
+                                Error::invalid(format!(
+                                    "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
+                                ))
+                            })?
+                        }
+                        "m" => vector.hnsw.m = count(2..=256)?,
+                        _ => vector.hnsw.ef_construction = count(1..=10_000)?,
+                    }
                 }
                 "blob" => {
                     let blob = parse_bool(value).ok_or_else(|| {
@@ -209,7 +233,8 @@ impl TableMeta {
 
 fn unknown_option(key: &str) -> Error {
     Error::invalid(format!(
-        "unknown table option '{key}' (known: 'shards', '<vector column>.metric', '<binary column>.blob')"
+        "unknown table option '{key}' (known: 'shards', '<vector column>.metric', '<vector column>.m', \
+         '<vector column>.ef_construction', '<binary column>.blob')"
     ))
 }
 

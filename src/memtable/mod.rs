@@ -6,13 +6,16 @@
 //! - batches live in append-only slots that are written once and never
 //!   moved ([`OnceLock`] segments of doubling size);
 //! - `written` counts the batches of complete puts, `visible` the prefix
-//!   readers may see; both are published with release stores and read with
+//!   readers may see: the shorter of the durable prefix (marked by the
+//!   writer) and the indexed one (every vector column's [`Graph`] holds its
+//!   rows); counts are published with release stores and read with
 //!   acquire loads, so a reader that sees a count sees every slot below it;
 //! - a put of several batches is published in one store, so readers see all
 //!   of it or none of it;
 //! - the primary-key index maps each key to its newest row and each row to
-//!   the previous row of its key, so a lookup capped at the visible prefix
-//!   finds the newest visible version even while newer rows are being added.
+//!   the previous and next rows of its key, so a lookup capped at the
+//!   visible prefix finds the newest visible version even while newer rows
+//!   are being added, and a vector search can tell a row's newest version.
 //!
 //! `key` (the canonical key encoding and the shard hash) and `schema` (the
 //! stored row form and input checks) are the table-level halves.
@@ -24,9 +27,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{AsArray, RecordBatch};
 
-pub use schema::TableSchema;
+pub use schema::{TableSchema, VectorColumn};
+
+use crate::hnsw::Graph;
 
 /// Slots in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
 const FIRST_SEGMENT: usize = 32;
@@ -95,6 +100,8 @@ struct KeyIndex {
     newest: HashMap<Box<[u8]>, u64>,
     /// Row → the previous row of the same key (`u64::MAX`: none).
     previous: Vec<u64>,
+    /// Row → the next row of the same key (`u64::MAX`: none).
+    next: Vec<u64>,
 }
 
 /// A MemTable. See the module doc for the concurrency contract.
@@ -102,10 +109,16 @@ pub struct MemTable {
     schema: Arc<TableSchema>,
     slots: Slots<StoredBatch>,
     written: AtomicUsize,
+    durable: AtomicUsize,
+    indexed: AtomicUsize,
     visible: AtomicUsize,
     rows: AtomicU64,
     bytes: AtomicUsize,
     index: RwLock<KeyIndex>,
+    /// One graph per vector column `(column index, graph)`; empty for a
+    /// MemTable without vector indexes (then every written batch counts
+    /// as indexed).
+    graphs: Vec<(usize, Graph)>,
 }
 
 impl std::fmt::Debug for MemTable {
@@ -119,16 +132,36 @@ impl std::fmt::Debug for MemTable {
 }
 
 impl MemTable {
-    /// An empty MemTable for rows of `schema`.
+    /// An empty MemTable for rows of `schema`, without vector indexes.
     pub fn new(schema: Arc<TableSchema>) -> Self {
         Self {
             schema,
             slots: Slots::new(),
             written: AtomicUsize::new(0),
+            durable: AtomicUsize::new(0),
+            indexed: AtomicUsize::new(0),
             visible: AtomicUsize::new(0),
             rows: AtomicU64::new(0),
             bytes: AtomicUsize::new(0),
             index: RwLock::new(KeyIndex::default()),
+            graphs: Vec::new(),
+        }
+    }
+
+    /// An empty MemTable for rows of `schema` with a graph per vector
+    /// column (built by [`MemTable::index_to`]).
+    pub fn indexed(schema: Arc<TableSchema>) -> Self {
+        let graphs = schema
+            .vectors
+            .iter()
+            .map(|v| {
+                let graph = Graph::new(v.dim as usize, v.metric, v.params, v.index as u64);
+                (v.index, graph)
+            })
+            .collect();
+        Self {
+            graphs,
+            ..Self::new(schema)
         }
     }
 
@@ -140,7 +173,8 @@ impl MemTable {
     /// Appends the batches of one put (stored form, see [`TableSchema`])
     /// after the last written one, with their key encodings (`None` for
     /// append-only tables), and returns the new written count. The batches
-    /// are not visible until [`MemTable::publish`] covers them.
+    /// are not visible until they are durable ([`MemTable::mark_durable`]) and
+    /// indexed ([`MemTable::index_to`]).
     ///
     /// Only one thread may append at a time (the shard's writer).
     pub fn append(&self, batches: Vec<KeyedBatch>) -> usize {
@@ -151,11 +185,19 @@ impl MemTable {
             let rows = batch.num_rows() as u64;
             if let Some(keys) = keys {
                 let mut index = self.index.write().expect("key index poisoned");
-                let KeyIndex { newest, previous } = &mut *index;
+                let KeyIndex {
+                    newest,
+                    previous,
+                    next,
+                } = &mut *index;
                 for (i, key) in keys.into_iter().enumerate() {
                     let at = row + i as u64;
                     let before = newest.insert(key, at).unwrap_or(u64::MAX);
                     previous.push(before);
+                    next.push(u64::MAX);
+                    if before != u64::MAX {
+                        next[before as usize] = at;
+                    }
                 }
             }
             bytes += batch.get_array_memory_size();
@@ -172,14 +214,82 @@ impl MemTable {
         self.rows.store(row, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
         self.written.store(next, Ordering::Release);
+        if self.graphs.is_empty() {
+            self.indexed.store(next, Ordering::SeqCst);
+            self.update_visible();
+        }
         next
     }
 
-    /// Makes the first `batches` written batches visible (never moves the
-    /// visible prefix back). `batches` must end at a put boundary.
-    pub fn publish(&self, batches: usize) {
+    /// Marks the first `batches` written batches durable (never moves
+    /// back); they are visible once indexed too. `batches` must end at a
+    /// put boundary.
+    pub fn mark_durable(&self, batches: usize) {
         debug_assert!(batches <= self.written_batches());
-        self.visible.fetch_max(batches, Ordering::Release);
+        self.durable.fetch_max(batches, Ordering::SeqCst);
+        self.update_visible();
+    }
+
+    /// Adds the vectors of the written batches up to `batches` to the
+    /// graphs (on `threads` threads) and marks them indexed. One caller at
+    /// a time (the shard's index task); searches run meanwhile.
+    pub fn index_to(&self, batches: usize, threads: usize) {
+        let from = self.indexed_batches();
+        for stored in self.batches(from, batches) {
+            for (column, graph) in &self.graphs {
+                let vectors = stored.batch.column(*column).as_fixed_size_list();
+                graph.add(vectors, stored.first_row, threads);
+            }
+        }
+        self.indexed.fetch_max(batches, Ordering::SeqCst);
+        self.update_visible();
+    }
+
+    /// Visible = min(durable, indexed). Both only grow and each updater
+    /// re-reads the other after its own store (sequentially consistent), so
+    /// the last of two racing updates sees both.
+    fn update_visible(&self) {
+        let ready = self
+            .durable
+            .load(Ordering::SeqCst)
+            .min(self.indexed.load(Ordering::SeqCst));
+        self.visible.fetch_max(ready, Ordering::Release);
+    }
+
+    /// Batches whose vectors are in the graphs.
+    pub fn indexed_batches(&self) -> usize {
+        self.indexed.load(Ordering::Acquire)
+    }
+
+    /// The graph of vector column `column` (a table schema index), if this
+    /// MemTable indexes vectors.
+    pub fn graph(&self, column: usize) -> Option<&Graph> {
+        self.graphs
+            .iter()
+            .find(|(c, _)| *c == column)
+            .map(|(_, g)| g)
+    }
+
+    /// Rows in the first `batches` written batches (row numbers below this
+    /// are theirs).
+    pub fn rows_within(&self, batches: usize) -> u64 {
+        match batches.checked_sub(1) {
+            Some(last) => {
+                let last = self.slots.get(last);
+                last.first_row + last.batch.num_rows() as u64
+            }
+            None => 0,
+        }
+    }
+
+    /// Whether `row` is the newest version of its key among rows below
+    /// `cap` (always true without a primary key).
+    pub fn is_newest(&self, row: u64, cap: u64) -> bool {
+        let index = self.index.read().expect("key index poisoned");
+        index
+            .next
+            .get(row as usize)
+            .is_none_or(|&next| next == u64::MAX || next >= cap)
     }
 
     /// Batches of complete puts.
@@ -253,7 +363,7 @@ impl MemTable {
 mod tests {
     use super::*;
     use crate::catalog::TableMeta;
-    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 
     fn table() -> Arc<TableSchema> {
@@ -295,7 +405,7 @@ mod tests {
         let m = MemTable::new(Arc::clone(&t));
         let one = key::encode_keys(&[Arc::new(Int64Array::from(vec![1]))], 1).unwrap();
         assert_eq!(m.append(vec![put(&t, &[1, 2], 10)]), 1);
-        m.publish(1);
+        m.mark_durable(1);
         assert_eq!(m.append(vec![put(&t, &[1], 20), put(&t, &[3], 20)]), 3);
 
         // The second put is written but not visible: version 10 wins.
@@ -303,7 +413,7 @@ mod tests {
         let (b, r) = m.get(&one[0]).unwrap();
         assert_eq!(b.column(1).as_primitive::<Int64Type>().value(r), 10);
 
-        m.publish(3);
+        m.mark_durable(3);
         assert_eq!(m.snapshot().len(), 3);
         let (b, r) = m.get(&one[0]).unwrap();
         assert_eq!(
@@ -313,7 +423,7 @@ mod tests {
         let missing = key::encode_keys(&[Arc::new(Int64Array::from(vec![9]))], 1).unwrap();
         assert!(m.get(&missing[0]).is_none());
         // The visible prefix never moves back.
-        m.publish(1);
+        m.mark_durable(1);
         assert_eq!(m.visible_batches(), 3);
     }
 }

@@ -10,6 +10,7 @@ use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 
 use super::{KeyedBatch, key};
 use crate::catalog::TableMeta;
+use crate::hnsw::{HnswParams, Metric};
 use crate::error::{Error, Result};
 use crate::wal::entry_schema;
 
@@ -27,8 +28,18 @@ pub struct TableSchema {
     /// Indices of the primary-key columns, in key order (empty: append-only).
     pub key: Vec<usize>,
     /// `(column index, dimension)` of every vector column.
-    vectors: Vec<(usize, i32)>,
+    pub vectors: Vec<VectorColumn>,
     pub shards: u32,
+}
+
+/// A `FLOAT[dim]` column and how its MemTable graph is built.
+#[derive(Debug, Clone)]
+pub struct VectorColumn {
+    /// Column index in the table schema.
+    pub index: usize,
+    pub dim: i32,
+    pub metric: Metric,
+    pub params: HnswParams,
 }
 
 impl TableSchema {
@@ -39,8 +50,13 @@ impl TableSchema {
             .columns
             .iter()
             .filter_map(|(name, options)| {
-                let dim = options.vector.as_ref()?.dim;
-                Some((schema.index_of(name).ok()?, dim))
+                let vector = options.vector.as_ref()?;
+                Some(VectorColumn {
+                    index: schema.index_of(name).ok()?,
+                    dim: vector.dim,
+                    metric: vector.metric,
+                    params: vector.hnsw,
+                })
             })
             .collect();
         Self {
@@ -82,8 +98,8 @@ impl TableSchema {
                 )));
             }
         }
-        for &(index, dim) in &self.vectors {
-            check_vectors(self.schema.field(index).name(), batch.column(index), dim)?;
+        for v in &self.vectors {
+            check_vectors(self.schema.field(v.index).name(), batch.column(v.index), v.dim)?;
         }
         let mut columns = batch.columns().to_vec();
         columns.push(Arc::new(BooleanArray::from(vec![false; batch.num_rows()])));

@@ -2,8 +2,10 @@
 //! [`ShardSnapshot`] (MemTables over SSTables) answers scans with the
 //! newest version of each key and point lookups newest layer first;
 //! [`WalTail`] is the durable WAL after the replay cursor, as a process that
-//! does not write the shard sees it.
+//! does not write the shard sees it; [`ShardSnapshot::vector_search`] finds
+//! the nearest live rows across the layers.
 
+mod vector;
 mod wal_tail;
 
 use std::cmp::Ordering;
@@ -18,6 +20,7 @@ use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
+pub use vector::{EXACT_BELOW_ROWS, Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
 
 use crate::error::Result;

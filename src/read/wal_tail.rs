@@ -84,7 +84,7 @@ impl WalTail {
                     put.push(self.schema.keyed(batch)?);
                 }
                 let end = self.memtable.append(put);
-                self.memtable.publish(end);
+                self.memtable.mark_durable(end);
                 self.entries.push((position, end));
             }
             self.read_through = position;
@@ -114,7 +114,7 @@ impl WalTail {
                 kept.push((position, memtable.append(put)));
                 start = end;
             }
-            memtable.publish(memtable.written_batches());
+            memtable.mark_durable(memtable.written_batches());
             self.entries = kept;
         } else {
             self.entries.clear();

@@ -66,11 +66,17 @@ impl Shared {
                 layers
                     .generations
                     .first()
-                    .filter(|g| g.sealed.load(Ordering::Acquire))
+                    .filter(|g| {
+                        g.sealed.load(Ordering::Acquire)
+                            && g.memtable.indexed_batches() == g.memtable.written_batches()
+                    })
                     .cloned()
             };
             let Some(generation) = sealed else {
-                if self.closing.load(Ordering::Acquire) && self.wal_done.load(Ordering::Acquire) {
+                if self.closing.load(Ordering::Acquire)
+                    && self.wal_done.load(Ordering::Acquire)
+                    && self.index_done.load(Ordering::Acquire)
+                {
                     return;
                 }
                 self.flush_wake.notified().await;

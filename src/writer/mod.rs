@@ -47,9 +47,10 @@ use crate::wal::{EntryKind, WalEntry, WalLog};
 /// How a [`ShardWriter`] makes puts durable.
 #[derive(Debug, Clone)]
 pub struct WriterOptions {
-    /// `true` (default): a put returns once its WAL entry exists, and rows
-    /// become visible then. `false`: a put returns (and is visible) at once;
-    /// the WAL catches up in the background.
+    /// `true` (default): a put returns once its WAL entry exists and its
+    /// vectors are indexed, and rows become visible then. `false`: a put
+    /// returns once its vectors are indexed (and is visible then); the WAL
+    /// catches up in the background.
     pub durable: bool,
     /// The group-commit cadence: at most one WAL append starts per interval
     /// while puts keep coming (default 100 ms); a put arriving after a whole
@@ -81,6 +82,9 @@ pub struct WriterOptions {
     /// another process made to the shard within that window may be missed.
     /// Scans always check. Default 100 ms; zero checks on every read.
     pub owner_check_interval: Duration,
+    /// Threads that insert a MemTable's vectors into its graphs (default:
+    /// the available parallelism, at most 4).
+    pub index_threads: usize,
 }
 
 impl Default for WriterOptions {
@@ -96,6 +100,7 @@ impl Default for WriterOptions {
             append_retries: 5,
             commit: CommitOptions::default(),
             owner_check_interval: Duration::from_millis(100),
+            index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         }
     }
 }
@@ -139,6 +144,9 @@ struct Progress {
     /// `batches` of `generation`, are durable.
     generation: u64,
     batches: usize,
+    /// The generation being indexed and its batches indexed so far.
+    indexed_generation: u64,
+    indexed_batches: usize,
     rows: u64,
     /// Bytes of durable rows, and of rows in flushed generations.
     bytes: u64,
@@ -147,8 +155,11 @@ struct Progress {
 }
 
 impl Progress {
+    /// Whether the first `batches` of `generation` are durable and indexed
+    /// (so visible).
     fn covers(&self, generation: u64, batches: usize) -> bool {
-        self.generation > generation || (self.generation == generation && self.batches >= batches)
+        let past = |at: u64, done: usize| at > generation || (at == generation && done >= batches);
+        past(self.generation, self.batches) && past(self.indexed_generation, self.indexed_batches)
     }
 }
 
@@ -181,7 +192,7 @@ impl Generation {
     fn new(number: u64, schema: &Arc<TableSchema>) -> Arc<Self> {
         Arc::new(Self {
             number,
-            memtable: Arc::new(MemTable::new(Arc::clone(schema))),
+            memtable: Arc::new(MemTable::indexed(Arc::clone(schema))),
             last_position: AtomicU64::new(0),
             sealed: AtomicBool::new(false),
         })
@@ -220,12 +231,14 @@ struct Shared {
     /// Rows and bytes ever put (replay included).
     written_rows: AtomicU64,
     written_bytes: AtomicU64,
-    /// Wakes the WAL task, and the flush task.
+    /// Wakes the WAL task, the flush task, the index task.
     wake: Notify,
     flush_wake: Notify,
+    index_wake: Notify,
     closing: AtomicBool,
-    /// Set when the WAL task has exited.
+    /// Set when the WAL task, the index task have exited.
     wal_done: AtomicBool,
+    index_done: AtomicBool,
     progress: watch::Sender<Progress>,
     counters: Counters,
     opened: Instant,
@@ -254,7 +267,8 @@ impl std::fmt::Debug for ShardWriter {
     }
 }
 
-/// A put's durability: [`Durability::wait`] returns once it is durable.
+/// A put's durability: [`Durability::wait`] returns once it is durable
+/// and visible.
 #[derive(Debug)]
 pub struct Durability {
     progress: watch::Receiver<Progress>,
@@ -263,7 +277,8 @@ pub struct Durability {
 }
 
 impl Durability {
-    /// Waits until the put is in a WAL entry; fails if the writer stopped
+    /// Waits until the put is in a WAL entry (unless the writer is not
+    /// durable) and its vectors are indexed; fails if the writer stopped
     /// before that.
     pub async fn wait(mut self) -> Result<()> {
         let (generation, target) = (self.generation, self.target);
@@ -401,7 +416,7 @@ impl ShardWriter {
         }
         let active_number = generations.last().expect("pushed above").number;
         for g in &generations {
-            g.memtable.publish(g.memtable.written_batches());
+            g.memtable.mark_durable(g.memtable.written_batches());
             if g.number != active_number {
                 g.sealed.store(true, Ordering::Release);
             }
@@ -416,9 +431,12 @@ impl ShardWriter {
             generations.len()
         );
 
+        let oldest = generations.first().expect("pushed above").number;
         let (progress, _) = watch::channel(Progress {
             generation: active_number,
             batches: active_batches,
+            indexed_generation: oldest,
+            indexed_batches: 0,
             rows,
             bytes,
             flushed_bytes: 0,
@@ -445,8 +463,10 @@ impl ShardWriter {
             written_bytes: AtomicU64::new(bytes),
             wake: Notify::new(),
             flush_wake: Notify::new(),
+            index_wake: Notify::new(),
             closing: AtomicBool::new(false),
             wal_done: AtomicBool::new(false),
+            index_done: AtomicBool::new(false),
             progress,
             counters: Counters {
                 next_position: AtomicU64::new(fence + 1),
@@ -465,9 +485,13 @@ impl ShardWriter {
             Arc::clone(&shared),
             Arc::clone(&shared).run_flush(),
         ));
+        let index_task = tokio::spawn(Shared::guarded(
+            Arc::clone(&shared),
+            Arc::clone(&shared).run_index(),
+        ));
         Ok(Self {
             shared,
-            tasks: Mutex::new(vec![wal_task, flush_task]),
+            tasks: Mutex::new(vec![wal_task, flush_task, index_task]),
         })
     }
 
@@ -612,7 +636,7 @@ impl ShardWriter {
             let active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
             let end = active.memtable.append(put);
             if !shared.options.durable {
-                active.memtable.publish(end);
+                active.memtable.mark_durable(end);
             }
             shared.written_rows.fetch_add(rows, Ordering::Relaxed);
             shared.written_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -624,6 +648,7 @@ impl ShardWriter {
         shared.counters.puts.fetch_add(1, Ordering::Relaxed);
         shared.counters.rows.fetch_add(rows, Ordering::Relaxed);
         shared.wake.notify_one();
+        shared.index_wake.notify_one();
         Ok(Durability {
             progress: shared.progress.subscribe(),
             generation,
@@ -726,6 +751,7 @@ impl ShardWriter {
         }
         self.shared.wake.notify_one();
         self.shared.flush_wake.notify_one();
+        self.shared.index_wake.notify_one();
         let tasks = std::mem::take(&mut *self.tasks.lock().expect("task handles poisoned"));
         for task in tasks {
             task.await
@@ -745,6 +771,7 @@ impl Drop for ShardWriter {
         self.shared.closing.store(true, Ordering::Release);
         self.shared.wake.notify_one();
         self.shared.flush_wake.notify_one();
+        self.shared.index_wake.notify_one();
     }
 }
 
@@ -764,6 +791,7 @@ impl Shared {
         let next = Generation::new(layers.active().number + 1, &self.schema);
         layers.generations.push(next);
         self.wake.notify_one();
+        self.index_wake.notify_one();
     }
 
     /// Runs one of the writer's tasks; if it panics, the writer stops (so
@@ -778,6 +806,7 @@ impl Shared {
         {
             self.stop(Error::Poisoned("a shard writer task panicked".into()));
             self.wal_done.store(true, Ordering::Release);
+            self.index_done.store(true, Ordering::Release);
             self.flush_wake.notify_one();
         }
     }
@@ -790,6 +819,78 @@ impl Shared {
         });
         self.wake.notify_one();
         self.flush_wake.notify_one();
+        self.index_wake.notify_one();
+    }
+
+    /// The index loop: inserts the vectors of written batches into their
+    /// MemTable's graphs, generation by generation, off the async runtime;
+    /// each step makes the batches visible once they are durable too.
+    async fn run_index(self: Arc<Self>) {
+        self.index_all().await;
+        self.index_done.store(true, Ordering::Release);
+        self.flush_wake.notify_one();
+    }
+
+    async fn index_all(&self) {
+        loop {
+            let closing = self.closing.load(Ordering::Acquire);
+            let at = {
+                let p = self.progress.borrow();
+                if p.error.is_some() {
+                    return;
+                }
+                p.indexed_generation
+            };
+            let (generation, next) = {
+                let layers = self.layers.read().expect("layers poisoned");
+                let i = layers
+                    .generations
+                    .iter()
+                    .position(|g| g.number >= at)
+                    .expect("the active generation is never flushed");
+                (
+                    Arc::clone(&layers.generations[i]),
+                    layers.generations.get(i + 1).map(|g| g.number),
+                )
+            };
+            // A generation is flushed only once indexed: one that is gone
+            // was done.
+            if generation.number != at {
+                self.progress.send_modify(|p| {
+                    p.indexed_generation = generation.number;
+                    p.indexed_batches = 0;
+                });
+                continue;
+            }
+            let memtable = Arc::clone(&generation.memtable);
+            let written = memtable.written_batches();
+            if memtable.indexed_batches() < written {
+                let threads = self.options.index_threads;
+                let indexing = tokio::task::spawn_blocking(move || memtable.index_to(written, threads));
+                if let Err(e) = indexing.await {
+                    std::panic::resume_unwind(e.into_panic());
+                }
+            }
+            // (Without vector columns every written batch counts as indexed.)
+            let indexed = generation.memtable.indexed_batches();
+            if self.progress.borrow().indexed_batches < indexed {
+                self.progress.send_modify(|p| p.indexed_batches = indexed);
+                self.flush_wake.notify_one();
+                continue;
+            }
+            // Frozen (a newer generation exists): no batch comes any more.
+            if let Some(next) = next {
+                self.progress.send_modify(|p| {
+                    p.indexed_generation = next;
+                    p.indexed_batches = 0;
+                });
+                continue;
+            }
+            if closing {
+                return;
+            }
+            self.index_wake.notified().await;
+        }
     }
 
     /// The group-commit loop: one WAL append at a time, each carrying every
@@ -892,7 +993,7 @@ impl Shared {
                     // Our entry landed, so nobody had fenced when it started.
                     self.confirm_owned(last_start.expect("set above"));
                     if self.options.durable {
-                        generation.memtable.publish(written);
+                        generation.memtable.mark_durable(written);
                     }
                     self.progress.send_modify(|p| {
                         p.batches = written;

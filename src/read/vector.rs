@@ -1,0 +1,292 @@
+//! Vector search over one shard's layers (DESIGN.md §7): the `k` rows
+//! nearest to a query among the newest, live versions of the keys that
+//! match a filter.
+//!
+//! Each layer is searched on its own for its nearest candidates: a
+//! MemTable through its graph (or exactly, when it is small or has no
+//! graph), an SSTable exactly. A layer only offers rows that are the newest
+//! version of their key within it, not deleted, and match the filter; a
+//! candidate is then dropped if a newer layer holds any version of its key
+//! (that version supersedes or deletes it). When the drops leave fewer
+//! than `k` rows nearer than what a layer may still hold, every layer is
+//! asked again for twice as many candidates.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
+use datafusion::physical_plan::PhysicalExpr;
+use futures::TryStreamExt;
+
+use super::{MemLayer, ShardSnapshot};
+use crate::error::{Error, Result};
+use crate::hnsw::Metric;
+use crate::sstable::SstableFile;
+
+/// A MemTable layer with fewer visible rows than this is searched exactly:
+/// a scan of that many vectors costs about what a graph search does.
+pub const EXACT_BELOW_ROWS: u64 = 256;
+
+/// One vector search.
+#[derive(Debug, Clone)]
+pub struct VectorQuery {
+    /// The vector column (an index into the table schema).
+    pub column: usize,
+    pub vector: Vec<f32>,
+    pub k: usize,
+    /// The graph searches' candidate list size (at least `k`).
+    pub ef: usize,
+    /// Rows must match this (evaluated on stored rows; the table's columns
+    /// come first there, so an expression over the table schema applies).
+    pub filter: Option<Arc<dyn PhysicalExpr>>,
+}
+
+/// A row found by a search: its distance and the row (stored form).
+#[derive(Debug, Clone)]
+pub struct Neighbour {
+    pub distance: f32,
+    pub row: RecordBatch,
+}
+
+/// What one layer offered.
+struct Offer {
+    /// Nearest first.
+    found: Vec<Neighbour>,
+    /// Whether the layer holds no further matching row.
+    exhausted: bool,
+}
+
+impl ShardSnapshot {
+    /// The `query.k` rows nearest to the query vector among the visible,
+    /// live rows of the shard matching the filter, nearest first, with
+    /// exact distances.
+    pub async fn vector_search(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
+        let metric = self
+            .schema
+            .vectors
+            .iter()
+            .find(|v| v.index == query.column)
+            .map(|v| v.metric)
+            .ok_or_else(|| Error::invalid("not a vector column"))?;
+        if query.k == 0 {
+            return Ok(Vec::new());
+        }
+        let mut fetch = query.k;
+        loop {
+            // Newest first: MemTables, then SSTables.
+            let mut offers = Vec::new();
+            for layer in self.memtables.iter().rev() {
+                offers.push(self.search_memtable(layer, query, metric, fetch)?);
+            }
+            for file in self.sstables.iter().rev() {
+                offers.push(self.search_sstable(file, query, metric, fetch).await?);
+            }
+            // A candidate is certain only up to the distance where a layer
+            // that may hold more stopped.
+            let certain_up_to = offers
+                .iter()
+                .filter(|o| !o.exhausted)
+                .filter_map(|o| o.found.last().map(|n| n.distance))
+                .fold(f32::INFINITY, f32::min);
+            let mut all: Vec<(usize, Neighbour)> = offers
+                .into_iter()
+                .enumerate()
+                .flat_map(|(layer, o)| o.found.into_iter().map(move |n| (layer, n)))
+                .collect();
+            all.sort_by(|a, b| a.1.distance.total_cmp(&b.1.distance));
+            let mut out = Vec::with_capacity(query.k);
+            let mut complete = true;
+            for (layer, n) in all {
+                if n.distance > certain_up_to {
+                    complete = false;
+                    break;
+                }
+                if !self.superseded(&n.row, layer).await? {
+                    out.push(n);
+                    if out.len() == query.k {
+                        return Ok(out);
+                    }
+                }
+            }
+            if complete && certain_up_to == f32::INFINITY {
+                return Ok(out);
+            }
+            fetch *= 2;
+        }
+    }
+
+    /// Whether a layer newer than `layer` (0: the newest MemTable) holds a
+    /// version of the key of `row`.
+    async fn superseded(&self, row: &RecordBatch, layer: usize) -> Result<bool> {
+        if !self.schema.has_key() || layer == 0 {
+            return Ok(false);
+        }
+        let encoded = self.schema.encode_keys(row)?;
+        let key = self.schema.key_columns(row);
+        let memtables = self.memtables.iter().rev();
+        let sstables = self.sstables.iter().rev();
+        for newer in memtables.take(layer) {
+            if newer.memtable.get_within(&encoded[0], newer.batches).is_some() {
+                return Ok(true);
+            }
+        }
+        for file in sstables.take(layer.saturating_sub(self.memtables.len())) {
+            if self.reader.lookup(file, &key).await?.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn search_memtable(
+        &self,
+        layer: &MemLayer,
+        query: &VectorQuery,
+        metric: Metric,
+        fetch: usize,
+    ) -> Result<Offer> {
+        let memtable = &layer.memtable;
+        let batches = memtable.batches(0, layer.batches);
+        let cap = memtable.rows_within(layer.batches);
+        let matches = match &query.filter {
+            Some(filter) => Some(
+                batches
+                    .iter()
+                    .map(|b| evaluate(filter, &b.batch))
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            None => None,
+        };
+        // The batch holding `row`.
+        let locate = |row: u64| batches.partition_point(|b| b.first_row <= row) - 1;
+        let keyed = self.schema.has_key();
+        let admits = |row: u64| {
+            row < cap
+                && (!keyed || memtable.is_newest(row, cap))
+                && matches.as_ref().is_none_or(|m| {
+                    let at = locate(row);
+                    m[at].value((row - batches[at].first_row) as usize)
+                })
+        };
+        let mut hits: Vec<(f32, u64)>;
+        let exhausted;
+        match memtable.graph(query.column) {
+            Some(graph) if cap >= EXACT_BELOW_ROWS => {
+                hits = graph
+                    .search(&query.vector, fetch, query.ef.max(fetch), &admits)
+                    .into_iter()
+                    .map(|h| (h.distance, h.row))
+                    .collect();
+                exhausted = hits.len() < fetch;
+            }
+            _ => {
+                hits = Vec::new();
+                for stored in &batches {
+                    let vectors = stored.batch.column(query.column).as_fixed_size_list();
+                    let values = vectors.values().as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+                    let dim = vectors.value_length() as usize;
+                    for i in 0..vectors.len() {
+                        let row = stored.first_row + i as u64;
+                        if vectors.is_null(i) || !admits(row) {
+                            continue;
+                        }
+                        let start = vectors.value_offset(i) as usize;
+                        let v = &values.values()[start..start + dim];
+                        hits.push((metric.distance(&query.vector, v), row));
+                    }
+                }
+                exhausted = hits.len() <= fetch;
+                top(&mut hits, fetch);
+            }
+        }
+        let found = hits
+            .into_iter()
+            .map(|(distance, row)| {
+                let at = locate(row);
+                let b = &batches[at];
+                Neighbour {
+                    distance,
+                    row: b.batch.slice((row - b.first_row) as usize, 1),
+                }
+            })
+            .collect();
+        Ok(Offer { found, exhausted })
+    }
+
+    async fn search_sstable(
+        &self,
+        file: &SstableFile,
+        query: &VectorQuery,
+        metric: Metric,
+        fetch: usize,
+    ) -> Result<Offer> {
+        let columns: Vec<usize> = (0..self.schema.stored.fields().len()).collect();
+        let mut stream = self.reader.stream(file, None, &columns).await?;
+        let mut found: Vec<Neighbour> = Vec::new();
+        let mut seen = 0;
+        while let Some(batch) = stream.try_next().await? {
+            let matches = match &query.filter {
+                Some(filter) => Some(evaluate(filter, &batch)?),
+                None => None,
+            };
+            let deleted = self.schema.tombstone_flags(&batch);
+            let vectors = batch.column(query.column).as_fixed_size_list();
+            let values = vectors
+                .values()
+                .as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+            let dim = vectors.value_length() as usize;
+            for i in 0..batch.num_rows() {
+                if vectors.is_null(i)
+                    || deleted.value(i)
+                    || matches.as_ref().is_some_and(|m| !m.value(i))
+                {
+                    continue;
+                }
+                seen += 1;
+                let start = vectors.value_offset(i) as usize;
+                let distance = metric.distance(&query.vector, &values.values()[start..start + dim]);
+                if found.len() == fetch
+                    && found
+                        .last()
+                        .is_some_and(|worst| worst.distance <= distance)
+                {
+                    continue;
+                }
+                let at = found.partition_point(|n| n.distance <= distance);
+                found.insert(
+                    at,
+                    Neighbour {
+                        distance,
+                        row: batch.slice(i, 1),
+                    },
+                );
+                found.truncate(fetch);
+            }
+        }
+        Ok(Offer {
+            found,
+            exhausted: seen <= fetch,
+        })
+    }
+}
+
+/// Keeps the `n` nearest of `hits`, nearest first.
+fn top(hits: &mut Vec<(f32, u64)>, n: usize) {
+    let by = |a: &(f32, u64), b: &(f32, u64)| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1));
+    if hits.len() > n && n > 0 {
+        hits.select_nth_unstable_by(n - 1, by);
+    }
+    hits.truncate(n);
+    hits.sort_unstable_by(by);
+}
+
+/// `filter` on `batch`, NULL counting as false.
+fn evaluate(filter: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanArray> {
+    let value = filter.evaluate(batch)?.into_array(batch.num_rows())?;
+    let matches = value
+        .as_boolean_opt()
+        .ok_or_else(|| Error::invalid("a vector search filter must be a boolean expression"))?;
+    Ok(match matches.nulls() {
+        Some(nulls) => BooleanArray::new(matches.values() & nulls.inner(), None),
+        None => matches.clone(),
+    })
+}
