@@ -163,13 +163,11 @@ impl TableMeta {
                             })
                     };
                     match option {
-                        "metric" => {
-                            vector.metric = Metric::parse(value).ok_or_else(|| {
-                                Error::invalid(format!(
-                                    "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
-                                ))
-                            })?
-                        }
+                        "metric" => vector.metric = Metric::parse(value).ok_or_else(|| {
+                            Error::invalid(format!(
+                                "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
+                            ))
+                        })?,
                         "m" => vector.hnsw.m = count(2..=256)?,
                         _ => vector.hnsw.ef_construction = count(1..=10_000)?,
                     }

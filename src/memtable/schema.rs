@@ -10,8 +10,8 @@ use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 
 use super::{KeyedBatch, key};
 use crate::catalog::TableMeta;
-use crate::hnsw::{HnswParams, Metric};
 use crate::error::{Error, Result};
+use crate::hnsw::{HnswParams, Metric};
 use crate::wal::entry_schema;
 
 /// What the write and read paths need to know about one table's rows.
@@ -99,7 +99,11 @@ impl TableSchema {
             }
         }
         for v in &self.vectors {
-            check_vectors(self.schema.field(v.index).name(), batch.column(v.index), v.dim)?;
+            check_vectors(
+                self.schema.field(v.index).name(),
+                batch.column(v.index),
+                v.dim,
+            )?;
         }
         let mut columns = batch.columns().to_vec();
         columns.push(Arc::new(BooleanArray::from(vec![false; batch.num_rows()])));

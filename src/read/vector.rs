@@ -125,7 +125,11 @@ impl ShardSnapshot {
         let memtables = self.memtables.iter().rev();
         let sstables = self.sstables.iter().rev();
         for newer in memtables.take(layer) {
-            if newer.memtable.get_within(&encoded[0], newer.batches).is_some() {
+            if newer
+                .memtable
+                .get_within(&encoded[0], newer.batches)
+                .is_some()
+            {
                 return Ok(true);
             }
         }
@@ -182,7 +186,9 @@ impl ShardSnapshot {
                 hits = Vec::new();
                 for stored in &batches {
                     let vectors = stored.batch.column(query.column).as_fixed_size_list();
-                    let values = vectors.values().as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+                    let values = vectors
+                        .values()
+                        .as_primitive::<datafusion::arrow::datatypes::Float32Type>();
                     let dim = vectors.value_length() as usize;
                     for i in 0..vectors.len() {
                         let row = stored.first_row + i as u64;
@@ -245,9 +251,7 @@ impl ShardSnapshot {
                 let start = vectors.value_offset(i) as usize;
                 let distance = metric.distance(&query.vector, &values.values()[start..start + dim]);
                 if found.len() == fetch
-                    && found
-                        .last()
-                        .is_some_and(|worst| worst.distance <= distance)
+                    && found.last().is_some_and(|worst| worst.distance <= distance)
                 {
                     continue;
                 }

@@ -1,17 +1,22 @@
 //! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
 //! `TableProvider`s (scan, INSERT sink, DELETE), DDL with memwal's options,
-//! and the session that ties them together.
+//! vector search (`vector_search` and the distance functions), and the
+//! session that ties them together.
 
 mod catalog_provider;
 mod ddl;
 mod exec;
 mod session;
 mod table;
+mod vector;
 
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
 pub use exec::{DeleteExec, ScanExec, ScanMode};
 pub use session::MemwalSession;
 pub use table::{InsertSink, MemwalTable};
+pub use vector::{
+    DEFAULT_EF, DISTANCE_COLUMN, VectorSearchExec, VectorSearchFunction, distance_functions,
+};
 
 use crate::catalog::ObjectPath;
 use crate::error::Result;

@@ -13,6 +13,7 @@ use super::catalog_provider::MemwalCatalogProvider;
 use super::ddl;
 use super::exec::{DeleteExec, PlannedStatement};
 use super::table::MemwalTable;
+use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -84,6 +85,16 @@ impl MemwalSession {
                 Arc::clone(&tables),
             )),
         );
+        ctx.register_udtf(
+            "vector_search",
+            Arc::new(VectorSearchFunction::new(
+                Arc::clone(&catalog),
+                Arc::clone(&tables),
+            )),
+        );
+        for function in distance_functions() {
+            ctx.register_udf(function);
+        }
         // `SELECT ... FROM 'path/'` reads files, an SSTable directory
         // included (SSTables are plain Parquet).
         let ctx = ctx.enable_url_table();

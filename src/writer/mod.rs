@@ -866,7 +866,8 @@ impl Shared {
             let written = memtable.written_batches();
             if memtable.indexed_batches() < written {
                 let threads = self.options.index_threads;
-                let indexing = tokio::task::spawn_blocking(move || memtable.index_to(written, threads));
+                let indexing =
+                    tokio::task::spawn_blocking(move || memtable.index_to(written, threads));
                 if let Err(e) = indexing.await {
                     std::panic::resume_unwind(e.into_panic());
                 }

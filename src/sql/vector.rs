@@ -1,0 +1,489 @@
+//! Vector search in SQL: the `vector_search(table, column, query, k [, ef])`
+//! table function (every column of the table plus `_distance`, nearest
+//! first; a `WHERE` on the table's columns is pushed into the search) and
+//! the exact distance functions `l2_distance`, `cosine_distance` and
+//! `inner_product`, the ground truth for `ORDER BY ... LIMIT k`.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, Float32Array, RecordBatch, RecordBatchOptions,
+};
+use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DFSchema, ScalarValue, plan_err};
+use datafusion::datasource::TableType;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    TableProviderFilterPushDown, Volatility,
+};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{
+    EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
+};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::StreamExt;
+
+use crate::catalog::{Catalog, ObjectPath, ObjectType, TableMeta};
+use crate::hnsw::Metric;
+use crate::read::{Neighbour, VectorQuery};
+use crate::table::{Table, TableCache};
+
+/// The name of the distance column `vector_search` adds.
+pub const DISTANCE_COLUMN: &str = "_distance";
+
+/// The candidate list size of a search when the call gives none.
+pub const DEFAULT_EF: usize = 64;
+
+/// `vector_search(table, column, query, k [, ef])`.
+#[derive(Debug)]
+pub struct VectorSearchFunction {
+    catalog: Arc<Catalog>,
+    tables: Arc<TableCache>,
+}
+
+impl VectorSearchFunction {
+    /// The function over the tables of `catalog`, opened in `tables`.
+    pub fn new(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
+        Self { catalog, tables }
+    }
+
+    fn table(&self, name: &str) -> Result<(TableMeta, Arc<Table>)> {
+        let dotted = name.strip_prefix("public.").unwrap_or(name);
+        let path = ObjectPath::parse_dotted(dotted)?;
+        let snapshot = self.catalog.snapshot();
+        let entry = snapshot
+            .get(&path)
+            .filter(|e| e.object_type == ObjectType::Table)
+            .ok_or_else(|| {
+                DataFusionError::Plan(format!("vector_search: table '{name}' not found"))
+            })?;
+        let meta = TableMeta::from_json(&entry.metadata, &path.to_string())?;
+        let location = entry.location.as_deref().ok_or_else(|| {
+            DataFusionError::Internal(format!("catalog entry of table {path} has no location"))
+        })?;
+        let table = self
+            .tables
+            .get_or_open(self.catalog.root().store(), location, &meta);
+        Ok((meta, table))
+    }
+}
+
+impl TableFunctionImpl for VectorSearchFunction {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let exprs = args.exprs();
+        if !(4..=5).contains(&exprs.len()) {
+            return plan_err!(
+                "vector_search(table, column, query, k [, ef]) takes 4 or 5 arguments, got {}",
+                exprs.len()
+            );
+        }
+        let value = |i: usize| constant(args.session(), &exprs[i]);
+        let name = text(value(0)?, "table")?;
+        let column = text(value(1)?, "column")?;
+        let (meta, table) = self.table(&name)?;
+        let index = meta.schema.index_of(&column).map_err(|_| {
+            DataFusionError::Plan(format!(
+                "vector_search: table '{name}' has no column '{column}'"
+            ))
+        })?;
+        let Some(vector) = table.schema().vectors.iter().find(|v| v.index == index) else {
+            return plan_err!(
+                "vector_search: column '{column}' of table '{name}' is not a FLOAT[n] vector column"
+            );
+        };
+        let query = query_vector(value(2)?, vector.dim as usize)?;
+        let k = count(value(3)?, "k")?;
+        let ef = match exprs.len() {
+            5 => count(value(4)?, "ef")?,
+            _ => DEFAULT_EF,
+        };
+        let mut fields = meta.schema.fields().to_vec();
+        fields.push(Arc::new(Field::new(
+            DISTANCE_COLUMN,
+            DataType::Float32,
+            false,
+        )));
+        Ok(Arc::new(VectorSearchTable {
+            name,
+            table,
+            schema: Arc::new(Schema::new(fields)),
+            query: VectorQuery {
+                column: index,
+                vector: query,
+                k,
+                ef: ef.max(k),
+                filter: None,
+            },
+        }))
+    }
+}
+
+/// The value of a constant argument.
+fn constant(session: &dyn Session, expr: &Expr) -> Result<ScalarValue> {
+    let physical = session
+        .create_physical_expr(expr.clone(), &DFSchema::empty())
+        .map_err(|e| {
+            DataFusionError::Plan(format!(
+                "vector_search arguments must be constants ({expr}): {e}"
+            ))
+        })?;
+    let one_row = RecordBatch::try_new_with_options(
+        Arc::new(Schema::empty()),
+        vec![],
+        &RecordBatchOptions::new().with_row_count(Some(1)),
+    )?;
+    match physical.evaluate(&one_row)? {
+        ColumnarValue::Scalar(s) => Ok(s),
+        ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
+    }
+}
+
+fn text(value: ScalarValue, what: &str) -> Result<String> {
+    match value {
+        ScalarValue::Utf8(Some(s))
+        | ScalarValue::LargeUtf8(Some(s))
+        | ScalarValue::Utf8View(Some(s)) => Ok(s),
+        other => plan_err!("vector_search: {what} must be a string, got {other}"),
+    }
+}
+
+fn count(value: ScalarValue, what: &str) -> Result<usize> {
+    let n = match value.cast_to(&DataType::Int64) {
+        Ok(ScalarValue::Int64(Some(n))) if value.data_type().is_integer() => n,
+        _ => return plan_err!("vector_search: {what} must be an integer, got {value}"),
+    };
+    if n < 1 {
+        return plan_err!("vector_search: {what} must be at least 1, got {n}");
+    }
+    Ok(n as usize)
+}
+
+/// The query vector: a list of `dim` finite numbers.
+fn query_vector(value: ScalarValue, dim: usize) -> Result<Vec<f32>> {
+    let list: ArrayRef = match &value {
+        ScalarValue::List(a) if !a.is_null(0) => a.value(0),
+        ScalarValue::LargeList(a) if !a.is_null(0) => a.value(0),
+        ScalarValue::FixedSizeList(a) if !a.is_null(0) => a.value(0),
+        other => {
+            return plan_err!("vector_search: the query must be a list of numbers, got {other}");
+        }
+    };
+    if !list.data_type().is_numeric() && !list.data_type().is_null() {
+        return plan_err!(
+            "vector_search: the query must be a list of numbers, got a list of {}",
+            list.data_type()
+        );
+    }
+    if list.len() != dim {
+        return plan_err!(
+            "vector_search: the query has {} values, the column has dimension {dim}",
+            list.len()
+        );
+    }
+    let values = cast(&list, &DataType::Float32)?;
+    let values = values.as_primitive::<Float32Type>();
+    if values.null_count() > 0 {
+        return plan_err!("vector_search: the query holds NULL");
+    }
+    if let Some(bad) = values.values().iter().find(|v| !v.is_finite()) {
+        return plan_err!("vector_search: the query holds a non-finite value ({bad})");
+    }
+    Ok(values.values().to_vec())
+}
+
+/// One `vector_search` call as a table.
+#[derive(Debug)]
+struct VectorSearchTable {
+    name: String,
+    table: Arc<Table>,
+    schema: SchemaRef,
+    query: VectorQuery,
+}
+
+#[async_trait]
+impl TableProvider for VectorSearchTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    /// Filters on the table's columns are applied inside the search, so
+    /// the result is the k nearest matching rows; one on `_distance` is
+    /// left to DataFusion.
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                let on_distance = f.column_refs().iter().any(|c| c.name == DISTANCE_COLUMN);
+                match on_distance {
+                    true => TableProviderFilterPushDown::Unsupported,
+                    false => TableProviderFilterPushDown::Exact,
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let mut query = self.query.clone();
+        if let Some(filter) = conjunction(filters.iter().cloned()) {
+            let table_schema = DFSchema::try_from(Arc::clone(&self.table.schema().schema))?;
+            query.filter = Some(state.create_physical_expr(filter, &table_schema)?);
+        }
+        Ok(Arc::new(VectorSearchExec::new(
+            self.name.clone(),
+            Arc::clone(&self.table),
+            query,
+            &self.schema,
+            projection.cloned(),
+        )?))
+    }
+}
+
+/// Runs a vector search over every shard of a table and yields the
+/// nearest rows, nearest first (one partition).
+#[derive(Debug)]
+pub struct VectorSearchExec {
+    name: String,
+    table: Arc<Table>,
+    query: VectorQuery,
+    /// Indices into the table columns plus `_distance` (the last).
+    projection: Vec<usize>,
+    properties: Arc<PlanProperties>,
+}
+
+impl VectorSearchExec {
+    fn new(
+        name: String,
+        table: Arc<Table>,
+        query: VectorQuery,
+        full: &SchemaRef,
+        projection: Option<Vec<usize>>,
+    ) -> Result<Self> {
+        let projection = projection.unwrap_or_else(|| (0..full.fields().len()).collect());
+        let schema = Arc::new(full.project(&projection)?);
+        let mut equivalence = EquivalenceProperties::new(Arc::clone(&schema));
+        if let Ok(at) = schema.index_of(DISTANCE_COLUMN) {
+            let distance: Arc<dyn PhysicalExpr> = Arc::new(Column::new(DISTANCE_COLUMN, at));
+            equivalence.add_orderings([[PhysicalSortExpr::new_default(distance)]]);
+        }
+        let properties = Arc::new(PlanProperties::new(
+            equivalence,
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            name,
+            table,
+            query,
+            projection,
+            properties,
+        })
+    }
+}
+
+impl DisplayAs for VectorSearchExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let column = self.table.schema().schema.field(self.query.column).name();
+        write!(
+            f,
+            "MemwalVectorSearchExec: table={}, column={column}, k={}, ef={}",
+            self.name, self.query.k, self.query.ef
+        )?;
+        if let Some(filter) = &self.query.filter {
+            write!(f, ", filter={filter}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for VectorSearchExec {
+    fn name(&self) -> &str {
+        "MemwalVectorSearchExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn apply_expressions(
+        &self,
+        visit: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        match &self.query.filter {
+            Some(filter) => visit(filter),
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    }
+
+    fn execute(&self, _: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let table = Arc::clone(&self.table);
+        let query = self.query.clone();
+        let projection = self.projection.clone();
+        let schema = self.schema();
+        let out_schema = Arc::clone(&schema);
+        let rows = async move {
+            let mut nearest: Vec<Neighbour> = Vec::new();
+            for shard in 0..table.shard_count() {
+                let snapshot = table.snapshot(shard as u32, Duration::ZERO).await?;
+                nearest.extend(snapshot.vector_search(&query).await?);
+            }
+            nearest.sort_by(|a, b| a.distance.total_cmp(&b.distance));
+            nearest.truncate(query.k);
+            let stored_schema = Arc::clone(&table.schema().stored);
+            let rows: Vec<RecordBatch> = nearest.iter().map(|n| n.row.clone()).collect();
+            let stored = concat_batches(&stored_schema, &rows)?;
+            let mut columns = table.schema().to_user(&stored)?.columns().to_vec();
+            columns.push(Arc::new(Float32Array::from_iter_values(
+                nearest.iter().map(|n| n.distance),
+            )));
+            let columns = projection
+                .iter()
+                .map(|&i| Arc::clone(&columns[i]))
+                .collect();
+            let batch = RecordBatch::try_new_with_options(
+                out_schema,
+                columns,
+                &RecordBatchOptions::new().with_row_count(Some(nearest.len())),
+            )?;
+            Ok::<_, DataFusionError>(batch)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(rows).boxed(),
+        )))
+    }
+}
+
+/// The distance functions.
+pub fn distance_functions() -> Vec<ScalarUDF> {
+    [
+        ("l2_distance", Kind::L2),
+        ("cosine_distance", Kind::Cosine),
+        ("inner_product", Kind::InnerProduct),
+    ]
+    .into_iter()
+    .map(|(name, kind)| {
+        ScalarUDF::from(DistanceFunction {
+            name,
+            kind,
+            signature: Signature::any(2, Volatility::Immutable),
+        })
+    })
+    .collect()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    /// Squared Euclidean distance (the `_distance` of an `l2` column).
+    L2,
+    /// 1 − cosine similarity (the `_distance` of a `cosine` column).
+    Cosine,
+    /// The inner product (the negated `_distance` of a `dot` column).
+    InnerProduct,
+}
+
+/// `name(a, b)` of two vectors (FLOAT[n] columns or number lists) of equal
+/// length: exact, `f32` like the search; NULL if either is NULL.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct DistanceFunction {
+    name: &'static str,
+    kind: Kind,
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for DistanceFunction {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let list_type = DataType::List(Arc::new(Field::new_list_field(DataType::Float32, true)));
+        let lists = args
+            .args
+            .iter()
+            .map(|a| {
+                let array = a.to_array(rows)?;
+                cast(&array, &list_type).map_err(|_| {
+                    DataFusionError::Plan(format!(
+                        "{}: arguments must be vectors (FLOAT[n] or lists of numbers), got {}",
+                        self.name,
+                        array.data_type()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (a, b) = (lists[0].as_list::<i32>(), lists[1].as_list::<i32>());
+        let (va, vb) = (
+            a.values().as_primitive::<Float32Type>().values(),
+            b.values().as_primitive::<Float32Type>().values(),
+        );
+        let (oa, ob) = (a.value_offsets(), b.value_offsets());
+        let mut out = Vec::with_capacity(rows);
+        for i in 0..rows {
+            if a.is_null(i) || b.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            let x = &va[oa[i] as usize..oa[i + 1] as usize];
+            let y = &vb[ob[i] as usize..ob[i + 1] as usize];
+            if x.len() != y.len() {
+                return plan_err!(
+                    "{}: vectors of different dimensions ({} and {})",
+                    self.name,
+                    x.len(),
+                    y.len()
+                );
+            }
+            out.push(Some(match self.kind {
+                Kind::L2 => Metric::L2.distance(x, y),
+                Kind::Cosine => Metric::Cosine.distance(x, y),
+                Kind::InnerProduct => -Metric::Dot.distance(x, y),
+            }));
+        }
+        Ok(ColumnarValue::Array(Arc::new(Float32Array::from(out))))
+    }
+}
