@@ -25,7 +25,7 @@ use datafusion::arrow::array::{Array, AsArray, FixedSizeListArray};
 use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::datatypes::Float32Type;
 
-use super::kernel::{Kernel, kernels};
+use super::kernel::{Kernel, Kernel4, kernels};
 use super::{HnswParams, Metric};
 
 /// Nodes in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
@@ -132,6 +132,7 @@ pub struct Graph {
     params: HnswParams,
     seed: u64,
     kernel: Kernel,
+    kernel4: Kernel4,
     level0_stride: usize,
     upper_stride: usize,
     segments: [OnceLock<Segment>; SEGMENTS],
@@ -172,6 +173,10 @@ impl Graph {
             kernel: match metric {
                 Metric::L2 => k.l2,
                 Metric::Dot | Metric::Cosine => k.dot,
+            },
+            kernel4: match metric {
+                Metric::L2 => k.l2_x4,
+                Metric::Dot | Metric::Cosine => k.dot_x4,
             },
             level0_stride: 2 + 2 * params.m,
             upper_stride: 2 + params.m,
@@ -401,7 +406,23 @@ impl Graph {
 
     fn distance(&self, q: &Query, id: u32) -> D {
         let node = self.node(id);
-        let raw = (self.kernel)(q.vector, self.vector(node));
+        self.finish(q, node, (self.kernel)(q.vector, self.vector(node)))
+    }
+
+    /// The distances from `q` to each of `ids`, four at a time.
+    fn distances(&self, q: &Query, ids: &[u32], out: &mut Vec<D>) {
+        out.clear();
+        let mut chunks = ids.chunks_exact(4);
+        for four in &mut chunks {
+            let nodes = [0, 1, 2, 3].map(|j| self.node(four[j]));
+            let raw = (self.kernel4)(q.vector, nodes.map(|n| self.vector(n)));
+            out.extend((0..4).map(|j| self.finish(q, nodes[j], raw[j])));
+        }
+        out.extend(chunks.remainder().iter().map(|&id| self.distance(q, id)));
+    }
+
+    /// The metric's distance from a kernel's raw result.
+    fn finish(&self, q: &Query, node: &Node, raw: f32) -> D {
         D(match self.metric {
             Metric::L2 => raw,
             Metric::Dot => -raw,
@@ -427,14 +448,13 @@ impl Graph {
     /// Moves to the nearest neighbour at `level` until none is nearer.
     fn greedy(&self, q: &Query, mut current: (D, u32), level: usize, limit: u32) -> (D, u32) {
         let mut links = Vec::with_capacity(self.params.m);
+        let mut distances = Vec::with_capacity(self.params.m);
         loop {
             let mut moved = false;
             read_list(self.list(current.1, level), &mut links);
-            for &n in &links {
-                if n >= limit {
-                    continue;
-                }
-                let d = self.distance(q, n);
+            links.retain(|&n| n < limit);
+            self.distances(q, &links, &mut distances);
+            for (&n, &d) in links.iter().zip(&distances) {
                 if d < current.0 {
                     current = (d, n);
                     moved = true;
@@ -480,6 +500,7 @@ impl Graph {
         };
         let mut worst = bound(&results);
         let mut links = Vec::with_capacity(2 * self.params.m);
+        let mut distances = Vec::with_capacity(2 * self.params.m);
         while let Some(Reverse((d, c))) = candidates.pop() {
             if d > worst {
                 break;
@@ -489,8 +510,8 @@ impl Graph {
             for &n in &links {
                 self.prefetch(n);
             }
-            for &n in &links {
-                let dn = self.distance(q, n);
+            self.distances(q, &links, &mut distances);
+            for (&n, &dn) in links.iter().zip(&distances) {
                 if dn < worst {
                     candidates.push(Reverse((dn, n)));
                     if accept(n) {
@@ -584,12 +605,14 @@ impl Graph {
             list[1].store(count as u32 + 1, Ordering::Relaxed);
         } else {
             let q = self.node_query(base);
-            let mut all: Vec<(D, u32)> = list[2..2 + count]
+            let ids: Vec<u32> = list[2..2 + count]
                 .iter()
                 .map(|n| n.load(Ordering::Relaxed))
                 .chain(std::iter::once(new))
-                .map(|n| (self.distance(&q, n), n))
                 .collect();
+            let mut distances = Vec::with_capacity(ids.len());
+            self.distances(&q, &ids, &mut distances);
+            let mut all: Vec<(D, u32)> = distances.into_iter().zip(ids).collect();
             all.sort_unstable();
             let kept = self.select(&all, max);
             for (slot, (_, n)) in list[2..].iter().zip(&kept) {

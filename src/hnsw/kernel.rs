@@ -11,6 +11,10 @@ use std::sync::OnceLock;
 /// A kernel over two slices of equal length.
 pub type Kernel = fn(&[f32], &[f32]) -> f32;
 
+/// A kernel from one query to four vectors at once (the query is loaded
+/// once per step for all four).
+pub type Kernel4 = fn(&[f32], [&[f32]; 4]) -> [f32; 4];
+
 /// The kernels for this CPU.
 #[derive(Debug, Clone, Copy)]
 pub struct Kernels {
@@ -18,6 +22,8 @@ pub struct Kernels {
     pub l2: Kernel,
     /// Inner product (not negated).
     pub dot: Kernel,
+    pub l2_x4: Kernel4,
+    pub dot_x4: Kernel4,
     /// What was chosen, for benchmarks and logs.
     pub name: &'static str,
 }
@@ -32,6 +38,8 @@ pub fn kernels() -> &'static Kernels {
             return Kernels {
                 l2: avx2::l2,
                 dot: avx2::dot,
+                l2_x4: avx2::l2_x4,
+                dot_x4: avx2::dot_x4,
                 name: "avx2+fma",
             };
         }
@@ -39,6 +47,8 @@ pub fn kernels() -> &'static Kernels {
         return Kernels {
             l2: neon::l2,
             dot: neon::dot,
+            l2_x4: |q, v| v.map(|v| neon::l2(q, v)),
+            dot_x4: |q, v| v.map(|v| neon::dot(q, v)),
             name: "neon",
         };
         #[allow(unreachable_code)]
@@ -52,6 +62,8 @@ pub fn portable() -> Kernels {
     Kernels {
         l2: portable_l2,
         dot: portable_dot,
+        l2_x4: |q, v| v.map(|v| portable_l2(q, v)),
+        dot_x4: |q, v| v.map(|v| portable_dot(q, v)),
         name: "portable",
     }
 }
@@ -172,8 +184,52 @@ mod avx2 {
         hsum(sum) + tail
     }
 
-    // The two entry points are only handed out by `kernels()` after it has
+    /// `(query, v_j)` for four vectors, one accumulator each.
+    #[target_feature(enable = "avx2,fma")]
+    fn x4_avx2<const L2: bool>(q: &[f32], v: [&[f32]; 4]) -> [f32; 4] {
+        let n = v.iter().fold(q.len(), |n, v| n.min(v.len()));
+        let pq = q.as_ptr();
+        let pv = v.map(|v| v.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        // SAFETY: every load reads 8 floats starting below `n - 7`.
+        unsafe {
+            while i + 8 <= n {
+                let x = _mm256_loadu_ps(pq.add(i));
+                for j in 0..4 {
+                    let y = _mm256_loadu_ps(pv[j].add(i));
+                    acc[j] = if L2 {
+                        let d = _mm256_sub_ps(x, y);
+                        _mm256_fmadd_ps(d, d, acc[j])
+                    } else {
+                        _mm256_fmadd_ps(x, y, acc[j])
+                    };
+                }
+                i += 8;
+            }
+        }
+        std::array::from_fn(|j| {
+            let tail: f32 = q[i..n]
+                .iter()
+                .zip(&v[j][i..n])
+                .map(|(x, y)| if L2 { (x - y) * (x - y) } else { x * y })
+                .sum();
+            hsum(acc[j]) + tail
+        })
+    }
+
+    // The entry points are only handed out by `kernels()` after it has
     // detected AVX2 and FMA.
+    pub fn l2_x4(q: &[f32], v: [&[f32]; 4]) -> [f32; 4] {
+        // SAFETY: selected only on CPUs with AVX2 and FMA.
+        unsafe { x4_avx2::<true>(q, v) }
+    }
+
+    pub fn dot_x4(q: &[f32], v: [&[f32]; 4]) -> [f32; 4] {
+        // SAFETY: selected only on CPUs with AVX2 and FMA.
+        unsafe { x4_avx2::<false>(q, v) }
+    }
+
     pub fn l2(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: selected only on CPUs with AVX2 and FMA.
         unsafe { l2_avx2(a, b) }
@@ -283,6 +339,22 @@ mod tests {
                     "{} dot {dim}",
                     kernels.name
                 );
+                let c: Vec<f32> = (0..dim).map(|_| next()).collect();
+                let four = [&b[..], &c[..], &a[..], &b[..]];
+                let (l2s, dots) = ((kernels.l2_x4)(&a, four), (kernels.dot_x4)(&a, four));
+                for (j, v) in four.iter().enumerate() {
+                    let (l2, dot) = (distance::l2(&a, v), -distance::dot(&a, v));
+                    assert!(
+                        (l2s[j] - l2).abs() <= tolerance,
+                        "{} l2_x4 {dim}",
+                        kernels.name
+                    );
+                    assert!(
+                        (dots[j] - dot).abs() <= tolerance,
+                        "{} dot_x4 {dim}",
+                        kernels.name
+                    );
+                }
             }
         }
     }

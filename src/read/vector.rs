@@ -4,7 +4,8 @@
 //!
 //! Each layer is searched on its own for its nearest candidates: a
 //! MemTable through its graph (or exactly, when it is small or has no
-//! graph), an SSTable exactly. A layer only offers rows that are the newest
+//! graph), an SSTable exactly over its decoded vector column (cached by
+//! the reader; persisted graphs are not built yet). A layer only offers rows that are the newest
 //! version of their key within it, not deleted, and match the filter; a
 //! candidate is then dropped if a newer layer holds any version of its key
 //! (that version supersedes or deletes it). When the drops leave fewer
@@ -13,7 +14,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
+use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, new_null_array};
+use datafusion::arrow::datatypes::Schema;
+use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::PhysicalExpr;
 use futures::TryStreamExt;
 
@@ -225,51 +228,79 @@ impl ShardSnapshot {
         metric: Metric,
         fetch: usize,
     ) -> Result<Offer> {
-        let columns: Vec<usize> = (0..self.schema.stored.fields().len()).collect();
-        let mut stream = self.reader.stream(file, None, &columns).await?;
-        let mut found: Vec<Neighbour> = Vec::new();
-        let mut seen = 0;
-        while let Some(batch) = stream.try_next().await? {
-            let matches = match &query.filter {
-                Some(filter) => Some(evaluate(filter, &batch)?),
-                None => None,
-            };
-            let deleted = self.schema.tombstone_flags(&batch);
-            let vectors = batch.column(query.column).as_fixed_size_list();
-            let values = vectors
-                .values()
-                .as_primitive::<datafusion::arrow::datatypes::Float32Type>();
-            let dim = vectors.value_length() as usize;
-            for i in 0..batch.num_rows() {
-                if vectors.is_null(i)
-                    || deleted.value(i)
-                    || matches.as_ref().is_some_and(|m| !m.value(i))
-                {
-                    continue;
-                }
-                seen += 1;
-                let start = vectors.value_offset(i) as usize;
-                let distance = metric.distance(&query.vector, &values.values()[start..start + dim]);
-                if found.len() == fetch
-                    && found.last().is_some_and(|worst| worst.distance <= distance)
-                {
-                    continue;
-                }
-                let at = found.partition_point(|n| n.distance <= distance);
-                found.insert(
-                    at,
-                    Neighbour {
-                        distance,
-                        row: batch.slice(i, 1),
-                    },
-                );
-                found.truncate(fetch);
-            }
+        let data = self.reader.vector_column(file, query.column).await?;
+        let matches = match &query.filter {
+            Some(filter) => Some(self.filter_sstable(file, filter).await?),
+            None => None,
+        };
+        let mut hits: Vec<(f32, u64)> = (0..data.live.len())
+            .filter(|&p| data.live[p] && matches.as_ref().is_none_or(|m| m[p]))
+            .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
+            .collect();
+        let exhausted = hits.len() <= fetch;
+        top(&mut hits, fetch);
+        let mut found = Vec::with_capacity(hits.len());
+        for (distance, position) in hits {
+            let key: Vec<_> = data
+                .keys
+                .iter()
+                .map(|k| k.slice(position as usize, 1))
+                .collect();
+            let row = self
+                .reader
+                .lookup(file, &key)
+                .await?
+                .ok_or_else(|| Error::Corrupt {
+                    path: file.path.clone(),
+                    reason: "a row found by position is missing by key".into(),
+                })?;
+            found.push(Neighbour { distance, row });
         }
-        Ok(Offer {
-            found,
-            exhausted: seen <= fetch,
-        })
+        Ok(Offer { found, exhausted })
+    }
+
+    /// `filter` on every row of `file`, in file order, reading only the
+    /// columns it refers to.
+    async fn filter_sstable(
+        &self,
+        file: &SstableFile,
+        filter: &Arc<dyn PhysicalExpr>,
+    ) -> Result<Vec<bool>> {
+        let stored = &self.schema.stored;
+        // The same columns, every one nullable, for the stand-ins.
+        let nullable: Arc<Schema> = Arc::new(Schema::new(
+            stored
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect::<Vec<_>>(),
+        ));
+        let mut columns: Vec<usize> = collect_columns(filter).iter().map(|c| c.index()).collect();
+        columns.sort_unstable();
+        columns.dedup();
+        if columns.is_empty() {
+            // A constant filter: one column for the row count.
+            columns.push(stored.fields().len() - 1);
+        }
+        let mut stream = self.reader.stream(file, None, &columns).await?;
+        let mut out = Vec::new();
+        while let Some(batch) = stream.try_next().await? {
+            // The filter's column indices are into the stored schema:
+            // every other column is a stand-in of nulls.
+            let rows = batch.num_rows();
+            let full: Vec<_> = stored
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| match columns.binary_search(&i) {
+                    Ok(at) => Arc::clone(batch.column(at)),
+                    Err(_) => new_null_array(f.data_type(), rows),
+                })
+                .collect();
+            let full = RecordBatch::try_new(Arc::clone(&nullable), full)?;
+            out.extend(evaluate(filter, &full)?.values().iter());
+        }
+        Ok(out)
     }
 }
 

@@ -17,7 +17,7 @@
 pub mod merge;
 mod reader;
 
-pub use reader::SstableReader;
+pub use reader::{SstableReader, VectorColumnData};
 
 use std::sync::Arc;
 

@@ -44,8 +44,35 @@ const CACHED_PAGE_BYTES: usize = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
+/// Memory of decoded vector columns (per reader); the cache starts over
+/// when it grows past this.
+const CACHED_VECTOR_BYTES: usize = 512 << 20;
+
 /// A bloom filter's place: file, row group, column.
 type BloomKey = (String, usize, usize);
+
+/// Decoded vector columns by (file, column), and their bytes.
+type VectorCache = (HashMap<(String, usize), Arc<VectorColumnData>>, usize);
+
+/// One vector column of an SSTable, decoded, in file order: what exact
+/// search (and a persisted graph) reads by row position.
+#[derive(Debug)]
+pub struct VectorColumnData {
+    pub dim: usize,
+    /// `rows × dim` values; zeros where `live` is false.
+    pub values: Vec<f32>,
+    /// Whether the row has a vector and is not a tombstone.
+    pub live: Vec<bool>,
+    /// The key columns (stored types), to fetch a row by its key.
+    pub keys: Vec<ArrayRef>,
+}
+
+impl VectorColumnData {
+    /// The vector at `position`.
+    pub fn vector(&self, position: usize) -> &[f32] {
+        &self.values[position * self.dim..(position + 1) * self.dim]
+    }
+}
 
 /// Reads SSTables of one table. Cheap to share; caches footers.
 #[derive(Debug)]
@@ -55,6 +82,7 @@ pub struct SstableReader {
     footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
     blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
     pages: Mutex<PageCache>,
+    vectors: Mutex<VectorCache>,
 }
 
 impl SstableReader {
@@ -66,7 +94,74 @@ impl SstableReader {
             footers: Mutex::default(),
             blooms: Mutex::default(),
             pages: Mutex::default(),
+            vectors: Mutex::default(),
         }
+    }
+
+    /// Vector column `column` (a table schema index) of `file`, decoded
+    /// once and cached.
+    pub async fn vector_column(
+        &self,
+        file: &SstableFile,
+        column: usize,
+    ) -> Result<Arc<VectorColumnData>> {
+        let cache_key = (file.path.clone(), column);
+        if let Some(hit) = self
+            .vectors
+            .lock()
+            .expect("vector cache poisoned")
+            .0
+            .get(&cache_key)
+        {
+            return Ok(Arc::clone(hit));
+        }
+        let tombstone = self.schema.stored.fields().len() - 1;
+        let mut columns = self.schema.key.clone();
+        columns.extend([column, tombstone]);
+        let key_count = self.schema.key.len();
+        let mut stream = self.stream(file, None, &columns).await?;
+        let (mut values, mut live, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dim = 0;
+        while let Some(batch) = stream.try_next().await? {
+            let vectors = batch.column(key_count).as_fixed_size_list();
+            let deleted = batch.column(key_count + 1).as_boolean();
+            dim = vectors.value_length() as usize;
+            let floats = vectors
+                .values()
+                .as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+            for i in 0..batch.num_rows() {
+                let present = !vectors.is_null(i) && !deleted.value(i);
+                live.push(present);
+                match present {
+                    true => {
+                        let start = vectors.value_offset(i) as usize;
+                        values.extend_from_slice(&floats.values()[start..start + dim]);
+                    }
+                    false => values.extend(std::iter::repeat_n(0.0, dim)),
+                }
+            }
+            keys.push(batch.columns()[..key_count].to_vec());
+        }
+        let keys = (0..key_count)
+            .map(|k| {
+                let parts: Vec<&dyn Array> = keys.iter().map(|b| b[k].as_ref()).collect();
+                datafusion::arrow::compute::concat(&parts)
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let data = Arc::new(VectorColumnData {
+            dim,
+            values,
+            live,
+            keys,
+        });
+        let bytes = data.values.len() * 4;
+        let mut cache = self.vectors.lock().expect("vector cache poisoned");
+        if cache.1 + bytes > CACHED_VECTOR_BYTES {
+            *cache = Default::default();
+        }
+        cache.1 += bytes;
+        cache.0.insert(cache_key, Arc::clone(&data));
+        Ok(data)
     }
 
     fn object(&self, file: &SstableFile) -> ObjectReader {

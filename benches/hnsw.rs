@@ -1,0 +1,93 @@
+//! Criterion benchmarks of the HNSW pieces, on the reference data
+//! (`memwal::hnsw::dataset`, clustered, 1024-d):
+//! - `kernel/*`: one 1024-d distance with the dispatched SIMD kernel, the
+//!   portable loop and the reference (plain iterator) distance;
+//! - `graph/insert_1000`: 1,000 vectors added to a graph of 10,000 (one
+//!   thread), the unit a MemTable indexes per put;
+//! - `graph/search_ef*`: one query on 20,000 vectors, k = 10.
+//!
+//! Run with `cargo bench --bench hnsw`; `bash benches/hnsw_peers.sh` compares
+//! whole builds and searches with hnswlib, faiss and usearch.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
+use datafusion::arrow::datatypes::{DataType, Field};
+use memwal::hnsw::dataset::{Shape, vectors};
+use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
+
+const DIM: usize = 1024;
+const SHAPE: Shape = Shape::Clustered {
+    clusters: 100,
+    spread: 0.5,
+};
+
+fn array(data: &[f32]) -> FixedSizeListArray {
+    FixedSizeListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        DIM as i32,
+        Arc::new(Float32Array::from(data.to_vec())),
+        None,
+    )
+}
+
+fn graph_of(data: &[f32]) -> Graph {
+    let graph = Graph::new(DIM, Metric::L2, HnswParams::default(), 42);
+    for (i, part) in data.chunks(1_000 * DIM).enumerate() {
+        graph.add(&array(part), (i * 1_000) as u64, 2);
+    }
+    graph
+}
+
+fn kernels(c: &mut Criterion) {
+    let v = vectors(SHAPE, 2, DIM, 1, 0);
+    let (a, b) = v.split_at(DIM);
+    let mut group = c.benchmark_group("kernel");
+    let simd = kernel::kernels();
+    group.bench_function(format!("l2_1024_{}", simd.name), |bench| {
+        bench.iter(|| (simd.l2)(black_box(a), black_box(b)))
+    });
+    let portable = kernel::portable();
+    group.bench_function("l2_1024_portable", |bench| {
+        bench.iter(|| (portable.l2)(black_box(a), black_box(b)))
+    });
+    group.bench_function("l2_1024_reference", |bench| {
+        bench.iter(|| distance::l2(black_box(a), black_box(b)))
+    });
+    group.bench_function(format!("dot_1024_{}", simd.name), |bench| {
+        bench.iter(|| (simd.dot)(black_box(a), black_box(b)))
+    });
+    group.finish();
+}
+
+fn graph(c: &mut Criterion) {
+    let data = vectors(SHAPE, 20_000, DIM, 42, 0);
+    let queries = vectors(SHAPE, 100, DIM, 42, 1);
+    let mut group = c.benchmark_group("graph");
+    group.sample_size(10);
+    let base = &data[..10_000 * DIM];
+    let more = array(&data[10_000 * DIM..11_000 * DIM]);
+    group.bench_function("insert_1000", |bench| {
+        bench.iter_batched(
+            || graph_of(base),
+            |graph| graph.add(&more, 10_000, 1),
+            BatchSize::PerIteration,
+        )
+    });
+    let graph = graph_of(&data);
+    for ef in [16, 64] {
+        let mut i = 0;
+        group.bench_function(format!("search_ef{ef}"), |bench| {
+            bench.iter(|| {
+                i = (i + 1) % 100;
+                graph.search(&queries[i * DIM..][..DIM], 10, ef, &|_| true)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, kernels, graph);
+criterion_main!(benches);

@@ -1,0 +1,161 @@
+//! Indexed ingest through the ShardWriter on a local directory, one shard:
+//! `--rows` rows of `id BIGINT PRIMARY KEY, emb FLOAT[--dim]` (clustered
+//! vectors from `memwal::hnsw::dataset`) in `--put-rows`-row puts,
+//! `--window` puts in flight, each awaiting durability *and* indexing (a
+//! put returns once its rows are visible to `vector_search`, so its latency
+//! is the visible lag). MemTables freeze at `--memtable-mb` and flush while
+//! the writes run. Then `--queries` searches through SQL on the freshly
+//! written table (MemTables and SSTables) measure recall@10 against the
+//! exact answer. Prints one JSON object.
+//!
+//! ```text
+//! cargo run --example vector_ingest -- --rows 20000 --dim 1024
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use clap::Parser;
+use datafusion::arrow::array::{
+    AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type};
+use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+use memwal::hnsw::distance;
+use memwal::{MemwalSession, WriterOptions};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 20_000)]
+    rows: usize,
+    #[arg(long, default_value_t = 1024)]
+    dim: usize,
+    #[arg(long, default_value_t = 1_000)]
+    put_rows: usize,
+    #[arg(long, default_value_t = 4)]
+    window: usize,
+    #[arg(long, default_value_t = 64)]
+    memtable_mb: usize,
+    #[arg(long, default_value_t = 100)]
+    queries: usize,
+    /// Directory for the table (default: a fresh temporary one).
+    #[arg(long)]
+    dir: Option<std::path::PathBuf>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let dim = args.dim;
+    let dir = tempfile::tempdir_in(args.dir.clone().unwrap_or_else(std::env::temp_dir)).unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let options = WriterOptions {
+        memtable_bytes: args.memtable_mb << 20,
+        ..WriterOptions::default()
+    };
+    let session = MemwalSession::open_with(&root, options).await.unwrap();
+    session
+        .sql(&format!(
+            "CREATE TABLE vec (id BIGINT PRIMARY KEY, emb FLOAT[{dim}])"
+        ))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let table = session.table("vec").await.unwrap();
+
+    let shape = Shape::Clustered {
+        clusters: 100,
+        spread: 0.5,
+    };
+    let data = vectors(shape, args.rows, dim, 42, 0);
+    let schema = Arc::clone(&table.schema().schema);
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    let batches: Arc<Vec<RecordBatch>> = Arc::new(
+        (0..args.rows)
+            .step_by(args.put_rows)
+            .map(|start| {
+                let n = args.put_rows.min(args.rows - start);
+                let ids = Int64Array::from_iter_values(start as i64..(start + n) as i64);
+                let values = Float32Array::from(data[start * dim..(start + n) * dim].to_vec());
+                let emb =
+                    FixedSizeListArray::new(Arc::clone(&item), dim as i32, Arc::new(values), None);
+                RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids), Arc::new(emb)])
+                    .unwrap()
+            })
+            .collect(),
+    );
+
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..args.window)
+        .map(|_| {
+            let (table, batches, next) =
+                (Arc::clone(&table), Arc::clone(&batches), Arc::clone(&next));
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(b) = batches.get(i) else {
+                        return latencies;
+                    };
+                    let at = Instant::now();
+                    table.put(b).await.unwrap();
+                    latencies.push(at.elapsed().as_secs_f64() * 1e3);
+                }
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for w in workers {
+        latencies.extend(w.await.unwrap());
+    }
+    let write_seconds = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    let stats = table.writer(0).await.unwrap().stats();
+
+    // Searches right after the writes, over whatever layers there are.
+    let queries = vectors(shape, args.queries, dim, 42, 1);
+    let truth = exact_neighbours(&data, &queries, dim, 10, distance::l2);
+    let mut found = Vec::new();
+    let search_started = Instant::now();
+    for q in queries.chunks(dim) {
+        let list = q
+            .iter()
+            .map(|x| format!("{x}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let sql = format!("SELECT id FROM vector_search('vec', 'emb', [{list}], 10)");
+        let batches = session.sql(&sql).await.unwrap().collect().await.unwrap();
+        found.push(
+            batches
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .map(|id| id as u32)
+                .collect::<Vec<_>>(),
+        );
+    }
+    let search_seconds = search_started.elapsed().as_secs_f64();
+    table.close().await.unwrap();
+    session.close().await.unwrap();
+    let out = serde_json::json!({
+        "rows": args.rows,
+        "dim": dim,
+        "put_rows": args.put_rows,
+        "window": args.window,
+        "rows_per_s": args.rows as f64 / write_seconds,
+        "put_visible_ms_p50": percentile(&latencies, 0.5),
+        "put_visible_ms_p99": percentile(&latencies, 0.99),
+        "put_visible_ms_max": latencies.last().copied().unwrap_or(0.0),
+        "flushes_during_writes": stats.flushes,
+        "sql_searches_per_s": args.queries as f64 / search_seconds,
+        "recall_at_10_ef_64": recall(&found, &truth),
+    });
+    println!("{out}");
+}
