@@ -176,13 +176,11 @@ impl Table {
         (current.stopped().is_none() && !current.is_closed()).then_some(current)
     }
 
-    /// Puts the rows of `batch` and, if the table is durable, waits until
-    /// they are durable. Bad input writes nothing.
+    /// Puts the rows of `batch` and waits until they are visible (and
+    /// durable, if the table is). Bad input writes nothing.
     pub async fn put(&self, batch: &RecordBatch) -> Result<()> {
         let acks = self.put_nowait(batch).await?;
-        if self.options.durable {
-            acks.wait().await?;
-        }
+        acks.wait().await?;
         Ok(())
     }
 
@@ -207,9 +205,7 @@ impl Table {
     /// Deletes the keys in `keys` (exactly the key columns, in key order).
     pub async fn delete(&self, keys: &RecordBatch) -> Result<()> {
         let acks = self.delete_nowait(keys).await?;
-        if self.options.durable {
-            acks.wait().await?;
-        }
+        acks.wait().await?;
         Ok(())
     }
 

@@ -573,7 +573,7 @@ impl Graph {
             );
             found.retain(|&(_, n)| n != id);
             let chosen = self.select(&found, self.params.m);
-            write_list(self.list(id, l), chosen.iter().map(|&(_, n)| n));
+            self.set_links(id, l, &chosen);
             for &(_, n) in &chosen {
                 self.link(n, id, l);
             }
@@ -589,14 +589,56 @@ impl Graph {
         }
     }
 
-    /// Adds `new` to the list of `base` at `level`, re-selecting the list
-    /// with the heuristic when it is full.
-    fn link(&self, base: u32, new: u32, level: usize) {
-        let max = if level == 0 {
+    /// Sets the list of a node being inserted at `level` to `chosen`,
+    /// keeping links other inserters added meanwhile (re-selecting when
+    /// together they are too many).
+    fn set_links(&self, id: u32, level: usize, chosen: &[(D, u32)]) {
+        let list = self.list(id, level);
+        lock_list(list);
+        let count = list[1].load(Ordering::Relaxed) as usize;
+        let mut ids: Vec<u32> = chosen.iter().map(|&(_, n)| n).collect();
+        let added: Vec<u32> = list[2..2 + count]
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .filter(|n| !ids.contains(n))
+            .collect();
+        let max = self.max_links(level);
+        let kept: Vec<u32> = if ids.len() + added.len() <= max {
+            ids.extend(added);
+            ids
+        } else {
+            ids.extend(added);
+            self.reselect(id, ids, max)
+        };
+        for (slot, n) in list[2..].iter().zip(&kept) {
+            slot.store(*n, Ordering::Relaxed);
+        }
+        list[1].store(kept.len() as u32, Ordering::Relaxed);
+        unlock_list(list);
+    }
+
+    fn max_links(&self, level: usize) -> usize {
+        if level == 0 {
             2 * self.params.m
         } else {
             self.params.m
-        };
+        }
+    }
+
+    /// The heuristic's choice of at most `max` of `ids` as links of `base`.
+    fn reselect(&self, base: u32, ids: Vec<u32>, max: usize) -> Vec<u32> {
+        let q = self.node_query(base);
+        let mut distances = Vec::with_capacity(ids.len());
+        self.distances(&q, &ids, &mut distances);
+        let mut all: Vec<(D, u32)> = distances.into_iter().zip(ids).collect();
+        all.sort_unstable();
+        self.select(&all, max).into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// Adds `new` to the list of `base` at `level`, re-selecting the list
+    /// with the heuristic when it is full.
+    fn link(&self, base: u32, new: u32, level: usize) {
+        let max = self.max_links(level);
         let list = self.list(base, level);
         lock_list(list);
         let count = list[1].load(Ordering::Relaxed) as usize;
@@ -604,18 +646,13 @@ impl Graph {
             list[2 + count].store(new, Ordering::Relaxed);
             list[1].store(count as u32 + 1, Ordering::Relaxed);
         } else {
-            let q = self.node_query(base);
             let ids: Vec<u32> = list[2..2 + count]
                 .iter()
                 .map(|n| n.load(Ordering::Relaxed))
                 .chain(std::iter::once(new))
                 .collect();
-            let mut distances = Vec::with_capacity(ids.len());
-            self.distances(&q, &ids, &mut distances);
-            let mut all: Vec<(D, u32)> = distances.into_iter().zip(ids).collect();
-            all.sort_unstable();
-            let kept = self.select(&all, max);
-            for (slot, (_, n)) in list[2..].iter().zip(&kept) {
+            let kept = self.reselect(base, ids, max);
+            for (slot, n) in list[2..].iter().zip(&kept) {
                 slot.store(*n, Ordering::Relaxed);
             }
             list[1].store(kept.len() as u32, Ordering::Relaxed);
@@ -668,10 +705,11 @@ fn locate(id: u32) -> (usize, usize) {
 /// Copies a list's ids into `out`, retrying while a writer holds it or
 /// changed it meanwhile (a sequence lock: never a mix of two versions).
 fn read_list(list: &[AtomicU32], out: &mut Vec<u32>) {
+    let mut spins = 0u32;
     loop {
         let before = list[0].load(Ordering::Acquire);
         if before & 1 == 1 {
-            std::hint::spin_loop();
+            back_off(&mut spins);
             continue;
         }
         out.clear();
@@ -685,6 +723,7 @@ fn read_list(list: &[AtomicU32], out: &mut Vec<u32>) {
 }
 
 fn lock_list(list: &[AtomicU32]) {
+    let mut spins = 0u32;
     loop {
         let sequence = list[0].load(Ordering::Relaxed);
         if sequence & 1 == 0
@@ -695,23 +734,23 @@ fn lock_list(list: &[AtomicU32]) {
             fence(Ordering::Release);
             return;
         }
+        back_off(&mut spins);
+    }
+}
+
+/// Spins a little, then yields: a list's writer may have been preempted
+/// while it holds the list (it computes distances under the lock).
+fn back_off(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 64 {
         std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 
 fn unlock_list(list: &[AtomicU32]) {
     list[0].fetch_add(1, Ordering::Release);
-}
-
-fn write_list(list: &[AtomicU32], ids: impl Iterator<Item = u32>) {
-    lock_list(list);
-    let mut count = 0;
-    for (slot, id) in list[2..].iter().zip(ids) {
-        slot.store(id, Ordering::Relaxed);
-        count += 1;
-    }
-    list[1].store(count, Ordering::Relaxed);
-    unlock_list(list);
 }
 
 #[cfg(test)]

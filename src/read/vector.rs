@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, new_null_array};
-use datafusion::arrow::datatypes::Schema;
+use datafusion::arrow::datatypes::{Float32Type, Schema};
 use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::PhysicalExpr;
 use futures::TryStreamExt;
@@ -23,7 +23,7 @@ use futures::TryStreamExt;
 use super::{MemLayer, ShardSnapshot};
 use crate::error::{Error, Result};
 use crate::hnsw::Metric;
-use crate::sstable::SstableFile;
+use crate::sstable::{SstableFile, VectorColumnData};
 
 /// A MemTable layer with fewer visible rows than this is searched exactly:
 /// a scan of that many vectors costs about what a graph search does.
@@ -50,12 +50,34 @@ pub struct Neighbour {
     pub row: RecordBatch,
 }
 
+/// A row a layer offers: its distance and the row itself (a MemTable's)
+/// or its position in the SSTable (read only if the row is used).
+struct Candidate {
+    distance: f32,
+    row: Option<RecordBatch>,
+    position: usize,
+}
+
 /// What one layer offered.
 struct Offer {
     /// Nearest first.
-    found: Vec<Neighbour>,
+    found: Vec<Candidate>,
     /// Whether the layer holds no further matching row.
     exhausted: bool,
+}
+
+/// What a search needs of one layer, computed once per search: the
+/// filter's verdict per row and, for an SSTable, its vectors.
+enum Layer<'a> {
+    Memtable {
+        layer: &'a MemLayer,
+        matches: Option<Vec<BooleanArray>>,
+    },
+    Sstable {
+        file: &'a SstableFile,
+        vectors: Arc<VectorColumnData>,
+        matches: Option<Vec<bool>>,
+    },
 }
 
 impl ShardSnapshot {
@@ -73,16 +95,47 @@ impl ShardSnapshot {
         if query.k == 0 {
             return Ok(Vec::new());
         }
+        // Newest first: MemTables, then SSTables.
+        let mut layers = Vec::new();
+        for layer in self.memtables.iter().rev() {
+            let matches = match &query.filter {
+                Some(filter) => Some(
+                    layer
+                        .memtable
+                        .batches(0, layer.batches)
+                        .iter()
+                        .map(|b| evaluate(filter, &b.batch))
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+                None => None,
+            };
+            layers.push(Layer::Memtable { layer, matches });
+        }
+        for file in self.sstables.iter().rev() {
+            let matches = match &query.filter {
+                Some(filter) => Some(self.filter_sstable(file, filter).await?),
+                None => None,
+            };
+            let vectors = self.reader.vector_column(file, query.column).await?;
+            layers.push(Layer::Sstable {
+                file,
+                vectors,
+                matches,
+            });
+        }
         let mut fetch = query.k;
         loop {
-            // Newest first: MemTables, then SSTables.
-            let mut offers = Vec::new();
-            for layer in self.memtables.iter().rev() {
-                offers.push(self.search_memtable(layer, query, metric, fetch)?);
-            }
-            for file in self.sstables.iter().rev() {
-                offers.push(self.search_sstable(file, query, metric, fetch).await?);
-            }
+            let offers: Vec<Offer> = layers
+                .iter()
+                .map(|layer| match layer {
+                    Layer::Memtable { layer, matches } => {
+                        self.search_memtable(layer, matches.as_deref(), query, metric, fetch)
+                    }
+                    Layer::Sstable {
+                        vectors, matches, ..
+                    } => search_sstable(vectors, matches.as_deref(), query, metric, fetch),
+                })
+                .collect();
             // A candidate is certain only up to the distance where a layer
             // that may hold more stopped.
             let certain_up_to = offers
@@ -90,21 +143,31 @@ impl ShardSnapshot {
                 .filter(|o| !o.exhausted)
                 .filter_map(|o| o.found.last().map(|n| n.distance))
                 .fold(f32::INFINITY, f32::min);
-            let mut all: Vec<(usize, Neighbour)> = offers
+            let mut all: Vec<(usize, Candidate)> = offers
                 .into_iter()
                 .enumerate()
                 .flat_map(|(layer, o)| o.found.into_iter().map(move |n| (layer, n)))
                 .collect();
             all.sort_by(|a, b| a.1.distance.total_cmp(&b.1.distance));
-            let mut out = Vec::with_capacity(query.k);
+            let mut out = Vec::new();
             let mut complete = true;
-            for (layer, n) in all {
-                if n.distance > certain_up_to {
+            for (at, candidate) in all {
+                if candidate.distance > certain_up_to {
                     complete = false;
                     break;
                 }
-                if !self.superseded(&n.row, layer).await? {
-                    out.push(n);
+                let row = match (candidate.row, &layers[at]) {
+                    (Some(row), _) => row,
+                    (None, Layer::Sstable { file, .. }) => {
+                        self.reader.row_at(file, candidate.position).await?
+                    }
+                    (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
+                };
+                if !self.superseded(&row, at).await? {
+                    out.push(Neighbour {
+                        distance: candidate.distance,
+                        row,
+                    });
                     if out.len() == query.k {
                         return Ok(out);
                     }
@@ -147,29 +210,21 @@ impl ShardSnapshot {
     fn search_memtable(
         &self,
         layer: &MemLayer,
+        matches: Option<&[BooleanArray]>,
         query: &VectorQuery,
         metric: Metric,
         fetch: usize,
-    ) -> Result<Offer> {
+    ) -> Offer {
         let memtable = &layer.memtable;
         let batches = memtable.batches(0, layer.batches);
         let cap = memtable.rows_within(layer.batches);
-        let matches = match &query.filter {
-            Some(filter) => Some(
-                batches
-                    .iter()
-                    .map(|b| evaluate(filter, &b.batch))
-                    .collect::<Result<Vec<_>>>()?,
-            ),
-            None => None,
-        };
         // The batch holding `row`.
         let locate = |row: u64| batches.partition_point(|b| b.first_row <= row) - 1;
         let keyed = self.schema.has_key();
         let admits = |row: u64| {
             row < cap
                 && (!keyed || memtable.is_newest(row, cap))
-                && matches.as_ref().is_none_or(|m| {
+                && matches.is_none_or(|m| {
                     let at = locate(row);
                     m[at].value((row - batches[at].first_row) as usize)
                 })
@@ -189,9 +244,7 @@ impl ShardSnapshot {
                 hits = Vec::new();
                 for stored in &batches {
                     let vectors = stored.batch.column(query.column).as_fixed_size_list();
-                    let values = vectors
-                        .values()
-                        .as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+                    let values = vectors.values().as_primitive::<Float32Type>();
                     let dim = vectors.value_length() as usize;
                     for i in 0..vectors.len() {
                         let row = stored.first_row + i as u64;
@@ -210,53 +263,15 @@ impl ShardSnapshot {
         let found = hits
             .into_iter()
             .map(|(distance, row)| {
-                let at = locate(row);
-                let b = &batches[at];
-                Neighbour {
+                let b = &batches[locate(row)];
+                Candidate {
                     distance,
-                    row: b.batch.slice((row - b.first_row) as usize, 1),
+                    row: Some(b.batch.slice((row - b.first_row) as usize, 1)),
+                    position: 0,
                 }
             })
             .collect();
-        Ok(Offer { found, exhausted })
-    }
-
-    async fn search_sstable(
-        &self,
-        file: &SstableFile,
-        query: &VectorQuery,
-        metric: Metric,
-        fetch: usize,
-    ) -> Result<Offer> {
-        let data = self.reader.vector_column(file, query.column).await?;
-        let matches = match &query.filter {
-            Some(filter) => Some(self.filter_sstable(file, filter).await?),
-            None => None,
-        };
-        let mut hits: Vec<(f32, u64)> = (0..data.live.len())
-            .filter(|&p| data.live[p] && matches.as_ref().is_none_or(|m| m[p]))
-            .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
-            .collect();
-        let exhausted = hits.len() <= fetch;
-        top(&mut hits, fetch);
-        let mut found = Vec::with_capacity(hits.len());
-        for (distance, position) in hits {
-            let key: Vec<_> = data
-                .keys
-                .iter()
-                .map(|k| k.slice(position as usize, 1))
-                .collect();
-            let row = self
-                .reader
-                .lookup(file, &key)
-                .await?
-                .ok_or_else(|| Error::Corrupt {
-                    path: file.path.clone(),
-                    reason: "a row found by position is missing by key".into(),
-                })?;
-            found.push(Neighbour { distance, row });
-        }
-        Ok(Offer { found, exhausted })
+        Offer { found, exhausted }
     }
 
     /// `filter` on every row of `file`, in file order, reading only the
@@ -302,6 +317,31 @@ impl ShardSnapshot {
         }
         Ok(out)
     }
+}
+
+/// The nearest rows of an SSTable, exactly, over its decoded vectors.
+fn search_sstable(
+    data: &VectorColumnData,
+    matches: Option<&[bool]>,
+    query: &VectorQuery,
+    metric: Metric,
+    fetch: usize,
+) -> Offer {
+    let mut hits: Vec<(f32, u64)> = (0..data.live.len())
+        .filter(|&p| data.live[p] && matches.is_none_or(|m| m[p]))
+        .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
+        .collect();
+    let exhausted = hits.len() <= fetch;
+    top(&mut hits, fetch);
+    let found = hits
+        .into_iter()
+        .map(|(distance, position)| Candidate {
+            distance,
+            row: None,
+            position: position as usize,
+        })
+        .collect();
+    Offer { found, exhausted }
 }
 
 /// Keeps the `n` nearest of `hits`, nearest first.

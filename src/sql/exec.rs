@@ -374,10 +374,8 @@ impl ExecutionPlan for DeleteExec {
                     acks.push(table.delete_nowait(&keys).await?);
                 }
             }
-            if table.durable() {
-                for ack in acks {
-                    ack.wait().await?;
-                }
+            for ack in acks {
+                ack.wait().await?;
             }
             let count: ArrayRef = Arc::new(UInt64Array::from(vec![count]));
             Ok(vec![RecordBatch::try_new(count_schema(), vec![count])?])

@@ -15,7 +15,7 @@ pub use exec::{DeleteExec, ScanExec, ScanMode};
 pub use session::MemwalSession;
 pub use table::{InsertSink, MemwalTable};
 pub use vector::{
-    DEFAULT_EF, DISTANCE_COLUMN, VectorSearchExec, VectorSearchFunction, distance_functions,
+    DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchExec, VectorSearchFunction, distance_functions,
 };
 
 use crate::catalog::ObjectPath;

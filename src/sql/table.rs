@@ -393,9 +393,7 @@ impl DataSink for InsertSink {
             return Ok(0);
         }
         let acks = self.table.put_all_nowait(&batches).await?;
-        if self.table.durable() {
-            acks.wait().await?;
-        }
+        acks.wait().await?;
         Ok(count)
     }
 }

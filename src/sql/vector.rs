@@ -45,6 +45,9 @@ pub const DISTANCE_COLUMN: &str = "_distance";
 /// The candidate list size of a search when the call gives none.
 pub const DEFAULT_EF: usize = 64;
 
+/// Largest `k` (and `ef`) a search accepts.
+pub const MAX_K: usize = 100_000;
+
 /// `vector_search(table, column, query, k [, ef])`.
 #[derive(Debug)]
 pub struct VectorSearchFunction {
@@ -163,8 +166,8 @@ fn count(value: ScalarValue, what: &str) -> Result<usize> {
         Ok(ScalarValue::Int64(Some(n))) if value.data_type().is_integer() => n,
         _ => return plan_err!("vector_search: {what} must be an integer, got {value}"),
     };
-    if n < 1 {
-        return plan_err!("vector_search: {what} must be at least 1, got {n}");
+    if !(1..=MAX_K as i64).contains(&n) {
+        return plan_err!("vector_search: {what} must be in 1..={MAX_K}, got {n}");
     }
     Ok(n as usize)
 }

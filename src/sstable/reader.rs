@@ -63,8 +63,6 @@ pub struct VectorColumnData {
     pub values: Vec<f32>,
     /// Whether the row has a vector and is not a tombstone.
     pub live: Vec<bool>,
-    /// The key columns (stored types), to fetch a row by its key.
-    pub keys: Vec<ArrayRef>,
 }
 
 impl VectorColumnData {
@@ -98,6 +96,30 @@ impl SstableReader {
         }
     }
 
+    /// The row at `position` (in file order) of `file`, stored form: reads
+    /// the pages holding it.
+    pub async fn row_at(&self, file: &SstableFile, position: usize) -> Result<RecordBatch> {
+        let meta = self.footer(file).await?;
+        let selection =
+            RowSelection::from(vec![RowSelector::skip(position), RowSelector::select(1)]);
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
+            .with_row_selection(selection)
+            .build()
+            .map_err(|e| Self::corrupt(file, e))?;
+        let batches: Vec<RecordBatch> = stream
+            .try_collect()
+            .await
+            .map_err(|e| Self::read_error(file, e))?;
+        let rows = concat_batches(&self.schema.stored, &batches)?;
+        if rows.num_rows() != 1 {
+            return Err(Self::corrupt(
+                file,
+                format!("no row at position {position}"),
+            ));
+        }
+        Ok(rows)
+    }
+
     /// Vector column `column` (a table schema index) of `file`, decoded
     /// once and cached.
     pub async fn vector_column(
@@ -116,15 +138,12 @@ impl SstableReader {
             return Ok(Arc::clone(hit));
         }
         let tombstone = self.schema.stored.fields().len() - 1;
-        let mut columns = self.schema.key.clone();
-        columns.extend([column, tombstone]);
-        let key_count = self.schema.key.len();
-        let mut stream = self.stream(file, None, &columns).await?;
-        let (mut values, mut live, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+        let mut stream = self.stream(file, None, &[column, tombstone]).await?;
+        let (mut values, mut live) = (Vec::new(), Vec::new());
         let mut dim = 0;
         while let Some(batch) = stream.try_next().await? {
-            let vectors = batch.column(key_count).as_fixed_size_list();
-            let deleted = batch.column(key_count + 1).as_boolean();
+            let vectors = batch.column(0).as_fixed_size_list();
+            let deleted = batch.column(1).as_boolean();
             dim = vectors.value_length() as usize;
             let floats = vectors
                 .values()
@@ -140,20 +159,8 @@ impl SstableReader {
                     false => values.extend(std::iter::repeat_n(0.0, dim)),
                 }
             }
-            keys.push(batch.columns()[..key_count].to_vec());
         }
-        let keys = (0..key_count)
-            .map(|k| {
-                let parts: Vec<&dyn Array> = keys.iter().map(|b| b[k].as_ref()).collect();
-                datafusion::arrow::compute::concat(&parts)
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let data = Arc::new(VectorColumnData {
-            dim,
-            values,
-            live,
-            keys,
-        });
+        let data = Arc::new(VectorColumnData { dim, values, live });
         let bytes = data.values.len() * 4;
         let mut cache = self.vectors.lock().expect("vector cache poisoned");
         if cache.1 + bytes > CACHED_VECTOR_BYTES {

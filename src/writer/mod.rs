@@ -155,11 +155,12 @@ struct Progress {
 }
 
 impl Progress {
-    /// Whether the first `batches` of `generation` are durable and indexed
-    /// (so visible).
-    fn covers(&self, generation: u64, batches: usize) -> bool {
+    /// Whether the first `batches` of `generation` are indexed and (if
+    /// `durable`) durable.
+    fn covers(&self, generation: u64, batches: usize, durable: bool) -> bool {
         let past = |at: u64, done: usize| at > generation || (at == generation && done >= batches);
-        past(self.generation, self.batches) && past(self.indexed_generation, self.indexed_batches)
+        (!durable || past(self.generation, self.batches))
+            && past(self.indexed_generation, self.indexed_batches)
     }
 }
 
@@ -274,20 +275,22 @@ pub struct Durability {
     progress: watch::Receiver<Progress>,
     generation: u64,
     target: usize,
+    durable: bool,
 }
 
 impl Durability {
-    /// Waits until the put is in a WAL entry (unless the writer is not
-    /// durable) and its vectors are indexed; fails if the writer stopped
-    /// before that.
+    /// Waits until the put is visible: its vectors indexed and, if the
+    /// writer is durable, its WAL entry written; fails if the writer
+    /// stopped before that.
     pub async fn wait(mut self) -> Result<()> {
-        let (generation, target) = (self.generation, self.target);
+        let (generation, target, durable) = (self.generation, self.target, self.durable);
+        let done = |p: &Progress| p.covers(generation, target, durable);
         let progress = self
             .progress
-            .wait_for(|p| p.covers(generation, target) || p.error.is_some())
+            .wait_for(|p| done(p) || p.error.is_some())
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
-        if progress.covers(generation, target) {
+        if done(&progress) {
             return Ok(());
         }
         Err(shared_error(
@@ -415,6 +418,15 @@ impl ShardWriter {
             Some(_) => {}
         }
         let active_number = generations.last().expect("pushed above").number;
+        // Replayed rows were visible before (to readers of the WAL): they
+        // are indexed before the writer serves anyone, so they stay so.
+        for g in &generations {
+            let (memtable, threads) = (Arc::clone(&g.memtable), options.index_threads);
+            let written = memtable.written_batches();
+            tokio::task::spawn_blocking(move || memtable.index_to(written, threads))
+                .await
+                .map_err(|e| Error::Poisoned(format!("indexing replayed rows failed: {e}")))?;
+        }
         for g in &generations {
             g.memtable.mark_durable(g.memtable.written_batches());
             if g.number != active_number {
@@ -431,12 +443,11 @@ impl ShardWriter {
             generations.len()
         );
 
-        let oldest = generations.first().expect("pushed above").number;
         let (progress, _) = watch::channel(Progress {
             generation: active_number,
             batches: active_batches,
-            indexed_generation: oldest,
-            indexed_batches: 0,
+            indexed_generation: active_number,
+            indexed_batches: active_batches,
             rows,
             bytes,
             flushed_bytes: 0,
@@ -571,18 +582,17 @@ impl ShardWriter {
     }
 
     /// Puts `batches` (user rows of the table; several batches become
-    /// visible together) and, in durable mode, waits until they are durable.
+    /// visible together) and waits until they are visible (and, in durable
+    /// mode, durable).
     /// Bad input is an [`Error::InvalidInput`] and writes nothing.
     pub async fn put(&self, batches: &[RecordBatch]) -> Result<()> {
         let durability = self.put_nowait(batches).await?;
-        if self.shared.options.durable {
-            durability.wait().await?;
-        }
+        durability.wait().await?;
         Ok(())
     }
 
     /// Like [`ShardWriter::put`] but returns once the rows are in the
-    /// MemTable (after backpressure); the handle waits for durability.
+    /// MemTable (after backpressure); the handle waits for visibility.
     pub async fn put_nowait(&self, batches: &[RecordBatch]) -> Result<Durability> {
         if batches.is_empty() {
             return Err(Error::invalid("a put needs at least one batch"));
@@ -599,9 +609,7 @@ impl ShardWriter {
     /// writes tombstones, durable like a put.
     pub async fn delete(&self, keys: &RecordBatch) -> Result<()> {
         let durability = self.delete_nowait(keys).await?;
-        if self.shared.options.durable {
-            durability.wait().await?;
-        }
+        durability.wait().await?;
         Ok(())
     }
 
@@ -653,6 +661,7 @@ impl ShardWriter {
             progress: shared.progress.subscribe(),
             generation,
             target: end,
+            durable: shared.options.durable,
         })
     }
 

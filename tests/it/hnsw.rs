@@ -114,6 +114,51 @@ fn four_readers_while_one_writer_inserts() {
     assert!(r >= 0.95, "recall {r}");
 }
 
+/// Two inserting threads and four readers at once: the same reader
+/// checks hold, and the graph still finds neighbours well.
+#[test]
+fn four_readers_while_two_threads_insert() {
+    let dim = 32;
+    let shape = Shape::Clustered {
+        clusters: 20,
+        spread: 0.5,
+    };
+    let data = vectors(shape, 12_000, dim, 13, 0);
+    let queries = vectors(shape, 200, dim, 13, 1);
+    let graph = Arc::new(Graph::new(dim, Metric::L2, HnswParams::default(), 5));
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..4)
+        .map(|r| {
+            let (graph, done) = (Arc::clone(&graph), Arc::clone(&done));
+            let (data, queries) = (data.clone(), queries.clone());
+            std::thread::spawn(move || {
+                let mut i = r;
+                while !done.load(Ordering::Acquire) {
+                    let q = &queries[(i % 200) * dim..][..dim];
+                    let cap = graph.len() as u64 / 2 + 1;
+                    for h in graph.search(q, 10, 32, &|row| row < cap) {
+                        assert!(h.row < cap);
+                        let exact = distance::l2(q, &data[h.row as usize * dim..][..dim]);
+                        assert!((h.distance - exact).abs() <= 1e-3 * exact.max(1.0));
+                    }
+                    i += 4;
+                }
+            })
+        })
+        .collect();
+    for (i, part) in data.chunks(500 * dim).enumerate() {
+        graph.add(&array(part, dim), (i * 500) as u64, 2);
+    }
+    done.store(true, Ordering::Release);
+    for r in readers {
+        r.join().expect("a reader failed");
+    }
+    assert_eq!(graph.len(), 12_000);
+    let truth = exact_neighbours(&data, &queries, dim, 10, distance::l2);
+    let r = recall(&rows(&search_all(&graph, &queries, dim, 64)), &truth);
+    assert!(r >= 0.95, "recall {r}");
+}
+
 /// The bar: recall@10 at ef = 64 on 20,000 clustered 1024-d
 /// vectors is at least 0.99 (built as a MemTable gets them: 1,000-row
 /// appends, two insertion threads).
