@@ -10,12 +10,9 @@
 //! whole builds and searches with hnswlib, faiss and usearch.
 
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
-use datafusion::arrow::datatypes::{DataType, Field};
-use memwal::hnsw::dataset::{Shape, vectors};
+use memwal::hnsw::dataset::{Shape, to_array, vectors};
 use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
 
 const DIM: usize = 1024;
@@ -24,19 +21,10 @@ const SHAPE: Shape = Shape::Clustered {
     spread: 0.5,
 };
 
-fn array(data: &[f32]) -> FixedSizeListArray {
-    FixedSizeListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, true)),
-        DIM as i32,
-        Arc::new(Float32Array::from(data.to_vec())),
-        None,
-    )
-}
-
 fn graph_of(data: &[f32]) -> Graph {
     let graph = Graph::new(DIM, Metric::L2, HnswParams::default(), 42);
     for (i, part) in data.chunks(1_000 * DIM).enumerate() {
-        graph.add(&array(part), (i * 1_000) as u64, 2);
+        graph.add(&to_array(part, DIM), (i * 1_000) as u64, 2);
     }
     graph
 }
@@ -68,7 +56,7 @@ fn graph(c: &mut Criterion) {
     let mut group = c.benchmark_group("graph");
     group.sample_size(10);
     let base = &data[..10_000 * DIM];
-    let more = array(&data[10_000 * DIM..11_000 * DIM]);
+    let more = to_array(&data[10_000 * DIM..11_000 * DIM], DIM);
     group.bench_function("insert_1000", |bench| {
         bench.iter_batched(
             || graph_of(base),

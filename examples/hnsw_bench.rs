@@ -13,13 +13,10 @@
 //! cargo run --example hnsw_bench -- --shape clustered --n 20000 --dim 1024
 //! ```
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
-use datafusion::arrow::datatypes::{DataType, Field};
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
 use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -112,12 +109,7 @@ fn main() {
         );
     }
 
-    let array = FixedSizeListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, true)),
-        dim as i32,
-        Arc::new(Float32Array::from(data)),
-        None,
-    );
+    let array = to_array(&data, dim);
     let params = HnswParams {
         m: args.m,
         ef_construction: args.ef_construction,

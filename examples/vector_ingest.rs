@@ -17,11 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use clap::Parser;
-use datafusion::arrow::array::{
-    AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
-};
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type};
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
+use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
 use memwal::hnsw::distance;
 use memwal::{MemwalSession, WriterOptions};
 
@@ -76,16 +74,13 @@ async fn main() {
     };
     let data = vectors(shape, args.rows, dim, 42, 0);
     let schema = Arc::clone(&table.schema().schema);
-    let item = Arc::new(Field::new("item", DataType::Float32, true));
     let batches: Arc<Vec<RecordBatch>> = Arc::new(
         (0..args.rows)
             .step_by(args.put_rows)
             .map(|start| {
                 let n = args.put_rows.min(args.rows - start);
                 let ids = Int64Array::from_iter_values(start as i64..(start + n) as i64);
-                let values = Float32Array::from(data[start * dim..(start + n) * dim].to_vec());
-                let emb =
-                    FixedSizeListArray::new(Arc::clone(&item), dim as i32, Arc::new(values), None);
+                let emb = to_array(&data[start * dim..(start + n) * dim], dim);
                 RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(ids), Arc::new(emb)])
                     .unwrap()
             })

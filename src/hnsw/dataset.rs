@@ -11,6 +11,10 @@
 //! Vectors are row-major `f32`s; [`exact_neighbours`] is the brute-force
 //! top-k every recall figure is measured against.
 
+use std::sync::Arc;
+
+use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
+use datafusion::arrow::datatypes::{DataType, Field};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -69,6 +73,17 @@ fn normal(rng: &mut StdRng) -> f32 {
     let u1: f64 = 1.0 - rng.random::<f64>(); // (0, 1]: ln is finite
     let u2: f64 = rng.random();
     ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
+}
+
+/// Row-major vectors as the Arrow column a `FLOAT[dim]` table stores
+/// (`FixedSizeList<Float32>`, no nulls).
+pub fn to_array(data: &[f32], dim: usize) -> FixedSizeListArray {
+    FixedSizeListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        dim as i32,
+        Arc::new(Float32Array::from(data.to_vec())),
+        None,
+    )
 }
 
 /// For each query (row-major, `dim` floats each), the indices of its `k`

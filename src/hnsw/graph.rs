@@ -756,20 +756,11 @@ fn unlock_list(list: &[AtomicU32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+    use crate::hnsw::dataset::{Shape, exact_neighbours, recall, to_array as array, vectors};
     use crate::hnsw::distance;
     use datafusion::arrow::array::Float32Array;
     use datafusion::arrow::datatypes::{DataType, Field};
     use std::sync::Arc;
-
-    fn array(data: &[f32], dim: usize) -> FixedSizeListArray {
-        FixedSizeListArray::new(
-            Arc::new(Field::new("item", DataType::Float32, true)),
-            dim as i32,
-            Arc::new(Float32Array::from(data.to_vec())),
-            None,
-        )
-    }
 
     #[test]
     fn segments_cover_every_id_once() {

@@ -119,27 +119,36 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)))
     }
 
+    /// Squared L2 (`L2`) or inner product of `a` and `b`, four
+    /// accumulators.
     #[target_feature(enable = "avx2,fma")]
-    fn l2_avx2(a: &[f32], b: &[f32]) -> f32 {
+    fn one_avx2<const L2: bool>(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len());
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
+        let step = |acc: __m256, x: __m256, y: __m256| match L2 {
+            true => {
+                let d = _mm256_sub_ps(x, y);
+                _mm256_fmadd_ps(d, d, acc)
+            }
+            false => _mm256_fmadd_ps(x, y, acc),
+        };
         let mut i = 0;
         // SAFETY: every load reads 8 floats starting below `n - 7`.
         unsafe {
             while i + 32 <= n {
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let d = _mm256_sub_ps(
-                        _mm256_loadu_ps(pa.add(i + 8 * j)),
-                        _mm256_loadu_ps(pb.add(i + 8 * j)),
-                    );
-                    *acc = _mm256_fmadd_ps(d, d, *acc);
+                    let k = i + 8 * j;
+                    *acc = step(*acc, _mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)));
                 }
                 i += 32;
             }
             while i + 8 <= n {
-                let d = _mm256_sub_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)));
-                acc[0] = _mm256_fmadd_ps(d, d, acc[0]);
+                acc[0] = step(
+                    acc[0],
+                    _mm256_loadu_ps(pa.add(i)),
+                    _mm256_loadu_ps(pb.add(i)),
+                );
                 i += 8;
             }
         }
@@ -147,40 +156,8 @@ mod avx2 {
         let tail: f32 = a[i..n]
             .iter()
             .zip(&b[i..n])
-            .map(|(x, y)| (x - y) * (x - y))
+            .map(|(x, y)| if L2 { (x - y) * (x - y) } else { x * y })
             .sum();
-        hsum(sum) + tail
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let (pa, pb) = (a.as_ptr(), b.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        // SAFETY: every load reads 8 floats starting below `n - 7`.
-        unsafe {
-            while i + 32 <= n {
-                for (j, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm256_fmadd_ps(
-                        _mm256_loadu_ps(pa.add(i + 8 * j)),
-                        _mm256_loadu_ps(pb.add(i + 8 * j)),
-                        *acc,
-                    );
-                }
-                i += 32;
-            }
-            while i + 8 <= n {
-                acc[0] = _mm256_fmadd_ps(
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                    acc[0],
-                );
-                i += 8;
-            }
-        }
-        let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let tail: f32 = a[i..n].iter().zip(&b[i..n]).map(|(x, y)| x * y).sum();
         hsum(sum) + tail
     }
 
@@ -232,12 +209,12 @@ mod avx2 {
 
     pub fn l2(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: selected only on CPUs with AVX2 and FMA.
-        unsafe { l2_avx2(a, b) }
+        unsafe { one_avx2::<true>(a, b) }
     }
 
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: selected only on CPUs with AVX2 and FMA.
-        unsafe { dot_avx2(a, b) }
+        unsafe { one_avx2::<false>(a, b) }
     }
 }
 

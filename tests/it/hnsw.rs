@@ -4,19 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use datafusion::arrow::array::{FixedSizeListArray, Float32Array};
-use datafusion::arrow::datatypes::{DataType, Field};
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, vectors};
+use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array as array, vectors};
 use memwal::hnsw::{Graph, Hit, HnswParams, Metric, distance};
-
-fn array(data: &[f32], dim: usize) -> FixedSizeListArray {
-    FixedSizeListArray::new(
-        Arc::new(Field::new("item", DataType::Float32, true)),
-        dim as i32,
-        Arc::new(Float32Array::from(data.to_vec())),
-        None,
-    )
-}
 
 /// Adds `data` in `batch`-row appends on one thread (row = position).
 fn build(graph: &Graph, data: &[f32], dim: usize, batch: usize) {
