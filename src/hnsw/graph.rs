@@ -26,6 +26,7 @@ use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::datatypes::Float32Type;
 
 use super::kernel::{Kernel, Kernel4, kernels};
+use super::persist::Parts;
 use super::{HnswParams, Metric};
 
 /// Nodes in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
@@ -33,7 +34,7 @@ const FIRST_SEGMENT: usize = 1024;
 /// Enough segments for `u32` node ids.
 const SEGMENTS: usize = 23;
 /// Highest level a node can get.
-const MAX_LEVEL: u8 = 16;
+pub(super) const MAX_LEVEL: u8 = 16;
 /// No node.
 const NONE: u32 = u32::MAX;
 
@@ -206,6 +207,15 @@ impl Graph {
         (self.published.load(Ordering::Acquire) >> 32) as usize
     }
 
+    /// Memory the graph's nodes and lists take (not the vectors).
+    pub fn bytes(&self) -> usize {
+        let nodes = self.reserved.load(Ordering::Acquire) as usize;
+        let level0 = self.level0_stride * 4 + std::mem::size_of::<OnceLock<Node>>();
+        // Upper levels: about 1/m of the nodes per level.
+        let upper = self.upper_stride * 4 / (self.params.m - 1);
+        nodes * (level0 + upper)
+    }
+
     /// Whether no node is published.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -235,18 +245,11 @@ impl Graph {
             }
             let offset = vectors.value_offset(i) as usize;
             let vector = &values[offset..offset + self.dim];
-            let inv_norm = match self.metric {
-                Metric::Cosine => {
-                    let norm = (self.kernel)(vector, vector).sqrt();
-                    if norm > 0.0 { 1.0 / norm } else { 0.0 }
-                }
-                _ => 1.0,
-            };
             let level = self.level_of(end);
             let node = Node {
                 vector: VectorRef(vector.as_ptr()),
                 row: first_row + i as u64,
-                inv_norm,
+                inv_norm: self.inv_norm(vector),
                 level,
                 upper: (0..level as usize * self.upper_stride)
                     .map(|_| AtomicU32::new(0))
@@ -386,14 +389,21 @@ impl Graph {
     }
 
     fn query<'a>(&self, vector: &'a [f32]) -> Query<'a> {
-        let inv_norm = match self.metric {
+        Query {
+            vector,
+            inv_norm: self.inv_norm(vector),
+        }
+    }
+
+    /// 1 / |vector| for cosine (0 for a zero vector); 1 otherwise.
+    fn inv_norm(&self, vector: &[f32]) -> f32 {
+        match self.metric {
             Metric::Cosine => {
                 let norm = (self.kernel)(vector, vector).sqrt();
                 if norm > 0.0 { 1.0 / norm } else { 0.0 }
             }
             _ => 1.0,
-        };
-        Query { vector, inv_norm }
+        }
     }
 
     fn node_query(&self, id: u32) -> Query<'_> {
@@ -678,6 +688,117 @@ impl Graph {
             self.published
                 .store((len as u64) << 32 | entry as u64, Ordering::Release);
         }
+    }
+
+    /// The published nodes' structure (see [`Graph::encode`]): rows mapped
+    /// through `position`, nodes whose row maps to `None` dropped and
+    /// bridged over, the rest numbered in order of their new rows.
+    pub(super) fn export(&self, position: &dyn Fn(u64) -> Option<u64>) -> Parts {
+        let published = self.published.load(Ordering::Acquire);
+        let (len, entry) = ((published >> 32) as u32, published as u32);
+        let mut kept: Vec<(u64, u32)> = (0..len)
+            .filter_map(|id| position(self.node(id).row).map(|p| (p, id)))
+            .collect();
+        kept.sort_unstable();
+        let mut renumbered = vec![NONE; len as usize];
+        for (new, &(_, old)) in kept.iter().enumerate() {
+            renumbered[old as usize] = new as u32;
+        }
+        let is_kept = |n: u32| n < len && renumbered[n as usize] != NONE;
+        let (mut list, mut bridge) = (Vec::new(), Vec::new());
+        let links = kept
+            .iter()
+            .map(|&(_, id)| {
+                (0..=self.node(id).level as usize)
+                    .map(|level| {
+                        read_list(self.list(id, level), &mut list);
+                        let mut ids: Vec<u32> =
+                            list.iter().copied().filter(|&n| is_kept(n)).collect();
+                        if ids.len() < list.len() {
+                            // Each dropped neighbour's neighbours take its place.
+                            for &gone in list.iter().filter(|&&n| n < len && !is_kept(n)) {
+                                read_list(self.list(gone, level), &mut bridge);
+                                for &n in &bridge {
+                                    if n != id && is_kept(n) && !ids.contains(&n) {
+                                        ids.push(n);
+                                    }
+                                }
+                            }
+                            let max = self.max_links(level);
+                            if ids.len() > max {
+                                ids = self.reselect(id, ids, max);
+                            }
+                        }
+                        ids.iter().map(|&n| renumbered[n as usize]).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let entry = if is_kept(entry) {
+            renumbered[entry as usize]
+        } else {
+            // The first kept node of the highest level.
+            let top = kept.iter().map(|&(_, id)| self.node(id).level).max();
+            kept.iter()
+                .position(|&(_, id)| Some(self.node(id).level) == top)
+                .unwrap_or(0) as u32
+        };
+        Parts {
+            dim: self.dim,
+            metric: self.metric,
+            params: self.params,
+            seed: self.seed,
+            entry,
+            rows: kept.iter().map(|&(row, _)| row).collect(),
+            links,
+        }
+    }
+
+    /// The graph `parts` describe over `vectors` (checked by the caller:
+    /// every row and link in range, the entry on the top level), complete
+    /// and published.
+    pub(super) fn from_parts(parts: Parts, vectors: ScalarBuffer<f32>) -> Graph {
+        let graph = Graph::new(parts.dim, parts.metric, parts.params, parts.seed);
+        for (id, (&row, lists)) in parts.rows.iter().zip(&parts.links).enumerate() {
+            let vector = &vectors[row as usize * graph.dim..][..graph.dim];
+            let level = (lists.len() - 1) as u8;
+            let node = Node {
+                vector: VectorRef(vector.as_ptr()),
+                row,
+                inv_norm: graph.inv_norm(vector),
+                level,
+                upper: (0..level as usize * graph.upper_stride)
+                    .map(|_| AtomicU32::new(0))
+                    .collect(),
+                linked: AtomicBool::new(true),
+            };
+            let (segment, offset) = locate(id as u32);
+            if graph.segment(segment).nodes[offset].set(node).is_err() {
+                unreachable!("graph node {id} set twice");
+            }
+            for (level, ids) in lists.iter().enumerate() {
+                let list = graph.list(id as u32, level);
+                for (slot, &n) in list[2..].iter().zip(ids) {
+                    slot.store(n, Ordering::Relaxed);
+                }
+                list[1].store(ids.len() as u32, Ordering::Relaxed);
+            }
+        }
+        let len = parts.rows.len() as u32;
+        graph
+            .buffers
+            .lock()
+            .expect("graph buffers poisoned")
+            .push(vectors);
+        graph.reserved.store(len, Ordering::Release);
+        if len > 0 {
+            let top = (parts.links[parts.entry as usize].len() - 1) as u8;
+            *graph.entry.lock().expect("graph entry poisoned") = (parts.entry, top);
+            graph
+                .published
+                .store((len as u64) << 32 | parts.entry as u64, Ordering::Release);
+        }
+        graph
     }
 
     fn take_visited(&self) -> Visited {

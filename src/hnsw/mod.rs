@@ -1,5 +1,6 @@
 //! HNSW over MemTable vectors (DESIGN.md §8): [`Graph`] (one graph per
-//! vector column of a MemTable, searched while it grows), the SIMD
+//! vector column of a MemTable, searched while it grows), its [`persist`]ed
+//! form (next to an SSTable), the SIMD
 //! [`kernel`]s it runs, the reference [`distance`]s, and [`dataset`], the
 //! deterministic data with exact ground truth that tests and benchmarks
 //! measure recall against.
@@ -8,6 +9,7 @@ pub mod dataset;
 pub mod distance;
 mod graph;
 pub mod kernel;
+pub mod persist;
 
 use serde::{Deserialize, Serialize};
 

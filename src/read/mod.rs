@@ -571,9 +571,15 @@ mod tests {
                 }
             }
             files.push(
-                sstable::write(&store, &shard, 1, g as u64 + 1, &t, &batches)
-                    .await
-                    .unwrap(),
+                sstable::write(
+                    &store,
+                    &shard,
+                    (1, g as u64 + 1),
+                    &sstable::encode_batches(&t, &batches).unwrap(),
+                    &[],
+                )
+                .await
+                .unwrap(),
             );
         }
         // The MemTable: new keys and versions at the end, and a delete.

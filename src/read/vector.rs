@@ -3,9 +3,9 @@
 //! match a filter.
 //!
 //! Each layer is searched on its own for its nearest candidates: a
-//! MemTable through its graph (or exactly, when it is small or has no
-//! graph), an SSTable exactly over its decoded vector column (cached by
-//! the reader; persisted graphs are not built yet). A layer only offers rows that are the newest
+//! MemTable through its graph, an SSTable through its persisted graph over
+//! its decoded vector column (both cached by the reader), or exactly when
+//! the layer is small or has no graph. A layer only offers rows that are the newest
 //! version of their key within it, not deleted, and match the filter; a
 //! candidate is then dropped if a newer layer holds any version of its key
 //! (that version supersedes or deletes it). When the drops leave fewer
@@ -25,8 +25,8 @@ use crate::error::{Error, Result};
 use crate::hnsw::Metric;
 use crate::sstable::{SstableFile, VectorColumnData};
 
-/// A MemTable layer with fewer visible rows than this is searched exactly:
-/// a scan of that many vectors costs about what a graph search does.
+/// A layer with fewer rows than this is searched exactly: a scan of that
+/// many vectors costs about what a graph search does.
 pub const EXACT_BELOW_ROWS: u64 = 256;
 
 /// One vector search.
@@ -319,7 +319,8 @@ impl ShardSnapshot {
     }
 }
 
-/// The nearest rows of an SSTable, exactly, over its decoded vectors.
+/// The nearest rows of an SSTable over its decoded vectors: through its
+/// graph, or exactly when it has none or is small.
 fn search_sstable(
     data: &VectorColumnData,
     matches: Option<&[bool]>,
@@ -327,12 +328,29 @@ fn search_sstable(
     metric: Metric,
     fetch: usize,
 ) -> Offer {
-    let mut hits: Vec<(f32, u64)> = (0..data.live.len())
-        .filter(|&p| data.live[p] && matches.is_none_or(|m| m[p]))
-        .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
-        .collect();
-    let exhausted = hits.len() <= fetch;
-    top(&mut hits, fetch);
+    let admits = |p: usize| data.live[p] && matches.is_none_or(|m| m[p]);
+    let mut hits: Vec<(f32, u64)>;
+    let exhausted;
+    match &data.graph {
+        Some(graph) if data.live_rows as u64 >= EXACT_BELOW_ROWS => {
+            hits = graph
+                .search(&query.vector, fetch, query.ef.max(fetch), &|p| {
+                    admits(p as usize)
+                })
+                .into_iter()
+                .map(|h| (h.distance, h.row))
+                .collect();
+            exhausted = hits.len() < fetch;
+        }
+        _ => {
+            hits = (0..data.live.len())
+                .filter(|&p| admits(p))
+                .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
+                .collect();
+            exhausted = hits.len() <= fetch;
+            top(&mut hits, fetch);
+        }
+    }
     let found = hits
         .into_iter()
         .map(|(distance, position)| Candidate {

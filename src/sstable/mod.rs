@@ -10,9 +10,14 @@
 //! predicates can prune them. Append-only tables keep insert order and
 //! every row.
 //!
-//! [`reader`] streams and looks up keys in SSTables; [`merge`] merges
-//! sorted runs into the newest version of each key, for scans and
-//! compaction alike.
+//! Next to `data.parquet`, in the SSTable's own directory, a
+//! `<column>.hnsw` per vector column holds the column's HNSW graph over the
+//! file's row positions ([`crate::hnsw::persist`]); the manifest entry
+//! lists the columns that have one. The directory is deleted as a whole.
+//!
+//! [`reader`] streams and looks up keys in SSTables and loads their
+//! vector columns with their graphs; [`merge`] merges sorted runs into the
+//! newest version of each key, for scans and compaction alike.
 
 pub mod merge;
 mod reader;
@@ -52,9 +57,16 @@ pub const PAGE_ROWS: usize = 1024;
 /// for a table with a key, sorted by key with only each key's newest row
 /// (a tombstone included); for an append-only table, every row in order.
 pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    Ok(sorted(schema, batches)?.0)
+}
+
+/// [`newest_per_key_sorted`], and for each of its rows the index of the
+/// input row (counting through `batches`) it is.
+fn sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<(RecordBatch, Vec<u32>)> {
     let all = concat_batches(&schema.stored, batches)?;
     if !schema.has_key() || all.num_rows() == 0 {
-        return Ok(all);
+        let order = (0..all.num_rows() as u32).collect();
+        return Ok((all, order));
     }
     let fields = schema
         .key
@@ -70,7 +82,28 @@ pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> R
             .then(b.cmp(&a))
     });
     order.dedup_by(|later, first| keys.row(*later as usize) == keys.row(*first as usize));
-    Ok(take_record_batch(&all, &UInt32Array::from(order))?)
+    let body = take_record_batch(&all, &UInt32Array::from(order.clone()))?;
+    Ok((body, order))
+}
+
+/// An SSTable encoded in memory, not yet written.
+#[derive(Debug, Clone)]
+pub struct Encoded {
+    /// The Parquet file.
+    pub bytes: Bytes,
+    /// For each row of the file, the input row it holds (counting through
+    /// the batches given to [`encode_batches`]).
+    pub source: Vec<u32>,
+}
+
+/// Sorts `batches` (stored form, oldest first) into an SSTable body (see
+/// [`newest_per_key_sorted`]) and encodes it.
+pub fn encode_batches(schema: &TableSchema, batches: &[RecordBatch]) -> Result<Encoded> {
+    let (body, source) = sorted(schema, batches)?;
+    Ok(Encoded {
+        bytes: encode(schema, &body)?,
+        source,
+    })
 }
 
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
@@ -146,45 +179,77 @@ pub struct SstableFile {
     pub first_generation: u64,
     pub rows: u64,
     pub bytes: u64,
+    /// The vector columns with a persisted graph next to the file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub graphs: Vec<String>,
 }
 
-/// Writes the SSTable of `generation` for `batches` (stored form, oldest
-/// first) into the shard at `shard_dir` as the writer of `epoch`, under a
-/// fresh name created with
-/// put-if-absent. The file is not part of the table until a shard manifest
-/// names it.
+/// Writes `sstable` as the SSTable of `generation` into the shard at
+/// `shard_dir` as the writer of `epoch`, under a fresh name created with
+/// put-if-absent, with the persisted graphs `(column, bytes)` next to it.
+/// Nothing is part of the table until a shard manifest names the file.
 pub async fn write(
     store: &Arc<dyn ObjectStore>,
     shard_dir: &Path,
-    epoch: u64,
-    generation: u64,
-    schema: &Arc<TableSchema>,
-    batches: &[RecordBatch],
+    (epoch, generation): (u64, u64),
+    sstable: &Encoded,
+    graphs: &[(String, Bytes)],
 ) -> Result<SstableFile> {
-    let (body, bytes) = {
-        let schema = Arc::clone(schema);
-        let batches = batches.to_vec();
-        // Sorting and encoding are CPU work: off the async runtime.
-        tokio::task::spawn_blocking(move || {
-            let body = newest_per_key_sorted(&schema, &batches)?;
-            let bytes = encode(&schema, &body)?;
-            Ok::<_, Error>((body, bytes))
-        })
-        .await
-        .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
-    };
     let path = paths::new_sstable_file(shard_dir, generation, epoch);
-    let len = bytes.len() as u64;
     store
-        .put_opts(&path, PutPayload::from_bytes(bytes), PutMode::Create.into())
+        .put_opts(
+            &path,
+            PutPayload::from_bytes(sstable.bytes.clone()),
+            PutMode::Create.into(),
+        )
         .await?;
-    Ok(SstableFile {
+    let mut file = SstableFile {
         path: path.to_string(),
         generation,
         first_generation: generation,
-        rows: body.num_rows() as u64,
-        bytes: len,
-    })
+        rows: sstable.source.len() as u64,
+        bytes: sstable.bytes.len() as u64,
+        graphs: Vec::new(),
+    };
+    for (column, bytes) in graphs {
+        write_graph(store, &mut file, column, bytes.clone()).await?;
+    }
+    Ok(file)
+}
+
+/// Writes `graph` (see [`crate::hnsw::Graph::encode`]) as the persisted
+/// graph of `column` next to `file`, which then lists it.
+pub async fn write_graph(
+    store: &Arc<dyn ObjectStore>,
+    file: &mut SstableFile,
+    column: &str,
+    graph: Bytes,
+) -> Result<()> {
+    let path = paths::graph_file(&file.path, column);
+    store.put(&path, PutPayload::from_bytes(graph)).await?;
+    if !file.graphs.iter().any(|c| c == column) {
+        file.graphs.push(column.to_string());
+    }
+    Ok(())
+}
+
+/// Deletes the SSTable at `path` and everything next to it (its graphs);
+/// objects already gone are no error.
+pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
+    use futures::TryStreamExt;
+    let dir = Path::from(paths::sstable_dir(path));
+    let objects: Vec<Path> = store
+        .list(Some(&dir))
+        .map_ok(|meta| meta.location)
+        .try_collect()
+        .await?;
+    for object in objects {
+        match store.delete(&object).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// Writes the rows of `rows` (stored form, already in SSTable order: see
@@ -222,6 +287,7 @@ pub async fn write_stream(
         first_generation,
         rows: count,
         bytes,
+        graphs: Vec::new(),
     })
 }
 
@@ -372,7 +438,10 @@ mod tests {
         let t = Arc::new(table(true));
         let shard = paths::shard_dir("tables/t-1", 0);
         let batches = [put(&t, &[3, 1, 2], 1), put(&t, &[2], 2)];
-        let file = write(&store, &shard, 1, 7, &t, &batches).await.unwrap();
+        let encoded = encode_batches(&t, &batches).unwrap();
+        // Position 1 holds key 2's newer version: input row 3.
+        assert_eq!(encoded.source, [1, 3, 0]);
+        let file = write(&store, &shard, (1, 7), &encoded, &[]).await.unwrap();
         assert_eq!((file.generation, file.rows), (7, 3));
         assert!(
             file.path
@@ -393,7 +462,7 @@ mod tests {
             ]
         );
         // A second flush of the same generation gets its own name.
-        let again = write(&store, &shard, 1, 7, &t, &batches).await.unwrap();
+        let again = write(&store, &shard, (1, 7), &encoded, &[]).await.unwrap();
         assert_ne!(again.path, file.path);
 
         let ctx = SessionContext::new();

@@ -10,10 +10,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, Scalar};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, Scalar,
+};
+use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
 use datafusion::arrow::compute::kernels::cmp::{eq, gt_eq, lt_eq};
 use datafusion::arrow::compute::{and, concat_batches};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::parquet::arrow::ProjectionMask;
 use datafusion::parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -28,13 +32,15 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStore;
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::SstableFile;
 use super::merge::KeyRange;
 use crate::error::{Error, Result};
+use crate::hnsw::Graph;
 use crate::memtable::TableSchema;
+use crate::store::paths;
 use datafusion::common::ScalarValue;
 
 /// Rows per batch a stream yields.
@@ -44,7 +50,7 @@ const CACHED_PAGE_BYTES: usize = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
-/// Memory of decoded vector columns (per reader); the cache starts over
+/// Memory of decoded vector columns and their graphs (per reader); the cache starts over
 /// when it grows past this.
 const CACHED_VECTOR_BYTES: usize = 512 << 20;
 
@@ -54,21 +60,36 @@ type BloomKey = (String, usize, usize);
 /// Decoded vector columns by (file, column), and their bytes.
 type VectorCache = (HashMap<(String, usize), Arc<VectorColumnData>>, usize);
 
-/// One vector column of an SSTable, decoded, in file order: what exact
-/// search (and a persisted graph) reads by row position.
+/// One vector column of an SSTable, decoded, in file order, with its
+/// persisted graph (whose nodes read these vectors by row position).
 #[derive(Debug)]
 pub struct VectorColumnData {
     pub dim: usize,
     /// `rows × dim` values; zeros where `live` is false.
-    pub values: Vec<f32>,
+    pub values: ScalarBuffer<f32>,
     /// Whether the row has a vector and is not a tombstone.
     pub live: Vec<bool>,
+    /// How many rows are live.
+    pub live_rows: usize,
+    /// The column's HNSW graph over the live rows, if the SSTable has one.
+    pub graph: Option<Graph>,
 }
 
 impl VectorColumnData {
     /// The vector at `position`.
     pub fn vector(&self, position: usize) -> &[f32] {
         &self.values[position * self.dim..(position + 1) * self.dim]
+    }
+
+    /// The vectors as an Arrow array (no copy); rows that are not live
+    /// are null.
+    pub fn to_array(&self) -> FixedSizeListArray {
+        FixedSizeListArray::new(
+            Arc::new(Field::new_list_field(DataType::Float32, true)),
+            self.dim as i32,
+            Arc::new(Float32Array::new(self.values.clone(), None)),
+            Some(NullBuffer::from(self.live.clone())),
+        )
     }
 }
 
@@ -120,23 +141,70 @@ impl SstableReader {
         Ok(rows)
     }
 
-    /// Vector column `column` (a table schema index) of `file`, decoded
-    /// once and cached.
+    /// Vector column `column` (a table schema index) of `file` with its
+    /// persisted graph if the file has one, read once and cached.
     pub async fn vector_column(
         &self,
         file: &SstableFile,
         column: usize,
     ) -> Result<Arc<VectorColumnData>> {
-        let cache_key = (file.path.clone(), column);
         if let Some(hit) = self
             .vectors
             .lock()
             .expect("vector cache poisoned")
             .0
-            .get(&cache_key)
+            .get(&(file.path.clone(), column))
         {
             return Ok(Arc::clone(hit));
         }
+        let mut data = self.read_vectors(file, column).await?;
+        let name = self.schema.schema.field(column).name();
+        if file.graphs.contains(name) {
+            let path = paths::graph_file(&file.path, name);
+            let bytes = self.store.get(&path).await?.bytes().await?;
+            let graph =
+                Graph::decode(&bytes, data.values.clone()).map_err(|reason| Error::Corrupt {
+                    path: path.to_string(),
+                    reason: format!("HNSW graph: {reason}"),
+                })?;
+            let expected = self.schema.vectors.iter().find(|v| v.index == column);
+            if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim())
+            {
+                return Err(Error::Corrupt {
+                    path: path.to_string(),
+                    reason: "HNSW graph of another metric or dimension".into(),
+                });
+            }
+            data.graph = Some(graph);
+        }
+        let data = Arc::new(data);
+        self.cache_vector_column(file, column, Arc::clone(&data));
+        Ok(data)
+    }
+
+    /// Keeps `data` as what [`SstableReader::vector_column`] returns for
+    /// `column` of `file`.
+    pub fn cache_vector_column(
+        &self,
+        file: &SstableFile,
+        column: usize,
+        data: Arc<VectorColumnData>,
+    ) {
+        let bytes = data.values.len() * 4 + data.graph.as_ref().map_or(0, Graph::bytes);
+        let mut cache = self.vectors.lock().expect("vector cache poisoned");
+        if cache.1 + bytes > CACHED_VECTOR_BYTES {
+            *cache = Default::default();
+        }
+        cache.1 += bytes;
+        cache.0.insert((file.path.clone(), column), data);
+    }
+
+    /// Vector column `column` of `file`, decoded (no graph, not cached).
+    pub async fn read_vectors(
+        &self,
+        file: &SstableFile,
+        column: usize,
+    ) -> Result<VectorColumnData> {
         let tombstone = self.schema.stored.fields().len() - 1;
         let mut stream = self.stream(file, None, &[column, tombstone]).await?;
         let (mut values, mut live) = (Vec::new(), Vec::new());
@@ -160,15 +228,13 @@ impl SstableReader {
                 }
             }
         }
-        let data = Arc::new(VectorColumnData { dim, values, live });
-        let bytes = data.values.len() * 4;
-        let mut cache = self.vectors.lock().expect("vector cache poisoned");
-        if cache.1 + bytes > CACHED_VECTOR_BYTES {
-            *cache = Default::default();
-        }
-        cache.1 += bytes;
-        cache.0.insert(cache_key, Arc::clone(&data));
-        Ok(data)
+        Ok(VectorColumnData {
+            dim,
+            values: values.into(),
+            live_rows: live.iter().filter(|&&l| l).count(),
+            live,
+            graph: None,
+        })
     }
 
     fn object(&self, file: &SstableFile) -> ObjectReader {

@@ -82,6 +82,18 @@ pub fn sstable_epoch(path: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The directory of an SSTable path of [`new_sstable_file`]: everything
+/// of that SSTable is in it.
+pub fn sstable_dir(path: &str) -> &str {
+    path.rsplit_once('/').map_or("", |(dir, _)| dir)
+}
+
+/// `<SSTable dir>/<column>.hnsw`: the persisted graph of vector column
+/// `column` of the SSTable at `sstable` (the name escaped as a path part).
+pub fn graph_file(sstable: &str, column: &str) -> Path {
+    Path::from(sstable_dir(sstable)).join(format!("{column}.hnsw").as_str())
+}
+
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
 pub fn wal_file(wal_dir: &Path, position: u64) -> Path {
     wal_dir

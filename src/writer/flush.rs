@@ -34,9 +34,12 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
+use bytes::Bytes;
+
 use super::manifest::{RetiredFile, ShardManifest, commit_as};
 use super::{Generation, Shared};
 use crate::error::{Error, Result};
+use crate::hnsw::Graph;
 use crate::sstable::{self, SstableFile, merge};
 use crate::store::{Versioned, paths};
 
@@ -166,24 +169,54 @@ impl Shared {
         Ok(())
     }
 
-    /// Flushes the oldest MemTable, sealed: one SSTable, one commit, then
-    /// the WAL entries it covers are deleted.
+    /// Flushes the oldest MemTable, sealed and fully indexed: one SSTable
+    /// with its graphs, one commit, then the WAL entries it covers are
+    /// deleted.
     async fn flush(&self, generation: &Arc<Generation>) -> Result<()> {
         let memtable = &generation.memtable;
-        let batches: Vec<_> = memtable
-            .batches(0, memtable.written_batches())
-            .into_iter()
-            .map(|b| b.batch)
-            .collect();
+        let (encoded, graphs) = {
+            let memtable = Arc::clone(memtable);
+            let schema = Arc::clone(&self.schema);
+            // Sorting and encoding are CPU work: off the async runtime.
+            tokio::task::spawn_blocking(move || {
+                let batches: Vec<_> = memtable
+                    .batches(0, memtable.written_batches())
+                    .into_iter()
+                    .map(|b| b.batch)
+                    .collect();
+                let encoded = sstable::encode_batches(&schema, &batches)?;
+                // MemTable rows are numbered from 0 through its batches,
+                // as the encoder counts its input rows.
+                let rows = memtable.rows_within(memtable.written_batches());
+                let mut position = vec![u32::MAX; rows as usize];
+                for (at, &row) in encoded.source.iter().enumerate() {
+                    position[row as usize] = at as u32;
+                }
+                let graphs: Vec<(String, Bytes)> = schema
+                    .vectors
+                    .iter()
+                    .filter_map(|v| {
+                        let graph = memtable.graph(v.index)?;
+                        let bytes = graph.encode(&|row| {
+                            let at = position[row as usize];
+                            (at != u32::MAX).then_some(at as u64)
+                        });
+                        Some((schema.schema.field(v.index).name().clone(), bytes.into()))
+                    })
+                    .collect();
+                Ok::<_, Error>((encoded, graphs))
+            })
+            .await
+            .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
+        };
         let file = self
             .retrying("SSTable write", || {
                 sstable::write(
                     &self.store,
                     &self.shard_dir,
-                    self.epoch,
-                    generation.number,
-                    &self.schema,
-                    &batches,
+                    (self.epoch, generation.number),
+                    &encoded,
+                    &graphs,
                 )
             })
             .await?;
@@ -260,11 +293,12 @@ impl Shared {
             .filter(|p| *p <= m.replay_after && !fences.contains(p))
             .map(|p| self.wal.path_of(p))
             .collect();
+        // An SSTable is its directory (the file and its graphs).
         let named: HashSet<&str> = m
             .sstables
             .iter()
-            .map(|f| f.path.as_str())
-            .chain(m.retired.iter().map(|f| f.path.as_str()))
+            .map(|f| paths::sstable_dir(&f.path))
+            .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
             .collect();
         let listed: Vec<Path> = self
             .store
@@ -277,7 +311,8 @@ impl Shared {
         let orphans: Vec<Path> = listed
             .into_iter()
             .filter(|path| {
-                !named.contains(path.as_ref()) && paths::sstable_epoch(path.as_ref()) < self.epoch
+                !named.contains(paths::sstable_dir(path.as_ref()))
+                    && paths::sstable_epoch(path.as_ref()) < self.epoch
             })
             .collect();
         if !leftovers.is_empty() || !orphans.is_empty() {
@@ -385,7 +420,7 @@ impl Shared {
             inputs[0].first_generation,
             inputs[inputs.len() - 1].generation,
         );
-        sstable::write_stream(
+        let mut output = sstable::write_stream(
             &self.store,
             &self.shard_dir,
             self.epoch,
@@ -393,7 +428,35 @@ impl Shared {
             schema,
             rows,
         )
-        .await
+        .await?;
+        self.build_graphs(&mut output).await?;
+        Ok(output)
+    }
+
+    /// Builds and writes the graph of every vector column of `file` (a
+    /// compaction's output, not yet committed) and caches it for searches.
+    async fn build_graphs(&self, file: &mut SstableFile) -> Result<()> {
+        for v in &self.schema.vectors {
+            let mut data = self.reader.read_vectors(file, v.index).await?;
+            if data.live_rows == 0 {
+                continue;
+            }
+            let (v, threads) = (v.clone(), self.options.index_threads);
+            let (data, bytes) = tokio::task::spawn_blocking(move || {
+                let graph = Graph::new(v.dim as usize, v.metric, v.params, v.index as u64);
+                graph.add(&data.to_array(), 0, threads);
+                let bytes = graph.encode(&Some);
+                data.graph = Some(graph);
+                (data, bytes)
+            })
+            .await
+            .map_err(|e| Error::Poisoned(format!("building an HNSW graph failed: {e}")))?;
+            let column = self.schema.schema.field(v.index).name();
+            sstable::write_graph(&self.store, file, column, bytes.into()).await?;
+            self.reader
+                .cache_vector_column(file, v.index, Arc::new(data));
+        }
+        Ok(())
     }
 
     /// Deletes retired SSTables past their grace period and drops them
@@ -413,16 +476,12 @@ impl Shared {
         if expired.is_empty() {
             return Ok(());
         }
-        let deleted = futures::stream::iter(
-            expired
-                .iter()
-                .map(|p| Path::from(p.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .map(|path| delete_if_present(&self.store, path))
-        .buffer_unordered(DELETES)
-        .try_collect::<()>()
-        .await;
+        let store = &self.store;
+        let deleted = futures::stream::iter(expired.clone())
+            .map(|path| async move { sstable::delete(store, &path).await })
+            .buffer_unordered(DELETES)
+            .try_collect::<()>()
+            .await;
         if let Err(e) = deleted {
             // They stay retired; the next compaction tries again.
             log::warn!("deleting retired SSTables failed: {e}");
@@ -488,6 +547,7 @@ mod tests {
                 first_generation: i as u64 + 1,
                 rows: 1,
                 bytes,
+                graphs: Vec::new(),
             })
             .collect()
     }

@@ -168,3 +168,147 @@ fn recall_at_ef_64_on_clustered_1024d() {
     let r = recall(&rows(&search_all(&graph, &queries, dim, 64)), &truth);
     assert!(r >= 0.99, "recall@10 at ef=64: {r}");
 }
+
+/// The same bar for the graphs persisted next to SSTables, through the
+/// real write path: a flush writes the MemTable's graph (2,000 rows of it
+/// superseded by upserts, so dropped and bridged over), searches of the
+/// reopened shard run on it; a compaction rebuilds one graph for the
+/// merged SSTable and deletes the inputs' graphs with them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
+    use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+    use futures::TryStreamExt;
+    use memwal::memtable::TableSchema;
+    use memwal::read::VectorQuery;
+    use memwal::{ShardWriter, TableMeta, WriterOptions};
+    use object_store::ObjectStore;
+
+    let dim = 1024;
+    let shape = Shape::Clustered {
+        clusters: 100,
+        spread: 0.5,
+    };
+    let data = vectors(shape, 20_000, dim, 42, 0);
+    let queries = vectors(shape, 100, dim, 42, 1);
+    let stale = vectors(shape, 2_000, dim, 42, 2);
+    let truth = exact_neighbours(&data, &queries, dim, 10, distance::l2);
+
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("emb", DataType::FixedSizeList(item, dim as i32), true),
+    ]);
+    let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+    let table = Arc::new(TableSchema::new(&meta));
+    let rows = |first: usize, values: &[f32]| {
+        let n = values.len() / dim;
+        let ids = Int64Array::from_iter_values((first..first + n).map(|i| i as i64));
+        RecordBatch::try_new(
+            Arc::clone(&table.schema),
+            vec![Arc::new(ids), Arc::new(array(values, dim))],
+        )
+        .unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let location = "tables/vec-0000000000000001";
+    let options = WriterOptions {
+        memtable_bytes: 1 << 30,
+        max_unflushed_bytes: 2 << 30,
+        sstable_grace: std::time::Duration::ZERO,
+        ..WriterOptions::default()
+    };
+    let open = || {
+        ShardWriter::open(
+            Arc::clone(&store),
+            location,
+            0,
+            Arc::clone(&table),
+            options.clone(),
+        )
+    };
+    let search = |writer: &ShardWriter| {
+        let snapshot = writer.snapshot();
+        let queries = &queries;
+        async move {
+            let mut found = Vec::new();
+            for q in queries.chunks(dim) {
+                let query = VectorQuery {
+                    column: 1,
+                    vector: q.to_vec(),
+                    k: 10,
+                    ef: 64,
+                    filter: None,
+                };
+                let hits = snapshot.vector_search(&query).await.unwrap();
+                found.push(
+                    hits.iter()
+                        .map(|h| h.row.column(0).as_primitive::<Int64Type>().value(0) as u32)
+                        .collect(),
+                );
+            }
+            (snapshot, found)
+        }
+    };
+    // Every SSTable has its graph, and nothing else is left in `sst/`.
+    let check_files = |snapshot: &memwal::read::ShardSnapshot| {
+        let store = Arc::clone(&store);
+        let files = Arc::clone(&snapshot.sstables);
+        let reader = Arc::clone(&snapshot.reader);
+        async move {
+            let mut expected = Vec::new();
+            for file in files.iter() {
+                assert_eq!(file.graphs, ["emb"]);
+                let dir = file.path.trim_end_matches("data.parquet");
+                expected.extend([format!("{dir}data.parquet"), format!("{dir}emb.hnsw")]);
+                let data = reader.vector_column(file, 1).await.unwrap();
+                assert_eq!(data.graph.as_ref().unwrap().len(), data.live_rows);
+            }
+            let sst = object_store::path::Path::from(format!("{location}/shards/0/sst"));
+            let mut listed: Vec<String> = store
+                .list(Some(&sst))
+                .map_ok(|m| m.location.to_string())
+                .try_collect()
+                .await
+                .unwrap();
+            listed.sort();
+            expected.sort();
+            assert_eq!(listed, expected);
+        }
+    };
+
+    // Generation 1: stale versions of keys 0..2000, then rows 0..12000.
+    let writer = open().await.unwrap();
+    writer.put(&[rows(0, &stale)]).await.unwrap();
+    for (i, part) in data[..12_000 * dim].chunks(1_000 * dim).enumerate() {
+        writer.put(&[rows(i * 1_000, part)]).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    // Generation 2: rows 12000..20000.
+    let writer = open().await.unwrap();
+    for (i, part) in data[12_000 * dim..].chunks(1_000 * dim).enumerate() {
+        writer.put(&[rows(12_000 + i * 1_000, part)]).await.unwrap();
+    }
+    writer.close().await.unwrap();
+
+    let writer = open().await.unwrap();
+    let (snapshot, found) = search(&writer).await;
+    assert_eq!(snapshot.sstables.len(), 2);
+    assert_eq!(snapshot.sstables[0].rows, 12_000);
+    check_files(&snapshot).await;
+    let r = recall(&found, &truth);
+    assert!(r >= 0.99, "recall@10 at ef=64 over flushed graphs: {r}");
+
+    writer.compact().await.unwrap();
+    let (snapshot, found) = search(&writer).await;
+    assert_eq!(snapshot.sstables.len(), 1);
+    check_files(&snapshot).await;
+    let r = recall(&found, &truth);
+    assert!(
+        r >= 0.99,
+        "recall@10 at ef=64 over the compacted graph: {r}"
+    );
+    writer.close().await.unwrap();
+}
