@@ -30,12 +30,16 @@ fn graph_of(data: &[f32]) -> Graph {
 }
 
 fn kernels(c: &mut Criterion) {
-    let v = vectors(SHAPE, 2, DIM, 1, 0);
-    let (a, b) = v.split_at(DIM);
+    let v = vectors(SHAPE, 5, DIM, 1, 0);
+    let (a, b) = (&v[..DIM], &v[DIM..2 * DIM]);
+    let four: [&[f32]; 4] = std::array::from_fn(|j| &v[(j + 1) * DIM..(j + 2) * DIM]);
     let mut group = c.benchmark_group("kernel");
     let simd = kernel::kernels();
     group.bench_function(format!("l2_1024_{}", simd.name), |bench| {
         bench.iter(|| (simd.l2)(black_box(a), black_box(b)))
+    });
+    group.bench_function(format!("l2_1024_x4_{}", simd.name), |bench| {
+        bench.iter(|| (simd.l2_x4)(black_box(a), black_box(four)))
     });
     let portable = kernel::portable();
     group.bench_function("l2_1024_portable", |bench| {

@@ -542,16 +542,31 @@ impl Graph {
     /// links spread in all directions (the paper's heuristic).
     fn select(&self, candidates: &[(D, u32)], m: usize) -> Vec<(D, u32)> {
         let mut kept: Vec<(D, u32)> = Vec::with_capacity(m);
+        let mut ids: Vec<u32> = Vec::with_capacity(m);
         for &(d, c) in candidates {
             if kept.len() >= m {
                 break;
             }
-            let cq = self.node_query(c);
-            if kept.iter().all(|&(_, s)| self.distance(&cq, s) >= d) {
+            if self.none_nearer(&self.node_query(c), &ids, d) {
                 kept.push((d, c));
+                ids.push(c);
             }
         }
         kept
+    }
+
+    /// Whether no node of `ids` is nearer than `d` to `q` (four distances
+    /// per kernel call).
+    fn none_nearer(&self, q: &Query, ids: &[u32], d: D) -> bool {
+        let mut chunks = ids.chunks_exact(4);
+        for four in &mut chunks {
+            let nodes = [0, 1, 2, 3].map(|j| self.node(four[j]));
+            let raw = (self.kernel4)(q.vector, nodes.map(|n| self.vector(n)));
+            if (0..4).any(|j| self.finish(q, nodes[j], raw[j]) < d) {
+                return false;
+            }
+        }
+        chunks.remainder().iter().all(|&s| self.distance(q, s) >= d)
     }
 
     fn insert(&self, id: u32, visited: &mut Visited) {

@@ -112,6 +112,19 @@ mod avx2 {
     use std::arch::x86_64::*;
 
     /// Sum of the eight lanes.
+    /// Eight floats from `p`, unaligned. Not `_mm256_loadu_ps`: that
+    /// copies through `copy_nonoverlapping`, whose precondition check runs
+    /// in builds with debug assertions (tests, benches on the dev profile)
+    /// and made the kernels three times slower there.
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        #[repr(C, packed)]
+        struct Unaligned(__m256);
+        // SAFETY: the caller passes a pointer to 8 readable floats; a
+        // packed struct has alignment 1.
+        unsafe { (*(p as *const Unaligned)).0 }
+    }
+
     #[target_feature(enable = "avx2,fma")]
     fn hsum(v: __m256) -> f32 {
         let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -139,16 +152,12 @@ mod avx2 {
             while i + 32 <= n {
                 for (j, acc) in acc.iter_mut().enumerate() {
                     let k = i + 8 * j;
-                    *acc = step(*acc, _mm256_loadu_ps(pa.add(k)), _mm256_loadu_ps(pb.add(k)));
+                    *acc = step(*acc, load(pa.add(k)), load(pb.add(k)));
                 }
                 i += 32;
             }
             while i + 8 <= n {
-                acc[0] = step(
-                    acc[0],
-                    _mm256_loadu_ps(pa.add(i)),
-                    _mm256_loadu_ps(pb.add(i)),
-                );
+                acc[0] = step(acc[0], load(pa.add(i)), load(pb.add(i)));
                 i += 8;
             }
         }
@@ -172,9 +181,9 @@ mod avx2 {
         // SAFETY: every load reads 8 floats starting below `n - 7`.
         unsafe {
             while i + 8 <= n {
-                let x = _mm256_loadu_ps(pq.add(i));
+                let x = load(pq.add(i));
                 for j in 0..4 {
-                    let y = _mm256_loadu_ps(pv[j].add(i));
+                    let y = load(pv[j].add(i));
                     acc[j] = if L2 {
                         let d = _mm256_sub_ps(x, y);
                         _mm256_fmadd_ps(d, d, acc[j])
