@@ -81,6 +81,22 @@ impl VectorColumnData {
         &self.values[position * self.dim..(position + 1) * self.dim]
     }
 
+    /// The vector at `position` as a one-row array of `data_type` (the
+    /// column's `FixedSizeList`), null unless the row is live.
+    pub fn row(&self, position: usize, data_type: &DataType) -> ArrayRef {
+        let DataType::FixedSizeList(item, dim) = data_type else {
+            unreachable!("vector columns are FixedSizeList");
+        };
+        let values = self.values.slice(position * self.dim, self.dim);
+        let nulls = (!self.live[position]).then(|| NullBuffer::new_null(1));
+        Arc::new(FixedSizeListArray::new(
+            Arc::clone(item),
+            *dim,
+            Arc::new(Float32Array::new(values, None)),
+            nulls,
+        ))
+    }
+
     /// The vectors as an Arrow array (no copy); rows that are not live
     /// are null.
     pub fn to_array(&self) -> FixedSizeListArray {
@@ -117,13 +133,21 @@ impl SstableReader {
         }
     }
 
-    /// The row at `position` (in file order) of `file`, stored form: reads
-    /// the pages holding it.
+    /// The row at `position` (in file order) of `file`, stored form: its
+    /// vectors from the cached vector columns, every other column from the
+    /// pages holding it.
     pub async fn row_at(&self, file: &SstableFile, position: usize) -> Result<RecordBatch> {
+        let stored = &self.schema.stored;
+        let vectors: Vec<usize> = self.schema.vectors.iter().map(|v| v.index).collect();
+        let others: Vec<usize> = (0..stored.fields().len())
+            .filter(|c| !vectors.contains(c))
+            .collect();
         let meta = self.footer(file).await?;
         let selection =
             RowSelection::from(vec![RowSelector::skip(position), RowSelector::select(1)]);
+        let mask = ProjectionMask::roots(meta.parquet_schema(), others.iter().copied());
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
+            .with_projection(mask)
             .with_row_selection(selection)
             .build()
             .map_err(|e| Self::corrupt(file, e))?;
@@ -131,7 +155,24 @@ impl SstableReader {
             .try_collect()
             .await
             .map_err(|e| Self::read_error(file, e))?;
-        let rows = concat_batches(&self.schema.stored, &batches)?;
+        let partial = concat_batches(&Arc::new(stored.project(&others)?), &batches)?;
+        let mut columns = Vec::with_capacity(stored.fields().len());
+        for (c, field) in stored.fields().iter().enumerate() {
+            columns.push(match others.binary_search(&c) {
+                Ok(at) => Arc::clone(partial.column(at)),
+                Err(_) => {
+                    let data = self.vector_column(file, c).await?;
+                    if position >= data.live.len() {
+                        return Err(Self::corrupt(
+                            file,
+                            format!("no row at position {position}"),
+                        ));
+                    }
+                    data.row(position, field.data_type())
+                }
+            });
+        }
+        let rows = RecordBatch::try_new(Arc::clone(stored), columns)?;
         if rows.num_rows() != 1 {
             return Err(Self::corrupt(
                 file,
