@@ -14,8 +14,10 @@ if [ ! -x "$work/venv/bin/python" ]; then
   python3 -m venv "$work/venv"
   "$work/venv/bin/pip" install --quiet numpy hnswlib faiss-cpu usearch
 fi
-cargo build --quiet --example hnsw_bench
-bench="${CARGO_TARGET_DIR:-target}/debug/examples/hnsw_bench"
+# A release build, as the peers' wheels are (the first one compiles
+# DataFusion in release: about 25 minutes on two cores).
+cargo build --quiet --release --example hnsw_bench
+bench="${CARGO_TARGET_DIR:-target}/release/examples/hnsw_bench"
 export OMP_NUM_THREADS=1
 for shape in clustered low-rank; do
   "$bench" --shape "$shape" --write "$work/$shape" | sed "s/^/$shape /"

@@ -168,8 +168,8 @@ impl TableMeta {
                                 "option '{key}': unknown metric '{value}' (use l2, cosine or dot)"
                             ))
                         })?,
-                        "m" => vector.hnsw.m = count(2..=256)?,
-                        _ => vector.hnsw.ef_construction = count(1..=10_000)?,
+                        "m" => vector.hnsw.m = count(HnswParams::M)?,
+                        _ => vector.hnsw.ef_construction = count(HnswParams::EF_CONSTRUCTION)?,
                     }
                 }
                 "blob" => {

@@ -111,7 +111,6 @@ fn portable_dot(a: &[f32], b: &[f32]) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// Sum of the eight lanes.
     /// Eight floats from `p`, unaligned. Not `_mm256_loadu_ps`: that
     /// copies through `copy_nonoverlapping`, whose precondition check runs
     /// in builds with debug assertions (tests, benches on the dev profile)
@@ -125,6 +124,7 @@ mod avx2 {
         unsafe { (*(p as *const Unaligned)).0 }
     }
 
+    /// Sum of the eight lanes.
     #[target_feature(enable = "avx2,fma")]
     fn hsum(v: __m256) -> f32 {
         let half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

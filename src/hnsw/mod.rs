@@ -58,12 +58,22 @@ impl Metric {
 }
 
 /// Build parameters of a graph.
+///
+/// Valid ranges: `m` in [`HnswParams::M`], `ef_construction` in
+/// [`HnswParams::EF_CONSTRUCTION`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HnswParams {
     /// Links per node on the upper levels; level 0 has `2 * m`.
     pub m: usize,
     /// Candidate list size while inserting.
     pub ef_construction: usize,
+}
+
+impl HnswParams {
+    /// The values `m` may take.
+    pub const M: std::ops::RangeInclusive<usize> = 2..=256;
+    /// The values `ef_construction` may take.
+    pub const EF_CONSTRUCTION: std::ops::RangeInclusive<usize> = 1..=10_000;
 }
 
 impl Default for HnswParams {

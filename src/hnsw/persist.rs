@@ -132,7 +132,8 @@ impl Reader<'_> {
 }
 
 fn read(bytes: &[u8]) -> Result<Parts, String> {
-    if bytes.len() < MAGIC.len() + 4 || &bytes[..MAGIC.len()] != MAGIC {
+    // Magic, version and checksum at least.
+    if bytes.len() < MAGIC.len() + 8 || &bytes[..MAGIC.len()] != MAGIC {
         return Err("not a memwal HNSW graph".into());
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
@@ -160,8 +161,14 @@ fn read(bytes: &[u8]) -> Result<Parts, String> {
     let seed = r.u64()?;
     let nodes = r.u32()?;
     let entry = r.u32()?;
-    if dim == 0 || params.m < 2 {
-        return Err(format!("dimension {dim}, m {}", params.m));
+    if dim == 0
+        || !HnswParams::M.contains(&params.m)
+        || !HnswParams::EF_CONSTRUCTION.contains(&params.ef_construction)
+    {
+        return Err(format!(
+            "dimension {dim}, m {}, ef_construction {}",
+            params.m, params.ef_construction
+        ));
     }
     let mut rows = Vec::new();
     let mut links = Vec::new();
@@ -293,7 +300,7 @@ mod tests {
         let graph = Graph::new(DIM, Metric::L2, HnswParams::default(), 2);
         graph.add(&to_array(&data, DIM), 0, 1);
         // A third of the rows go (superseded), the rest move: row r lands
-        // at position 2r, reversed, as a sort by key might place them.
+        // at position 2 * (4000 - r), reversed, as a sort by key might.
         let position = |row: u64| (!row.is_multiple_of(3)).then(|| 2 * (4_000 - row));
         let parts = graph.export(&position);
         assert!(parts.rows.windows(2).all(|w| w[0] < w[1]));
@@ -337,6 +344,16 @@ mod tests {
         newer[8] = 2;
         assert!(decode(&newer).contains("version 2"));
         assert!(decode(b"PAR1....").contains("not a memwal HNSW graph"));
+        assert!(decode(&bytes[..12]).contains("not a memwal HNSW graph"));
+        // Parameters out of range, with a valid checksum.
+        let mut parts = graph.export(&Some);
+        parts.params.m = 1 << 30;
+        assert!(decode(&write(&parts)).contains("m 1073741824"));
+        // An entry point below the top level.
+        let mut parts = graph.export(&Some);
+        let low = parts.links.iter().position(|l| l.len() == 1).unwrap();
+        parts.entry = low as u32;
+        assert!(decode(&write(&parts)).contains("entry point"));
         // A well-formed file naming rows the vectors do not have.
         let short = Graph::decode(&bytes, buffer(&data[..100 * DIM])).map(|_| ());
         assert!(short.unwrap_err().contains("beyond"));

@@ -575,7 +575,7 @@ mod tests {
                     &store,
                     &shard,
                     (1, g as u64 + 1),
-                    &sstable::encode_batches(&t, &batches).unwrap(),
+                    &sstable::encode_batches(&t, &batches).unwrap().0,
                     &[],
                 )
                 .await

@@ -4,7 +4,7 @@
 //!
 //! Each layer is searched on its own for its nearest candidates: a
 //! MemTable through its graph, an SSTable through its persisted graph over
-//! its decoded vector column (both cached by the reader), or exactly when
+//! its decoded vector column (cached by the SSTable reader), or exactly when
 //! the layer is small or has no graph. A layer only offers rows that are the newest
 //! version of their key within it, not deleted, and match the filter; a
 //! candidate is then dropped if a newer layer holds any version of its key
@@ -158,8 +158,11 @@ impl ShardSnapshot {
                 }
                 let row = match (candidate.row, &layers[at]) {
                     (Some(row), _) => row,
-                    (None, Layer::Sstable { file, .. }) => {
-                        self.reader.row_at(file, candidate.position).await?
+                    (None, Layer::Sstable { file, vectors, .. }) => {
+                        let decoded = [(query.column, vectors.as_ref())];
+                        self.reader
+                            .row_at(file, candidate.position, &decoded)
+                            .await?
                     }
                     (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
                 };

@@ -97,13 +97,14 @@ pub struct Encoded {
 }
 
 /// Sorts `batches` (stored form, oldest first) into an SSTable body (see
-/// [`newest_per_key_sorted`]) and encodes it.
-pub fn encode_batches(schema: &TableSchema, batches: &[RecordBatch]) -> Result<Encoded> {
+/// [`newest_per_key_sorted`]) and encodes it; also returns the body.
+pub fn encode_batches(
+    schema: &TableSchema,
+    batches: &[RecordBatch],
+) -> Result<(Encoded, RecordBatch)> {
     let (body, source) = sorted(schema, batches)?;
-    Ok(Encoded {
-        bytes: encode(schema, &body)?,
-        source,
-    })
+    let bytes = encode(schema, &body)?;
+    Ok((Encoded { bytes, source }, body))
 }
 
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
@@ -187,7 +188,8 @@ pub struct SstableFile {
 /// Writes `sstable` as the SSTable of `generation` into the shard at
 /// `shard_dir` as the writer of `epoch`, under a fresh name created with
 /// put-if-absent, with the persisted graphs `(column, bytes)` next to it.
-/// Nothing is part of the table until a shard manifest names the file.
+/// Nothing is part of the table until a shard manifest names the file; a
+/// failed write deletes what it wrote (best effort).
 pub async fn write(
     store: &Arc<dyn ObjectStore>,
     shard_dir: &Path,
@@ -196,13 +198,6 @@ pub async fn write(
     graphs: &[(String, Bytes)],
 ) -> Result<SstableFile> {
     let path = paths::new_sstable_file(shard_dir, generation, epoch);
-    store
-        .put_opts(
-            &path,
-            PutPayload::from_bytes(sstable.bytes.clone()),
-            PutMode::Create.into(),
-        )
-        .await?;
     let mut file = SstableFile {
         path: path.to_string(),
         generation,
@@ -211,10 +206,29 @@ pub async fn write(
         bytes: sstable.bytes.len() as u64,
         graphs: Vec::new(),
     };
-    for (column, bytes) in graphs {
-        write_graph(store, &mut file, column, bytes.clone()).await?;
+    let written = async {
+        let payload = PutPayload::from_bytes(sstable.bytes.clone());
+        store
+            .put_opts(&path, payload, PutMode::Create.into())
+            .await?;
+        for (column, bytes) in graphs {
+            write_graph(store, &mut file, column, bytes.clone()).await?;
+        }
+        Ok(())
+    };
+    if let Err(e) = written.await {
+        discard(store, &file.path).await;
+        return Err(e);
     }
     Ok(file)
+}
+
+/// Deletes an SSTable no manifest names after a failed write, logging a
+/// failure (a later writer's start collects what is left).
+pub async fn discard(store: &Arc<dyn ObjectStore>, path: &str) {
+    if let Err(e) = delete(store, path).await {
+        log::debug!("deleting the unused SSTable {path} failed: {e}");
+    }
 }
 
 /// Writes `graph` (see [`crate::hnsw::Graph::encode`]) as the persisted
@@ -438,7 +452,7 @@ mod tests {
         let t = Arc::new(table(true));
         let shard = paths::shard_dir("tables/t-1", 0);
         let batches = [put(&t, &[3, 1, 2], 1), put(&t, &[2], 2)];
-        let encoded = encode_batches(&t, &batches).unwrap();
+        let (encoded, _) = encode_batches(&t, &batches).unwrap();
         // Position 1 holds key 2's newer version: input row 3.
         assert_eq!(encoded.source, [1, 3, 0]);
         let file = write(&store, &shard, (1, 7), &encoded, &[]).await.unwrap();

@@ -133,14 +133,18 @@ impl SstableReader {
         }
     }
 
-    /// The row at `position` (in file order) of `file`, stored form: its
-    /// vectors from the cached vector columns, every other column from the
-    /// pages holding it.
-    pub async fn row_at(&self, file: &SstableFile, position: usize) -> Result<RecordBatch> {
+    /// The row at `position` (in file order) of `file`, stored form: the
+    /// columns of `decoded` (decoded vector columns of this file, by column)
+    /// from them, every other column from the pages holding the row.
+    pub async fn row_at(
+        &self,
+        file: &SstableFile,
+        position: usize,
+        decoded: &[(usize, &VectorColumnData)],
+    ) -> Result<RecordBatch> {
         let stored = &self.schema.stored;
-        let vectors: Vec<usize> = self.schema.vectors.iter().map(|v| v.index).collect();
         let others: Vec<usize> = (0..stored.fields().len())
-            .filter(|c| !vectors.contains(c))
+            .filter(|c| decoded.iter().all(|(d, _)| d != c))
             .collect();
         let meta = self.footer(file).await?;
         let selection =
@@ -158,10 +162,9 @@ impl SstableReader {
         let partial = concat_batches(&Arc::new(stored.project(&others)?), &batches)?;
         let mut columns = Vec::with_capacity(stored.fields().len());
         for (c, field) in stored.fields().iter().enumerate() {
-            columns.push(match others.binary_search(&c) {
-                Ok(at) => Arc::clone(partial.column(at)),
-                Err(_) => {
-                    let data = self.vector_column(file, c).await?;
+            columns.push(match decoded.iter().find(|(d, _)| *d == c) {
+                None => Arc::clone(partial.column(others.binary_search(&c).expect("projected"))),
+                Some((_, data)) => {
                     if position >= data.live.len() {
                         return Err(Self::corrupt(
                             file,
@@ -201,26 +204,39 @@ impl SstableReader {
         let mut data = self.read_vectors(file, column).await?;
         let name = self.schema.schema.field(column).name();
         if file.graphs.contains(name) {
+            // A graph is an index: without it the column is searched
+            // exactly, so a missing or damaged one is a warning.
             let path = paths::graph_file(&file.path, name);
-            let bytes = self.store.get(&path).await?.bytes().await?;
-            let graph =
-                Graph::decode(&bytes, data.values.clone()).map_err(|reason| Error::Corrupt {
-                    path: path.to_string(),
-                    reason: format!("HNSW graph: {reason}"),
-                })?;
-            let expected = self.schema.vectors.iter().find(|v| v.index == column);
-            if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim())
-            {
-                return Err(Error::Corrupt {
-                    path: path.to_string(),
-                    reason: "HNSW graph of another metric or dimension".into(),
-                });
+            match self.load_graph(&path, column, &data).await {
+                Ok(graph) => data.graph = Some(graph),
+                Err(e) => log::warn!("searching {} exactly: {e}", file.path),
             }
-            data.graph = Some(graph);
         }
         let data = Arc::new(data);
         self.cache_vector_column(file, column, Arc::clone(&data));
         Ok(data)
+    }
+
+    /// The persisted graph at `path` of vector column `column` over `data`.
+    async fn load_graph(
+        &self,
+        path: &Path,
+        column: usize,
+        data: &VectorColumnData,
+    ) -> Result<Graph> {
+        let bytes = self.store.get(path).await?.bytes().await?;
+        let corrupt = |reason: String| Error::Corrupt {
+            path: path.to_string(),
+            reason: format!("HNSW graph: {reason}"),
+        };
+        let graph = Graph::decode(&bytes, data.values.clone()).map_err(corrupt)?;
+        let expected = self.schema.vectors.iter().find(|v| v.index == column);
+        if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim()) {
+            return Err(corrupt(
+                "another metric or dimension than the column's".into(),
+            ));
+        }
+        Ok(graph)
     }
 
     /// Keeps `data` as what [`SstableReader::vector_column`] returns for

@@ -29,12 +29,12 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
+use datafusion::arrow::array::{Array, AsArray};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
-
-use bytes::Bytes;
 
 use super::manifest::{RetiredFile, ShardManifest, commit_as};
 use super::{Generation, Shared};
@@ -177,6 +177,7 @@ impl Shared {
         let (encoded, graphs) = {
             let memtable = Arc::clone(memtable);
             let schema = Arc::clone(&self.schema);
+            let threads = self.options.index_threads;
             // Sorting and encoding are CPU work: off the async runtime.
             tokio::task::spawn_blocking(move || {
                 let batches: Vec<_> = memtable
@@ -184,7 +185,7 @@ impl Shared {
                     .into_iter()
                     .map(|b| b.batch)
                     .collect();
-                let encoded = sstable::encode_batches(&schema, &batches)?;
+                let (encoded, body) = sstable::encode_batches(&schema, &batches)?;
                 // MemTable rows are numbered from 0 through its batches,
                 // as the encoder counts its input rows.
                 let rows = memtable.rows_within(memtable.written_batches());
@@ -197,10 +198,20 @@ impl Shared {
                     .iter()
                     .filter_map(|v| {
                         let graph = memtable.graph(v.index)?;
-                        let bytes = graph.encode(&|row| {
-                            let at = position[row as usize];
-                            (at != u32::MAX).then_some(at as u64)
-                        });
+                        let vectors = body.column(v.index).as_fixed_size_list();
+                        let bytes = if 2 * (vectors.len() - vectors.null_count()) >= graph.len() {
+                            graph.encode(&|row| {
+                                let at = position[row as usize];
+                                (at != u32::MAX).then_some(at as u64)
+                            })
+                        } else {
+                            // Most nodes are superseded: bridging over
+                            // them would leave a sparse graph; build anew.
+                            let fresh =
+                                Graph::new(v.dim as usize, v.metric, v.params, v.index as u64);
+                            fresh.add(vectors, 0, threads);
+                            fresh.encode(&Some)
+                        };
                         Some((schema.schema.field(v.index).name().clone(), bytes.into()))
                     })
                     .collect();
@@ -429,7 +440,10 @@ impl Shared {
             rows,
         )
         .await?;
-        self.build_graphs(&mut output).await?;
+        if let Err(e) = self.build_graphs(&mut output).await {
+            sstable::discard(&self.store, &output.path).await;
+            return Err(e);
+        }
         Ok(output)
     }
 

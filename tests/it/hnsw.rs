@@ -170,10 +170,12 @@ fn recall_at_ef_64_on_clustered_1024d() {
 }
 
 /// The same bar for the graphs persisted next to SSTables, through the
-/// real write path: a flush writes the MemTable's graph (2,000 rows of it
-/// superseded by upserts, so dropped and bridged over), searches of the
-/// reopened shard run on it; a compaction rebuilds one graph for the
-/// merged SSTable and deletes the inputs' graphs with them.
+/// real write path: a flush writes the MemTable's graph (2,000 of its
+/// 14,000 nodes superseded by upserts, so dropped and bridged over), or
+/// builds one anew when most nodes are superseded (the second MemTable:
+/// two stale versions of each of its 8,000 keys); searches of the reopened
+/// shard run on them. A compaction builds one graph for the merged SSTable
+/// and deletes the inputs' graphs with them; a reopened shard finds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
@@ -192,6 +194,10 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     let data = vectors(shape, 20_000, dim, 42, 0);
     let queries = vectors(shape, 100, dim, 42, 1);
     let stale = vectors(shape, 2_000, dim, 42, 2);
+    let stale_twice = [
+        vectors(shape, 8_000, dim, 42, 3),
+        vectors(shape, 8_000, dim, 42, 4),
+    ];
     let truth = exact_neighbours(&data, &queries, dim, 10, distance::l2);
 
     let item = Arc::new(Field::new("item", DataType::Float32, true));
@@ -231,7 +237,7 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     };
     let search = |writer: &ShardWriter| {
         let snapshot = writer.snapshot();
-        let queries = &queries;
+        let (queries, data) = (&queries, &data);
         async move {
             let mut found = Vec::new();
             for q in queries.chunks(dim) {
@@ -243,11 +249,17 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
                     filter: None,
                 };
                 let hits = snapshot.vector_search(&query).await.unwrap();
-                found.push(
-                    hits.iter()
-                        .map(|h| h.row.column(0).as_primitive::<Int64Type>().value(0) as u32)
-                        .collect(),
-                );
+                let ids: Vec<u32> = hits
+                    .iter()
+                    .map(|h| h.row.column(0).as_primitive::<Int64Type>().value(0) as u32)
+                    .collect();
+                // Each row carries its own (newest) vector.
+                for (hit, &id) in hits.iter().zip(&ids) {
+                    let emb = hit.row.column(1).as_fixed_size_list().value(0);
+                    let emb = emb.as_primitive::<datafusion::arrow::datatypes::Float32Type>();
+                    assert_eq!(emb.values()[..], data[id as usize * dim..][..dim]);
+                }
+                found.push(ids);
             }
             (snapshot, found)
         }
@@ -286,8 +298,13 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
         writer.put(&[rows(i * 1_000, part)]).await.unwrap();
     }
     writer.close().await.unwrap();
-    // Generation 2: rows 12000..20000.
+    // Generation 2: two stale versions of keys 12000..20000, then the rows.
     let writer = open().await.unwrap();
+    for stale in &stale_twice {
+        for (i, part) in stale.chunks(1_000 * dim).enumerate() {
+            writer.put(&[rows(12_000 + i * 1_000, part)]).await.unwrap();
+        }
+    }
     for (i, part) in data[12_000 * dim..].chunks(1_000 * dim).enumerate() {
         writer.put(&[rows(12_000 + i * 1_000, part)]).await.unwrap();
     }
@@ -302,6 +319,9 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     assert!(r >= 0.99, "recall@10 at ef=64 over flushed graphs: {r}");
 
     writer.compact().await.unwrap();
+    writer.close().await.unwrap();
+    // Reopened, so the graph is read from its file.
+    let writer = open().await.unwrap();
     let (snapshot, found) = search(&writer).await;
     assert_eq!(snapshot.sstables.len(), 1);
     check_files(&snapshot).await;
