@@ -251,12 +251,17 @@ pub async fn write_graph(
 /// objects already gone are no error.
 pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
     use futures::TryStreamExt;
-    let dir = Path::from(paths::sstable_dir(path));
-    let objects: Vec<Path> = store
-        .list(Some(&dir))
-        .map_ok(|meta| meta.location)
-        .try_collect()
-        .await?;
+    // Only a name of `paths::new_sstable_file` has a directory of its own.
+    let objects: Vec<Path> = match path.strip_suffix("/data.parquet") {
+        Some(dir) => {
+            store
+                .list(Some(&Path::from(dir)))
+                .map_ok(|meta| meta.location)
+                .try_collect()
+                .await?
+        }
+        None => vec![Path::from(path)],
+    };
     for object in objects {
         match store.delete(&object).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
