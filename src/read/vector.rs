@@ -12,6 +12,7 @@
 //! than `k` rows nearer than what a layer may still hold, every layer is
 //! asked again for twice as many candidates.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, new_null_array};
@@ -149,6 +150,30 @@ impl ShardSnapshot {
                 .flat_map(|(layer, o)| o.found.into_iter().map(move |n| (layer, n)))
                 .collect();
             all.sort_by(|a, b| a.1.distance.total_cmp(&b.1.distance));
+            // The SSTable rows of the first k certain candidates, read in
+            // one pass per file; rows needed beyond them (when some are
+            // superseded) are read one at a time.
+            let mut wanted: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for (at, c) in all
+                .iter()
+                .take_while(|(_, c)| c.distance <= certain_up_to)
+                .take(query.k)
+            {
+                if c.row.is_none() {
+                    wanted.entry(*at).or_default().push(c.position);
+                }
+            }
+            let mut fetched = HashMap::new();
+            for (at, mut positions) in wanted {
+                let Layer::Sstable { file, vectors, .. } = &layers[at] else {
+                    unreachable!("MemTable offers carry rows");
+                };
+                positions.sort_unstable();
+                positions.dedup();
+                let decoded = [(query.column, vectors.as_ref())];
+                let rows = self.reader.rows_at(file, &positions, &decoded).await?;
+                fetched.extend(positions.into_iter().map(|p| (at, p)).zip(rows));
+            }
             let mut out = Vec::new();
             let mut complete = true;
             for (at, candidate) in all {
@@ -159,10 +184,15 @@ impl ShardSnapshot {
                 let row = match (candidate.row, &layers[at]) {
                     (Some(row), _) => row,
                     (None, Layer::Sstable { file, vectors, .. }) => {
-                        let decoded = [(query.column, vectors.as_ref())];
-                        self.reader
-                            .row_at(file, candidate.position, &decoded)
-                            .await?
+                        match fetched.remove(&(at, candidate.position)) {
+                            Some(row) => row,
+                            None => {
+                                let decoded = [(query.column, vectors.as_ref())];
+                                let at = [candidate.position];
+                                let mut rows = self.reader.rows_at(file, &at, &decoded).await?;
+                                rows.pop().expect("one row")
+                            }
+                        }
                     }
                     (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
                 };

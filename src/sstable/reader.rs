@@ -133,26 +133,38 @@ impl SstableReader {
         }
     }
 
-    /// The row at `position` (in file order) of `file`, stored form: the
-    /// columns of `decoded` (decoded vector columns of this file, by column)
-    /// from them, every other column from the pages holding the row.
-    pub async fn row_at(
+    /// The rows at `positions` (in file order, ascending, distinct) of
+    /// `file`, one single-row batch each, stored form: the columns of
+    /// `decoded` (decoded vector columns of this file, by column) from
+    /// them, every other column from the pages holding the rows, read in
+    /// one pass.
+    pub async fn rows_at(
         &self,
         file: &SstableFile,
-        position: usize,
+        positions: &[usize],
         decoded: &[(usize, &VectorColumnData)],
-    ) -> Result<RecordBatch> {
+    ) -> Result<Vec<RecordBatch>> {
         let stored = &self.schema.stored;
         let others: Vec<usize> = (0..stored.fields().len())
             .filter(|c| decoded.iter().all(|(d, _)| d != c))
             .collect();
         let meta = self.footer(file).await?;
-        let selection =
-            RowSelection::from(vec![RowSelector::skip(position), RowSelector::select(1)]);
+        let mut selectors = Vec::with_capacity(2 * positions.len());
+        let mut next = 0;
+        for &position in positions {
+            if position < next {
+                return Err(Error::invalid("row positions must ascend"));
+            }
+            if position > next {
+                selectors.push(RowSelector::skip(position - next));
+            }
+            selectors.push(RowSelector::select(1));
+            next = position + 1;
+        }
         let mask = ProjectionMask::roots(meta.parquet_schema(), others.iter().copied());
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
             .with_projection(mask)
-            .with_row_selection(selection)
+            .with_row_selection(RowSelection::from(selectors))
             .build()
             .map_err(|e| Self::corrupt(file, e))?;
         let batches: Vec<RecordBatch> = stream
@@ -160,27 +172,26 @@ impl SstableReader {
             .await
             .map_err(|e| Self::read_error(file, e))?;
         let partial = concat_batches(&Arc::new(stored.project(&others)?), &batches)?;
-        let mut columns = Vec::with_capacity(stored.fields().len());
-        for (c, field) in stored.fields().iter().enumerate() {
-            columns.push(match decoded.iter().find(|(d, _)| *d == c) {
-                None => Arc::clone(partial.column(others.binary_search(&c).expect("projected"))),
-                Some((_, data)) => {
-                    if position >= data.live.len() {
-                        return Err(Self::corrupt(
-                            file,
-                            format!("no row at position {position}"),
-                        ));
-                    }
-                    data.row(position, field.data_type())
-                }
-            });
+        let beyond = |p: usize| Self::corrupt(file, format!("no row at position {p}"));
+        if partial.num_rows() != positions.len() {
+            return Err(beyond(next - 1));
         }
-        let rows = RecordBatch::try_new(Arc::clone(stored), columns)?;
-        if rows.num_rows() != 1 {
-            return Err(Self::corrupt(
-                file,
-                format!("no row at position {position}"),
-            ));
+        let mut rows = Vec::with_capacity(positions.len());
+        for (i, &position) in positions.iter().enumerate() {
+            let mut columns = Vec::with_capacity(stored.fields().len());
+            for (c, field) in stored.fields().iter().enumerate() {
+                columns.push(match decoded.iter().find(|(d, _)| *d == c) {
+                    None => {
+                        let at = others.binary_search(&c).expect("projected");
+                        partial.column(at).slice(i, 1)
+                    }
+                    Some((_, data)) if position < data.live.len() => {
+                        data.row(position, field.data_type())
+                    }
+                    Some(_) => return Err(beyond(position)),
+                });
+            }
+            rows.push(RecordBatch::try_new(Arc::clone(stored), columns)?);
         }
         Ok(rows)
     }
