@@ -4,13 +4,13 @@
 //!
 //! Each layer is searched on its own for its nearest candidates: a
 //! MemTable through its graph, an SSTable through its persisted graph over
-//! its decoded vector column (cached by the SSTable reader), or exactly when
-//! the layer is small or has no graph. A layer only offers rows that are the newest
-//! version of their key within it, not deleted, and match the filter; a
-//! candidate is then dropped if a newer layer holds any version of its key
-//! (that version supersedes or deletes it). When the drops leave fewer
-//! than `k` rows nearer than what a layer may still hold, every layer is
-//! asked again for twice as many candidates.
+//! its decoded vector column (cached by the SSTable reader), or exactly
+//! when the layer is small or has no graph. A layer only offers rows that
+//! are the newest version of their key within it, not deleted, and match
+//! the filter; a candidate is then dropped if a newer layer holds any
+//! version of its key (that version supersedes or deletes it). When the
+//! drops leave fewer than `k` rows nearer than what a layer may still
+//! hold, every layer is asked again for twice as many candidates.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
