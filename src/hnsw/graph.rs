@@ -245,21 +245,7 @@ impl Graph {
             }
             let offset = vectors.value_offset(i) as usize;
             let vector = &values[offset..offset + self.dim];
-            let level = self.level_of(end);
-            let node = Node {
-                vector: VectorRef(vector.as_ptr()),
-                row: first_row + i as u64,
-                inv_norm: self.inv_norm(vector),
-                level,
-                upper: (0..level as usize * self.upper_stride)
-                    .map(|_| AtomicU32::new(0))
-                    .collect(),
-                linked: AtomicBool::new(false),
-            };
-            let (segment, offset) = locate(end);
-            if self.segment(segment).nodes[offset].set(node).is_err() {
-                unreachable!("graph node {end} set twice");
-            }
+            self.set_node(end, vector, first_row + i as u64, self.level_of(end), false);
             end += 1;
         }
         self.buffers
@@ -346,6 +332,25 @@ impl Graph {
         let uniform = ((z >> 11) + 1) as f64 / (1u64 << 53) as f64;
         let level = -uniform.ln() / (self.params.m as f64).ln();
         (level as u8).min(MAX_LEVEL)
+    }
+
+    /// Creates node `id` (not yet reserved) for `vector`, which lives in a
+    /// buffer the caller adds to `buffers`; its lists are empty.
+    fn set_node(&self, id: u32, vector: &[f32], row: u64, level: u8, linked: bool) {
+        let node = Node {
+            vector: VectorRef(vector.as_ptr()),
+            row,
+            inv_norm: self.inv_norm(vector),
+            level,
+            upper: (0..level as usize * self.upper_stride)
+                .map(|_| AtomicU32::new(0))
+                .collect(),
+            linked: AtomicBool::new(linked),
+        };
+        let (segment, offset) = locate(id);
+        if self.segment(segment).nodes[offset].set(node).is_err() {
+            unreachable!("graph node {id} set twice");
+        }
     }
 
     fn segment(&self, segment: usize) -> &Segment {
@@ -777,20 +782,7 @@ impl Graph {
         for (id, (&row, lists)) in parts.rows.iter().zip(&parts.links).enumerate() {
             let vector = &vectors[row as usize * graph.dim..][..graph.dim];
             let level = (lists.len() - 1) as u8;
-            let node = Node {
-                vector: VectorRef(vector.as_ptr()),
-                row,
-                inv_norm: graph.inv_norm(vector),
-                level,
-                upper: (0..level as usize * graph.upper_stride)
-                    .map(|_| AtomicU32::new(0))
-                    .collect(),
-                linked: AtomicBool::new(true),
-            };
-            let (segment, offset) = locate(id as u32);
-            if graph.segment(segment).nodes[offset].set(node).is_err() {
-                unreachable!("graph node {id} set twice");
-            }
+            graph.set_node(id as u32, vector, row, level, true);
             for (level, ids) in lists.iter().enumerate() {
                 let list = graph.list(id as u32, level);
                 for (slot, &n) in list[2..].iter().zip(ids) {

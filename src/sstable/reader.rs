@@ -76,6 +76,11 @@ pub struct VectorColumnData {
 }
 
 impl VectorColumnData {
+    /// Memory the vectors and the graph take.
+    pub fn bytes(&self) -> usize {
+        self.values.len() * 4 + self.graph.as_ref().map_or(0, Graph::bytes)
+    }
+
     /// The vector at `position`.
     pub fn vector(&self, position: usize) -> &[f32] {
         &self.values[position * self.dim..(position + 1) * self.dim]
@@ -258,13 +263,15 @@ impl SstableReader {
         column: usize,
         data: Arc<VectorColumnData>,
     ) {
-        let bytes = data.values.len() * 4 + data.graph.as_ref().map_or(0, Graph::bytes);
+        let bytes = data.bytes();
         let mut cache = self.vectors.lock().expect("vector cache poisoned");
         if cache.1 + bytes > CACHED_VECTOR_BYTES {
             *cache = Default::default();
         }
         cache.1 += bytes;
-        cache.0.insert((file.path.clone(), column), data);
+        if let Some(old) = cache.0.insert((file.path.clone(), column), data) {
+            cache.1 -= old.bytes();
+        }
     }
 
     /// Vector column `column` of `file`, decoded (no graph, not cached).
