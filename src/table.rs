@@ -7,9 +7,21 @@
 //! shard per process) and re-opened after it stopped (fenced by another
 //! process, or poisoned).
 //!
+//! **Many writers of one table.** A shard has one writer at a time; a
+//! process that writes a shard another process owns takes it over (a new
+//! epoch fences the old writer, which stops; see [`ShardWriter`]). A write
+//! ([`Table::put`], [`Table::delete`], one SQL statement) is one put per
+//! shard, and a shard's part that fails because its writer was fenced
+//! before the part became durable provably wrote nothing: the part is put
+//! again through a re-opened writer, with jittered backoff, for up to
+//! [`TAKEOVER_PATIENCE`]. So concurrent writers of one table all succeed; each
+//! takeover costs a claim, a fence and a replay of the shard's unflushed
+//! WAL. A part that became durable is never reported as failed, even when
+//! its writer is fenced right after.
+//!
 //! Reads take a [`ShardSnapshot`] of each shard: from this process's
-//! writer when it still owns the shard (checked with one read of the WAL
-//! position it would write next), otherwise from the shard manifest (one
+//! writer when it still owns the shard (checked with one existence check
+//! on the shard manifest), otherwise from the shard manifest (one
 //! existence check per query when unchanged) and the durable WAL after its
 //! cursor ([`WalTail`]). Either way a scan sees every acknowledged durable
 //! row. [`Table::get`] may trust a recent check (see
@@ -32,7 +44,11 @@ use crate::read::{ShardSnapshot, WalTail};
 use crate::sstable::SstableReader;
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
-use crate::writer::{Durability, ShardManifest, ShardWriter, WriterOptions};
+use crate::writer::{ShardManifest, ShardWriter, WriterOptions};
+
+/// How long a write keeps taking back a shard that other writers keep
+/// taking over before it gives up with [`Error::Fenced`].
+pub const TAKEOVER_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Manifest reads a snapshot retries when the WAL moved under it.
 const SNAPSHOT_ATTEMPTS: usize = 10;
@@ -73,18 +89,13 @@ impl std::fmt::Debug for Table {
     }
 }
 
-/// The durability of one table-level put (one handle per shard it touched).
-#[derive(Debug)]
-pub struct Acks(Vec<Durability>);
-
-impl Acks {
-    /// Waits until every part of the put is durable.
-    pub async fn wait(self) -> Result<()> {
-        for ack in self.0 {
-            ack.wait().await?;
-        }
-        Ok(())
-    }
+/// The rows of one write that go to one shard, in stored form.
+struct Part {
+    shard: u32,
+    batches: Vec<RecordBatch>,
+    /// Their key encodings (`None` for an append-only table), used by the
+    /// first attempt.
+    keys: Vec<Option<Vec<Box<[u8]>>>>,
 }
 
 impl Table {
@@ -101,12 +112,8 @@ impl Table {
             .map(|index| {
                 let dir = paths::shard_dir(location, index);
                 let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
-                let versions = VersionedObjects::new(
-                    Arc::clone(&store),
-                    paths::shard_manifest_dir(&dir),
-                    "json",
-                    options.commit.clone(),
-                );
+                let versions =
+                    crate::writer::manifest_versions(Arc::clone(&store), &dir, &options.commit);
                 Shard {
                     index,
                     writer: RwLock::new(None),
@@ -177,49 +184,62 @@ impl Table {
     }
 
     /// Puts the rows of `batch` and waits until they are visible (and
-    /// durable, if the table is). Bad input writes nothing.
-    pub async fn put(&self, batch: &RecordBatch) -> Result<()> {
-        let acks = self.put_nowait(batch).await?;
-        acks.wait().await?;
-        Ok(())
+    /// durable, if the table is). Bad input writes nothing. Returns the
+    /// rows the table holds for it: one per distinct key (the last row of a
+    /// key wins), every row for an append-only table.
+    pub async fn put(&self, batch: &RecordBatch) -> Result<u64> {
+        self.put_all(std::slice::from_ref(batch)).await
     }
 
-    /// Puts the rows of `batch` into the MemTables and returns without
-    /// waiting for durability.
-    pub async fn put_nowait(&self, batch: &RecordBatch) -> Result<Acks> {
-        self.put_all_nowait(std::slice::from_ref(batch)).await
-    }
-
-    /// Puts the rows of every batch as one put per shard (each shard makes
-    /// its part visible and durable at once; shards are independent) and
-    /// returns without waiting for durability. Every batch is checked
-    /// before anything is written.
-    pub async fn put_all_nowait(&self, batches: &[RecordBatch]) -> Result<Acks> {
+    /// Puts the rows of every batch as one put per shard: within a shard
+    /// they become visible and durable at once, and a crash keeps all of
+    /// a shard's part or none of it (shards are independent). Every batch
+    /// is checked before anything is written. Returns what
+    /// [`Table::put`] returns.
+    pub async fn put_all(&self, batches: &[RecordBatch]) -> Result<u64> {
         let stored = batches
             .iter()
             .map(|b| self.schema.to_stored(b))
             .collect::<Result<Vec<_>>>()?;
-        self.route(stored).await
+        self.write(stored).await
     }
 
-    /// Deletes the keys in `keys` (exactly the key columns, in key order).
-    pub async fn delete(&self, keys: &RecordBatch) -> Result<()> {
-        let acks = self.delete_nowait(keys).await?;
-        acks.wait().await?;
-        Ok(())
+    /// Deletes the keys in `keys` (exactly the key columns, in key order),
+    /// all or none per shard like [`Table::put_all`]; returns the number of
+    /// distinct keys.
+    pub async fn delete(&self, keys: &RecordBatch) -> Result<u64> {
+        self.delete_all(std::slice::from_ref(keys)).await
     }
 
-    /// Like [`Table::delete`] without waiting for durability.
-    pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<Acks> {
-        let stored = self.schema.tombstones(keys)?;
-        self.route(vec![stored]).await
+    /// Deletes the keys of every batch as one put of tombstones per shard.
+    pub async fn delete_all(&self, keys: &[RecordBatch]) -> Result<u64> {
+        let stored = keys
+            .iter()
+            .map(|k| self.schema.tombstones(k))
+            .collect::<Result<Vec<_>>>()?;
+        self.write(stored).await
     }
 
-    /// Sends stored rows to their shards' writers, one put per shard. Each
-    /// row's key is encoded once, for routing and the MemTable index alike.
-    async fn route(&self, stored: Vec<RecordBatch>) -> Result<Acks> {
+    /// Sends stored rows to their shards' writers, one put per shard, and
+    /// waits for every part (see the module doc on fenced writers).
+    async fn write(&self, stored: Vec<RecordBatch>) -> Result<u64> {
+        let (parts, rows) = self.route(stored)?;
+        futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
+        Ok(rows)
+    }
+
+    /// Splits stored rows by shard, each row's key encoded once (for
+    /// routing and the MemTable index alike); also counts the rows the
+    /// table will hold for them (distinct keys).
+    fn route(&self, stored: Vec<RecordBatch>) -> Result<(Vec<Part>, u64)> {
         let shards = self.shards.len() as u32;
-        let mut parts: Vec<Vec<KeyedBatch>> = vec![Vec::new(); shards as usize];
+        let mut parts: Vec<Part> = (0..shards)
+            .map(|shard| Part {
+                shard,
+                batches: Vec::new(),
+                keys: Vec::new(),
+            })
+            .collect();
         // Where rows go that need no key to route: the only shard, or the
         // next one in turn for an append-only table.
         let whole_shard = if self.schema.has_key() {
@@ -227,36 +247,83 @@ impl Table {
         } else {
             self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards
         };
+        let mut rows = 0u64;
         for batch in stored {
             let (batch, keys) = self.schema.keyed(batch)?;
-            let keys = match keys {
-                Some(keys) if shards > 1 => keys,
-                keys => {
-                    parts[whole_shard as usize].push((batch, keys));
-                    continue;
-                }
+            let Some(keys) = keys else {
+                rows += batch.num_rows() as u64;
+                let part = &mut parts[whole_shard as usize];
+                part.batches.push(batch);
+                part.keys.push(None);
+                continue;
             };
-            let mut rows: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
-            let mut shard_keys: Vec<Vec<Box<[u8]>>> = vec![Vec::new(); shards as usize];
+            // Each shard's rows of the batch, and their keys.
+            let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+            let mut keys_of: Vec<Vec<Box<[u8]>>> = vec![Vec::new(); shards as usize];
             for (row, k) in keys.into_iter().enumerate() {
                 let shard = key::shard_of(&k, shards) as usize;
-                rows[shard].push(row as u32);
-                shard_keys[shard].push(k);
+                rows_of[shard].push(row as u32);
+                keys_of[shard].push(k);
             }
-            for (shard, (rows, keys)) in rows.into_iter().zip(shard_keys).enumerate() {
-                if !rows.is_empty() {
-                    let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
-                    parts[shard].push((part, Some(keys)));
+            for (part, (at, keys)) in parts.iter_mut().zip(rows_of.into_iter().zip(keys_of)) {
+                if at.len() == batch.num_rows() {
+                    part.batches.push(batch.clone());
+                } else if !at.is_empty() {
+                    part.batches
+                        .push(take_record_batch(&batch, &UInt32Array::from(at))?);
+                } else {
+                    continue;
                 }
+                part.keys.push(Some(keys));
             }
         }
-        let mut acks = Vec::new();
-        for (shard, part) in parts.into_iter().enumerate() {
-            if !part.is_empty() {
-                acks.push(self.writer(shard as u32).await?.put_keyed(part).await?);
+        parts.retain(|p| !p.batches.is_empty());
+        // Keys of different shards differ: count each shard's.
+        for part in &parts {
+            let keys = part.keys.iter().flatten().flatten();
+            let distinct: std::collections::HashSet<&[u8]> = keys.map(|k| &k[..]).collect();
+            rows += distinct.len() as u64;
+        }
+        Ok((parts, rows))
+    }
+
+    /// Puts one shard's part and waits until it is visible (durable, if
+    /// the table is); a fenced attempt (which wrote nothing) is repeated
+    /// through a re-opened writer.
+    async fn write_part(&self, mut part: Part) -> Result<()> {
+        let commit = &self.options.commit;
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let keyed: Vec<KeyedBatch> = match std::mem::take(&mut part.keys) {
+                keys if keys.len() == part.batches.len() => {
+                    part.batches.iter().cloned().zip(keys).collect()
+                }
+                // A retry: encode the keys again.
+                _ => part
+                    .batches
+                    .iter()
+                    .map(|b| self.schema.keyed(b.clone()))
+                    .collect::<Result<_>>()?,
+            };
+            let done = async {
+                let writer = self.writer(part.shard).await?;
+                writer.put_keyed(keyed).await?.wait().await
+            };
+            match done.await {
+                Ok(()) => return Ok(()),
+                Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
+                    attempt += 1;
+                    log::debug!(
+                        "shard {} of {}: {e}; taking it over again (attempt {attempt})",
+                        part.shard,
+                        self.location
+                    );
+                    tokio::time::sleep(commit.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
             }
         }
-        Ok(Acks(acks))
     }
 
     /// The shard a key (one row of exactly the key columns) belongs to, its
@@ -377,15 +444,26 @@ impl Table {
                 }
             };
             let cursor = manifest.state.replay_after;
-            let fresh = reader.tail.refresh(cursor).await?
-                // A flush that committed (and deleted the WAL it covers)
-                // after the manifest was read leaves no gap to see when
-                // nothing was written after it: check the manifest again.
-                && !reader.versions.has_newer(&manifest).await?;
+            let gone = reader.tail.refresh(cursor).await?;
+            // A flush that committed (and deleted the WAL it covers) after
+            // the manifest was read leaves no gap to see when nothing was
+            // written after it: check the manifest again.
+            let moved = reader.versions.has_newer(&manifest).await?;
             reader.manifest = Some(manifest);
-            if fresh {
-                reader.refreshed = Some(started);
-                return Ok(());
+            match (gone, moved) {
+                (None, false) => {
+                    reader.refreshed = Some(started);
+                    return Ok(());
+                }
+                (Some(position), false) => {
+                    return Err(Error::Corrupt {
+                        path: reader.tail.path_of(position).to_string(),
+                        reason: "WAL entry missing: the shard manifest's replay cursor is \
+                                 before it, so nothing may have deleted it"
+                            .into(),
+                    });
+                }
+                _ => {}
             }
         }
         Err(Error::CommitConflict {

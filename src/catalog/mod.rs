@@ -19,6 +19,7 @@ mod table_meta;
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
+use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use tokio::sync::oneshot;
 
@@ -210,6 +211,79 @@ impl Catalog {
         if_exists: bool,
     ) -> Result<Outcome> {
         self.mutate(Mutation::DropTable { path, if_exists }).await
+    }
+
+    /// Deletes the data of dropped tables: at once for `dropped` (locations
+    /// of tables this process just dropped), and for every other location
+    /// under the tables directory that the catalog no longer names and
+    /// nothing was written to for `grace` (a table dropped elsewhere, or
+    /// data a writer that missed the drop wrote after it). A location is
+    /// never reused, so no live table loses anything; a query still
+    /// reading a dropped table fails. Returns the objects deleted; a
+    /// failed delete is logged and left for a later sweep.
+    pub async fn collect_dropped_tables(
+        &self,
+        dropped: &[String],
+        grace: std::time::Duration,
+    ) -> Result<usize> {
+        use futures::{StreamExt, TryStreamExt};
+        // Fresh, so a table created elsewhere before now is named: its
+        // files can only be younger than this sweep.
+        self.refresh().await?;
+        let live: std::collections::HashSet<String> = self
+            .snapshot()
+            .entries()
+            .iter()
+            .filter_map(|e| e.location.as_deref())
+            // As the store names the directory (encoded like every path).
+            .map(|location| Path::from(location).to_string())
+            .collect();
+        let dropped: Vec<String> = dropped
+            .iter()
+            .map(|location| Path::from(location.as_str()).to_string())
+            .collect();
+        let store = self.root.store();
+        let listed = store
+            .list_with_delimiter(Some(&Path::from(paths::TABLES_DIR)))
+            .await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let grace_ms = grace.as_millis() as i64;
+        let mut deleted = 0;
+        for dir in listed.common_prefixes {
+            let location = dir.as_ref();
+            if live.contains(location) {
+                continue;
+            }
+            let objects: Vec<object_store::ObjectMeta> =
+                store.list(Some(&dir)).try_collect().await?;
+            let newest = objects
+                .iter()
+                .map(|o| o.last_modified.timestamp_millis())
+                .max();
+            let quiet = newest.is_none_or(|at| now_ms - at >= grace_ms);
+            if !dropped.iter().any(|d| d == location) && !quiet {
+                continue;
+            }
+            let gone: Vec<object_store::Result<()>> = futures::stream::iter(objects)
+                .map(|o| async move {
+                    match store.delete(&o.location).await {
+                        Err(object_store::Error::NotFound { .. }) => Ok(()),
+                        other => other,
+                    }
+                })
+                .buffer_unordered(16)
+                .collect()
+                .await;
+            for result in gone {
+                match result {
+                    Ok(()) => deleted += 1,
+                    Err(e) => log::warn!("deleting data of dropped table {location}: {e}"),
+                }
+            }
+        }
+        Ok(deleted)
     }
 
     /// Commits one mutation, sharing a version with every other mutation

@@ -45,10 +45,11 @@ impl WalTail {
     }
 
     /// Brings the tail to the entries after `cursor` (a replay cursor of
-    /// the shard manifest) that exist now. Returns `false` if entries
-    /// after `cursor` are gone: a writer moved them into an SSTable and a
-    /// newer manifest; the caller should read it and refresh again.
-    pub async fn refresh(&mut self, cursor: u64) -> Result<bool> {
+    /// the shard manifest) that exist now. Returns the position of an
+    /// entry after `cursor` that is gone, if one is: a writer moved it into
+    /// an SSTable and a newer manifest (the caller should read that and
+    /// refresh again) or, if the manifest did not change, it is lost.
+    pub async fn refresh(&mut self, cursor: u64) -> Result<Option<u64>> {
         if cursor > self.cursor {
             self.drop_through(cursor)?;
         }
@@ -57,7 +58,7 @@ impl WalTail {
         // unless entries were deleted under the cursor we were given.
         for (expected, &position) in (self.read_through + 1..).zip(&positions) {
             if position != expected {
-                return Ok(false);
+                return Ok(Some(expected));
             }
         }
         let wal = &self.wal;
@@ -68,7 +69,7 @@ impl WalTail {
             .await?;
         for (position, entry) in entries {
             let Some(entry) = entry else {
-                return Ok(false);
+                return Ok(Some(position));
             };
             if entry.kind == EntryKind::Data {
                 let mut put = Vec::with_capacity(entry.batches.len());
@@ -89,7 +90,7 @@ impl WalTail {
             }
             self.read_through = position;
         }
-        Ok(true)
+        Ok(None)
     }
 
     /// Forgets the entries at or below `cursor`.
@@ -123,6 +124,11 @@ impl WalTail {
         self.cursor = cursor;
         self.read_through = self.read_through.max(cursor);
         Ok(())
+    }
+
+    /// The object of WAL position `position`.
+    pub fn path_of(&self, position: u64) -> object_store::path::Path {
+        self.wal.path_of(position)
     }
 
     /// The cached rows as a MemTable layer.

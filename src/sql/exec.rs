@@ -281,7 +281,9 @@ fn count_schema() -> SchemaRef {
 }
 
 /// Deletes the rows its input yields (by their key columns) and returns
-/// their count, once the tombstones are durable.
+/// their count, once the tombstones are durable. The input is read whole
+/// first, then every key is deleted in one put per shard: like an INSERT,
+/// a DELETE is all or nothing per shard, across crashes.
 #[derive(Debug)]
 pub struct DeleteExec {
     table: Arc<Table>,
@@ -348,8 +350,7 @@ impl ExecutionPlan for DeleteExec {
         let schema = self.schema();
         let deleted = async move {
             let key_schema = Arc::new(table.schema().schema.project(&table.schema().key)?);
-            let mut acks = Vec::new();
-            let mut count = 0u64;
+            let mut keys = Vec::new();
             for p in 0..input.output_partitioning().partition_count() {
                 let mut rows = input.execute(p, Arc::clone(&ctx))?;
                 while let Some(batch) = rows.next().await {
@@ -357,7 +358,7 @@ impl ExecutionPlan for DeleteExec {
                     if batch.num_rows() == 0 {
                         continue;
                     }
-                    let keys: Vec<ArrayRef> = key_schema
+                    let columns: Vec<ArrayRef> = key_schema
                         .fields()
                         .iter()
                         .map(|f| {
@@ -369,14 +370,13 @@ impl ExecutionPlan for DeleteExec {
                             })
                         })
                         .collect::<crate::Result<_>>()?;
-                    let keys = RecordBatch::try_new(Arc::clone(&key_schema), keys)?;
-                    count += keys.num_rows() as u64;
-                    acks.push(table.delete_nowait(&keys).await?);
+                    keys.push(RecordBatch::try_new(Arc::clone(&key_schema), columns)?);
                 }
             }
-            for ack in acks {
-                ack.wait().await?;
-            }
+            let count = match keys.is_empty() {
+                true => 0,
+                false => table.delete_all(&keys).await?,
+            };
             let count: ArrayRef = Arc::new(UInt64Array::from(vec![count]));
             Ok(vec![RecordBatch::try_new(count_schema(), vec![count])?])
         };

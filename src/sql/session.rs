@@ -28,6 +28,11 @@ use crate::store::ObjectRoot;
 use crate::table::{Table, TableCache};
 use crate::writer::WriterOptions;
 
+/// How long a table's data must have been untouched before a sweep deletes
+/// it when the catalog no longer names it (tables dropped by this session
+/// are deleted at once).
+const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
 /// options) itself and persists them in the catalog. Before each statement
@@ -165,8 +170,10 @@ impl MemwalSession {
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
         self.catalog.refresh().await?;
         let state = self.ctx.state();
+        let before = self.catalog.snapshot();
         if ddl::try_execute(&self.catalog, &state, &statement).await? {
-            // A dropped table's writers stop with the statement.
+            // A dropped table's writers stop with the statement, and its
+            // data is deleted.
             let catalog = self.catalog.snapshot();
             let live = |location: &str| {
                 catalog
@@ -175,6 +182,17 @@ impl MemwalSession {
                     .any(|e| e.location.as_deref() == Some(location))
             };
             self.tables.close_unless(live).await?;
+            let dropped: Vec<String> = before
+                .entries()
+                .iter()
+                .filter_map(|e| e.location.clone())
+                .filter(|location| !live(location))
+                .collect();
+            if !dropped.is_empty() {
+                self.catalog
+                    .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
+                    .await?;
+            }
             let done = LogicalPlanBuilder::empty(false).build()?;
             return Ok(DataFrame::new(state, done));
         }

@@ -356,7 +356,10 @@ impl MemwalTable {
 /// Routes inserted rows to the shard writers; reports the count once every
 /// row is durable (at once in non-durable mode). A statement is checked
 /// whole before anything is written and is one put per shard, so within a
-/// shard it becomes visible and durable all at once.
+/// shard it becomes visible and durable all at once. The count is the rows
+/// the statement leaves in the table: one per distinct primary key (the
+/// statement's last row of a key wins; an insert of an existing key is an
+/// update and counts), every row for a table without a key.
 #[derive(Debug)]
 pub struct InsertSink {
     table: Arc<Table>,
@@ -388,12 +391,9 @@ impl DataSink for InsertSink {
                 batches.push(batch);
             }
         }
-        let count = batches.iter().map(|b| b.num_rows() as u64).sum();
         if batches.is_empty() {
             return Ok(0);
         }
-        let acks = self.table.put_all_nowait(&batches).await?;
-        acks.wait().await?;
-        Ok(count)
+        Ok(self.table.put_all(&batches).await?)
     }
 }

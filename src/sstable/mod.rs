@@ -13,15 +13,23 @@
 //! Next to `data.parquet`, in the SSTable's own directory, a
 //! `<column>.hnsw` per vector column holds the column's HNSW graph over the
 //! file's row positions ([`crate::hnsw::persist`]); the manifest entry
-//! lists the columns that have one. The directory is deleted as a whole.
+//! lists the columns that have one, with each graph file's CRC-32. The
+//! directory is deleted as a whole.
+//!
+//! Every file is checked when read: the Parquet file by block checksums in
+//! its footer and the checksum of its footer in the manifest entry
+//! ([`checksum`]), a graph by its CRC-32 in the manifest entry.
 //!
 //! [`reader`] streams and looks up keys in SSTables and loads their
 //! vector columns with their graphs; [`merge`] merges sorted runs into the
 //! newest version of each key, for scans and compaction alike.
 
+mod checksum;
 pub mod merge;
+mod object;
 mod reader;
 
+pub use checksum::FileChecksum;
 pub use reader::{SstableReader, VectorColumnData};
 
 use std::sync::Arc;
@@ -31,7 +39,6 @@ use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::metadata::SortingColumn;
@@ -94,6 +101,8 @@ pub struct Encoded {
     /// For each row of the file, the input row it holds (counting through
     /// the batches given to [`encode_batches`]).
     pub source: Vec<u32>,
+    /// What the manifest entry records to check the file.
+    pub checksum: FileChecksum,
 }
 
 /// Sorts `batches` (stored form, oldest first) into an SSTable body (see
@@ -103,21 +112,23 @@ pub fn encode_batches(
     batches: &[RecordBatch],
 ) -> Result<(Encoded, RecordBatch)> {
     let (body, source) = sorted(schema, batches)?;
-    let bytes = encode(schema, &body)?;
-    Ok((Encoded { bytes, source }, body))
+    let (bytes, checksum) = encode(schema, &body)?;
+    Ok((
+        Encoded {
+            bytes,
+            source,
+            checksum,
+        },
+        body,
+    ))
 }
 
-/// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet.
-pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<Bytes> {
-    let mut out = Vec::new();
-    let mut writer = ArrowWriter::try_new(
-        &mut out,
-        Arc::clone(&schema.stored),
-        Some(properties(schema, rows.num_rows())),
-    )?;
-    writer.write(rows)?;
-    writer.close()?;
-    Ok(Bytes::from(out))
+/// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet,
+/// with the checksum its manifest entry records.
+pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<(Bytes, FileChecksum)> {
+    let mut encoder = checksum::Encoder::new(schema, rows.num_rows())?;
+    encoder.write(rows)?;
+    encoder.finish()
 }
 
 /// The Parquet settings of an SSTable of about `rows` rows.
@@ -180,9 +191,40 @@ pub struct SstableFile {
     pub first_generation: u64,
     pub rows: u64,
     pub bytes: u64,
+    /// What the file is checked against (`None` for files written before
+    /// SSTables had checksums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<FileChecksum>,
     /// The vector columns with a persisted graph next to the file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub graphs: Vec<String>,
+    pub graphs: Vec<GraphFile>,
+}
+
+/// A persisted graph next to an SSTable: its vector column and, for graphs
+/// written since they have one, the CRC-32 of the graph file (which also
+/// tells a graph of another SSTable from this one's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GraphFile {
+    Checked { column: String, crc32: u32 },
+    Unchecked(String),
+}
+
+impl GraphFile {
+    /// The vector column the graph indexes.
+    pub fn column(&self) -> &str {
+        match self {
+            GraphFile::Checked { column, .. } | GraphFile::Unchecked(column) => column,
+        }
+    }
+
+    /// The graph file's CRC-32, if recorded.
+    pub fn crc32(&self) -> Option<u32> {
+        match self {
+            GraphFile::Checked { crc32, .. } => Some(*crc32),
+            GraphFile::Unchecked(_) => None,
+        }
+    }
 }
 
 /// Writes `sstable` as the SSTable of `generation` into the shard at
@@ -204,6 +246,7 @@ pub async fn write(
         first_generation: generation,
         rows: sstable.source.len() as u64,
         bytes: sstable.bytes.len() as u64,
+        checksum: Some(sstable.checksum),
         graphs: Vec::new(),
     };
     let written = async {
@@ -239,11 +282,14 @@ pub async fn write_graph(
     column: &str,
     graph: Bytes,
 ) -> Result<()> {
-    let path = paths::graph_file(&file.path, column);
+    let path = paths::graph_file(&file.path, column)?;
+    let crc32 = crc32fast::hash(&graph);
     store.put(&path, PutPayload::from_bytes(graph)).await?;
-    if !file.graphs.iter().any(|c| c == column) {
-        file.graphs.push(column.to_string());
-    }
+    file.graphs.retain(|g| g.column() != column);
+    file.graphs.push(GraphFile::Checked {
+        column: column.to_string(),
+        crc32,
+    });
     Ok(())
 }
 
@@ -255,12 +301,12 @@ pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
     let objects: Vec<Path> = match path.strip_suffix("/data.parquet") {
         Some(dir) => {
             store
-                .list(Some(&Path::from(dir)))
+                .list(Some(&paths::stored(dir)?))
                 .map_ok(|meta| meta.location)
                 .try_collect()
                 .await?
         }
-        None => vec![Path::from(path)],
+        None => vec![paths::stored(path)?],
     };
     for object in objects {
         match store.delete(&object).await {
@@ -283,29 +329,48 @@ pub async fn write_stream(
     schema: &TableSchema,
     mut rows: datafusion::execution::SendableRecordBatchStream,
 ) -> Result<SstableFile> {
-    use datafusion::parquet::arrow::AsyncArrowWriter;
     use futures::StreamExt;
+    use tokio::io::AsyncWriteExt;
     let path = paths::new_sstable_file(shard_dir, generation, epoch);
-    let object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
-    let mut writer = AsyncArrowWriter::try_new(
-        object,
-        Arc::clone(&schema.stored),
-        Some(properties(schema, ROW_GROUP_ROWS)),
-    )?;
-    let mut count = 0u64;
-    while let Some(batch) = rows.next().await {
-        let batch = batch?;
-        count += batch.num_rows() as u64;
-        writer.write(&batch).await?;
-    }
-    writer.close().await?;
-    let bytes = store.head(&path).await?.size;
+    let mut object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
+    let mut encoder = checksum::Encoder::new(schema, ROW_GROUP_ROWS)?;
+    let (mut count, mut bytes) = (0u64, 0u64);
+    let mut shutting_down = false;
+    let written = async {
+        while let Some(batch) = rows.next().await {
+            let batch = batch?;
+            count += batch.num_rows() as u64;
+            encoder.write(&batch)?;
+            let done = encoder.take()?;
+            bytes += done.len() as u64;
+            object.put(done).await?;
+        }
+        let (rest, checksum) = encoder.finish()?;
+        bytes += rest.len() as u64;
+        object.put(rest).await?;
+        shutting_down = true;
+        object.shutdown().await?;
+        Ok::<_, Error>(checksum)
+    };
+    let checksum = match written.await {
+        Ok(checksum) => checksum,
+        Err(e) => {
+            // Nothing names it yet: no upload part or object stays behind
+            // (a failed completion cleans up its own parts).
+            if !shutting_down {
+                let _ = object.abort().await;
+            }
+            discard(store, path.as_ref()).await;
+            return Err(e);
+        }
+    };
     Ok(SstableFile {
         path: path.to_string(),
         generation,
         first_generation,
         rows: count,
         bytes,
+        checksum: Some(checksum),
         graphs: Vec::new(),
     })
 }
@@ -418,7 +483,7 @@ mod tests {
         let t = table(true);
         let ids: Vec<i64> = (0..(ROW_GROUP_ROWS as i64 + 10)).rev().collect();
         let body = newest_per_key_sorted(&t, &[put(&t, &ids, 7)]).unwrap();
-        let bytes = encode(&t, &body).unwrap();
+        let bytes = encode(&t, &body).unwrap().0;
         let decoded = decode(&t, "sst/1/data.parquet", bytes.clone()).unwrap();
         let rows: usize = decoded.iter().map(RecordBatch::num_rows).sum();
         assert_eq!(rows, ids.len());

@@ -24,19 +24,17 @@ use datafusion::parquet::arrow::arrow_reader::statistics::StatisticsConverter;
 use datafusion::parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
 };
-use datafusion::parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
+use datafusion::parquet::arrow::async_reader::ParquetRecordBatchStreamBuilder;
 use datafusion::parquet::bloom_filter::Sbbf;
 use datafusion::parquet::file::metadata::PageIndexPolicy;
-use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::SstableFile;
 use super::merge::KeyRange;
+use super::object::SstableObject;
+use super::{SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::memtable::TableSchema;
@@ -114,12 +112,25 @@ impl VectorColumnData {
     }
 }
 
+/// A file's footer and the block checksums it lists.
+#[derive(Clone)]
+struct Footer {
+    meta: ArrowReaderMetadata,
+    blocks: Option<Arc<[u32]>>,
+}
+
+impl std::fmt::Debug for Footer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Footer").finish_non_exhaustive()
+    }
+}
+
 /// Reads SSTables of one table. Cheap to share; caches footers.
 #[derive(Debug)]
 pub struct SstableReader {
     store: Arc<dyn ObjectStore>,
     schema: Arc<TableSchema>,
-    footers: Mutex<HashMap<String, ArrowReaderMetadata>>,
+    footers: Mutex<HashMap<String, Footer>>,
     blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
     pages: Mutex<PageCache>,
     vectors: Mutex<VectorCache>,
@@ -153,7 +164,8 @@ impl SstableReader {
         let others: Vec<usize> = (0..stored.fields().len())
             .filter(|c| decoded.iter().all(|(d, _)| d != c))
             .collect();
-        let meta = self.footer(file).await?;
+        let footer = self.footer(file).await?;
+        let meta = footer.meta.clone();
         let mut selectors = Vec::with_capacity(2 * positions.len());
         let mut next = 0;
         for &position in positions {
@@ -167,11 +179,12 @@ impl SstableReader {
             next = position + 1;
         }
         let mask = ProjectionMask::roots(meta.parquet_schema(), others.iter().copied());
-        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
-            .with_projection(mask)
-            .with_row_selection(RowSelection::from(selectors))
-            .build()
-            .map_err(|e| Self::corrupt(file, e))?;
+        let stream =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file, &footer)?, meta)
+                .with_projection(mask)
+                .with_row_selection(RowSelection::from(selectors))
+                .build()
+                .map_err(|e| Self::corrupt(file, e))?;
         let batches: Vec<RecordBatch> = stream
             .try_collect()
             .await
@@ -219,11 +232,15 @@ impl SstableReader {
         }
         let mut data = self.read_vectors(file, column).await?;
         let name = self.schema.schema.field(column).name();
-        if file.graphs.contains(name) {
+        if let Some(graph) = file.graphs.iter().find(|g| g.column() == name) {
             // A graph is an index: without it the column is searched
-            // exactly, so a missing or damaged one is a warning.
-            let path = paths::graph_file(&file.path, name);
-            match self.load_graph(&path, column, &data).await {
+            // exactly (the same answer), so a missing or damaged one is a
+            // warning.
+            let loaded = async {
+                let path = paths::graph_file(&file.path, name)?;
+                self.load_graph(&path, graph.crc32(), column, &data).await
+            };
+            match loaded.await {
                 Ok(graph) => data.graph = Some(graph),
                 Err(e) => log::warn!("searching {} exactly: {e}", file.path),
             }
@@ -233,10 +250,12 @@ impl SstableReader {
         Ok(data)
     }
 
-    /// The persisted graph at `path` of vector column `column` over `data`.
+    /// The persisted graph at `path` of vector column `column` over `data`,
+    /// checked against `crc32` if the manifest records one.
     async fn load_graph(
         &self,
         path: &Path,
+        crc32: Option<u32>,
         column: usize,
         data: &VectorColumnData,
     ) -> Result<Graph> {
@@ -245,6 +264,11 @@ impl SstableReader {
             path: path.to_string(),
             reason: format!("HNSW graph: {reason}"),
         };
+        if crc32.is_some_and(|crc| crc != crc32fast::hash(&bytes)) {
+            return Err(corrupt(
+                "checksum mismatch: damaged, or not the graph of this SSTable".into(),
+            ));
+        }
         let graph = Graph::decode(&bytes, data.values.clone()).map_err(corrupt)?;
         let expected = self.schema.vectors.iter().find(|v| v.index == column);
         if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim()) {
@@ -312,12 +336,10 @@ impl SstableReader {
         })
     }
 
-    fn object(&self, file: &SstableFile) -> ObjectReader {
-        ObjectReader {
-            store: Arc::clone(&self.store),
-            path: Path::from(file.path.as_str()),
-            size: file.bytes,
-        }
+    /// The file of `file` read in checked blocks, the block checksums
+    /// taken from `footer`.
+    fn object(&self, file: &SstableFile, footer: &Footer) -> Result<SstableObject> {
+        SstableObject::new(Arc::clone(&self.store), file, footer.blocks.clone())
     }
 
     fn corrupt(file: &SstableFile, e: impl std::fmt::Display) -> Error {
@@ -327,36 +349,50 @@ impl SstableReader {
         }
     }
 
-    /// The footer (with page index) of `file`, read on first use.
-    async fn footer(&self, file: &SstableFile) -> Result<ArrowReaderMetadata> {
-        if let Some(meta) = self
+    /// The footer (with page index) of `file`, read on first use, and the
+    /// block checksums it lists (which a file with a checksum must have).
+    async fn footer(&self, file: &SstableFile) -> Result<Footer> {
+        if let Some(footer) = self
             .footers
             .lock()
             .expect("footers poisoned")
             .get(&file.path)
         {
-            return Ok(meta.clone());
+            return Ok(footer.clone());
         }
         let options = ArrowReaderOptions::new().with_page_index_policy(PageIndexPolicy::Optional);
-        let meta = ArrowReaderMetadata::load_async(&mut self.object(file), options)
+        let mut object = SstableObject::new(Arc::clone(&self.store), file, None)?;
+        let meta = ArrowReaderMetadata::load_async(&mut object, options)
             .await
             .map_err(|e| Self::read_error(file, e))?;
+        let blocks = match file.checksum {
+            Some(checksum) => Some(
+                checksum::block_sums(meta.metadata(), checksum.tail_offset).ok_or_else(|| {
+                    Self::corrupt(file, "its footer lacks the block checksums it should list")
+                })?,
+            ),
+            None => None,
+        };
+        let footer = Footer { meta, blocks };
         let mut footers = self.footers.lock().expect("footers poisoned");
         if footers.len() >= CACHED_FILES {
             footers.clear();
         }
-        footers.insert(file.path.clone(), meta.clone());
-        Ok(meta)
+        footers.insert(file.path.clone(), footer.clone());
+        Ok(footer)
     }
 
-    /// A missing object is a store error; anything else unreadable is
-    /// corruption naming the file.
+    /// Our own errors (a checksum mismatch, a missing object) pass as they
+    /// are; anything else unreadable is corruption naming the file.
     fn read_error(file: &SstableFile, e: datafusion::parquet::errors::ParquetError) -> Error {
         match e {
             datafusion::parquet::errors::ParquetError::External(inner) => {
-                match inner.downcast::<object_store::Error>() {
-                    Ok(store) => Error::from(*store),
-                    Err(other) => Self::corrupt(file, other),
+                match inner.downcast::<Error>() {
+                    Ok(ours) => *ours,
+                    Err(other) => match other.downcast::<object_store::Error>() {
+                        Ok(store) => Error::from(*store),
+                        Err(other) => Self::corrupt(file, other),
+                    },
                 }
             }
             other => Self::corrupt(file, other),
@@ -372,11 +408,12 @@ impl SstableReader {
         row_groups: Option<Vec<usize>>,
         columns: &[usize],
     ) -> Result<SendableRecordBatchStream> {
-        let meta = self.footer(file).await?;
+        let footer = self.footer(file).await?;
+        let meta = footer.meta.clone();
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().copied());
         let schema: SchemaRef = Arc::new(self.schema.stored.project(columns)?);
         let mut builder =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file), meta)
+            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file, &footer)?, meta)
                 .with_projection(mask)
                 .with_batch_size(BATCH_ROWS);
         if let Some(row_groups) = row_groups {
@@ -408,7 +445,8 @@ impl SstableReader {
         let [key] = self.schema.key.as_slice() else {
             return Ok(None);
         };
-        let meta = self.footer(file).await?;
+        let footer = self.footer(file).await?;
+        let meta = &footer.meta;
         let parquet = meta.metadata();
         let groups = parquet.row_groups();
         let stats = StatisticsConverter::try_new(
@@ -445,7 +483,8 @@ impl SstableReader {
         file: &SstableFile,
         key: &[ArrayRef],
     ) -> Result<Option<RecordBatch>> {
-        let meta = self.footer(file).await?;
+        let footer = self.footer(file).await?;
+        let meta = &footer.meta;
         let parquet = meta.metadata().clone();
         let arrow_schema = Arc::clone(meta.schema());
         let schema = &self.schema;
@@ -478,7 +517,7 @@ impl SstableReader {
         }
         let first_key_stats = first_key_stats.expect("a lookup needs a key");
         for rg in (0..row_groups.len()).filter(|&rg| candidates[rg]) {
-            if !self.bloom_may_contain(file, &meta, rg, key).await? {
+            if !self.bloom_may_contain(file, &footer, rg, key).await? {
                 continue;
             }
             let (selection, rows_read) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
@@ -492,7 +531,7 @@ impl SstableReader {
                 Some(rows) => rows,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file),
+                        self.object(file, &footer)?,
                         meta.clone(),
                     )
                     .with_row_groups(vec![rg])
@@ -540,7 +579,7 @@ impl SstableReader {
     async fn bloom_may_contain(
         &self,
         file: &SstableFile,
-        meta: &ArrowReaderMetadata,
+        footer: &Footer,
         rg: usize,
         key: &[ArrayRef],
     ) -> Result<bool> {
@@ -556,8 +595,8 @@ impl SstableReader {
                 Some(bloom) => bloom,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file),
-                        meta.clone(),
+                        self.object(file, footer)?,
+                        footer.meta.clone(),
                     );
                     let bloom = builder
                         .get_row_group_column_bloom_filter(rg, column)
@@ -700,59 +739,5 @@ impl PageCache {
                 self.bytes -= gone.get_array_memory_size();
             }
         }
-    }
-}
-
-/// One object of a store as Parquet reads it: byte ranges, and the footer
-/// of a file whose size is known (no extra request to learn it).
-struct ObjectReader {
-    store: Arc<dyn ObjectStore>,
-    path: Path,
-    size: u64,
-}
-
-fn external(e: object_store::Error) -> datafusion::parquet::errors::ParquetError {
-    datafusion::parquet::errors::ParquetError::External(Box::new(e))
-}
-
-impl AsyncFileReader for ObjectReader {
-    fn get_bytes(
-        &mut self,
-        range: std::ops::Range<u64>,
-    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<bytes::Bytes>> {
-        async move {
-            object_store::ObjectStoreExt::get_range(&self.store, &self.path, range)
-                .await
-                .map_err(external)
-        }
-        .boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<std::ops::Range<u64>>,
-    ) -> BoxFuture<'_, datafusion::parquet::errors::Result<Vec<bytes::Bytes>>> {
-        async move {
-            self.store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(external)
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, datafusion::parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let size = self.size;
-            let metadata = ParquetMetaDataReader::new()
-                .with_arrow_reader_options(options)
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(metadata))
-        }
-        .boxed()
     }
 }

@@ -1,8 +1,14 @@
 //! Every object name memwal writes, in one place (DESIGN.md §3).
 //!
 //! Names are fixed-width and sortable, so a listing returns them in order.
+//! Every part of a name is plain ASCII (`[A-Za-z0-9_.-]`) and short, whatever
+//! names a user gives tables and columns ([`safe_part`]): no store encodes,
+//! escapes or rejects them, and a path stored as text (an SSTable's, in a
+//! shard manifest) reads back as the same object ([`stored`]).
 
 use object_store::path::Path;
+
+use crate::error::{Error, Result};
 
 /// Directory of the catalog's versions: `<root>/__manifest/`.
 pub const CATALOG_DIR: &str = "__manifest";
@@ -36,6 +42,37 @@ pub fn parse_version_file(name: &str, ext: &str) -> Option<u64> {
 /// `<dir>/_hint`.
 pub fn hint_file(dir: &Path) -> Path {
     dir.clone().join(HINT_FILE)
+}
+
+/// Longest user-derived part of an object name, in bytes.
+const MAX_PART: usize = 48;
+
+/// `name` as one part of an object name: itself if it is short plain ASCII
+/// (letters, digits, `_`, `-`), otherwise its first such characters (others
+/// become `_`) followed by `-` and 16 hex digits of a hash of the whole
+/// name, so different names stay different parts. At most 48 bytes.
+pub fn safe_part(name: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
+    if !name.is_empty() && name.len() <= MAX_PART && name.chars().all(plain) {
+        return name.to_string();
+    }
+    let prefix: String = name
+        .chars()
+        .map(|c| if plain(c) { c } else { '_' })
+        .take(MAX_PART - 17)
+        .collect();
+    let hash = twox_hash::XxHash64::oneshot(0, name.as_bytes());
+    format!("{prefix}-{hash:016x}")
+}
+
+/// The object at a path stored as text (made by `Path::to_string`, so
+/// already in the store's encoding): parsed, never encoded a second time.
+/// A text that is not a valid path is [`Error::Corrupt`].
+pub fn stored(path: &str) -> Result<Path> {
+    Path::parse(path).map_err(|e| Error::Corrupt {
+        path: path.to_string(),
+        reason: format!("not an object path: {e}"),
+    })
 }
 
 /// `<table location>/shards/<shard>`: everything of one shard.
@@ -89,9 +126,10 @@ pub fn sstable_dir(path: &str) -> &str {
 }
 
 /// `<SSTable dir>/<column>.hnsw`: the persisted graph of vector column
-/// `column` of the SSTable at `sstable` (the name escaped as a path part).
-pub fn graph_file(sstable: &str, column: &str) -> Path {
-    Path::from(sstable_dir(sstable)).join(format!("{column}.hnsw").as_str())
+/// `column` of the SSTable at `sstable` (a stored path; the column name as
+/// a [`safe_part`]).
+pub fn graph_file(sstable: &str, column: &str) -> Result<Path> {
+    Ok(stored(sstable_dir(sstable))?.join(format!("{}.hnsw", safe_part(column)).as_str()))
 }
 
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
@@ -110,10 +148,15 @@ pub fn parse_wal_file(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// A fresh, unique location for a table's data: `tables/<name>-<16 hex>`.
-/// Unique so that a table dropped and created again never sees old data.
+/// A fresh, unique location for a table's data: `tables/<name>-<16 hex>`
+/// (the name as a [`safe_part`]). Unique so that a table dropped and created
+/// again never sees old data.
 pub fn new_table_location(name: &str) -> String {
-    format!("{TABLES_DIR}/{name}-{:016x}", rand::random::<u64>())
+    format!(
+        "{TABLES_DIR}/{}-{:016x}",
+        safe_part(name),
+        rand::random::<u64>()
+    )
 }
 
 #[cfg(test)]
@@ -142,5 +185,59 @@ mod tests {
         );
         assert_eq!(parse_wal_file(f.filename().unwrap()), Some(42));
         assert_eq!(parse_wal_file("42.arrow"), None);
+    }
+
+    #[test]
+    fn user_names_become_short_plain_parts_that_stay_distinct() {
+        assert_eq!(safe_part("items"), "items");
+        assert_eq!(safe_part("emb_2-x"), "emb_2-x");
+        let names = [
+            "café",
+            "caf_",
+            "a b",
+            "a_b",
+            "%",
+            "%25",
+            "#",
+            "\\",
+            "~",
+            "\"",
+            ".",
+            "..",
+            "",
+            "日本語の名前",
+            &"é".repeat(128),
+            &"x".repeat(128),
+            &"x".repeat(49),
+        ];
+        let parts: Vec<String> = names.iter().map(|n| safe_part(n)).collect();
+        for (name, part) in names.iter().zip(&parts) {
+            assert!(part.len() <= MAX_PART, "{name:?} -> {part}");
+            assert!(!part.is_empty());
+            assert!(
+                part.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'),
+                "{name:?} -> {part}"
+            );
+            // A store takes it as it is.
+            assert_eq!(Path::from(part.as_str()).as_ref(), part);
+        }
+        let distinct: std::collections::HashSet<&String> = parts.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{parts:?}");
+    }
+
+    #[test]
+    fn stored_paths_read_back_as_the_same_object() {
+        let location = new_table_location("café #1 ~ 100%");
+        let sstable = new_sstable_file(&shard_dir(&location, 0), 7, 3);
+        let text = sstable.to_string();
+        assert_eq!(stored(&text).unwrap(), sstable);
+        assert_eq!(sstable_epoch(&text), 3);
+        let graph = graph_file(&text, "vectör").unwrap();
+        assert_eq!(stored(graph.as_ref()).unwrap(), graph);
+        assert!(graph.as_ref().starts_with(sstable_dir(&text)));
+        // Text already in the store's encoding is not encoded again.
+        let encoded = "tables/caf%C3%A9-0000000000000001/shards/0/sst/x/data.parquet";
+        assert_eq!(stored(encoded).unwrap().as_ref(), encoded);
     }
 }

@@ -33,6 +33,14 @@
 //!   tombstone may be gone.
 //! - **Collection never fails a reader.** A reader that finds a tombstone (or
 //!   nothing) where it resolved the tip re-resolves the tip and loads that.
+//!   A tombstone with no version after it is damage, not collection (the
+//!   newest versions are never collected): [`Error::Corrupt`].
+//! - **A damaged or misplaced version is an error, never another state.**
+//!   Every version ends with a trailer: its version number and the CRC-32
+//!   of its directory, number and body ([`seal`]). A version that fails the
+//!   check (a flipped bit, a truncation, a copy of another version or of
+//!   another object's version) is [`Error::Corrupt`] naming it. (Versions
+//!   written before the trailer existed are read as they are.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +72,14 @@ pub struct CommitOptions {
     /// confirmed more than half of this ago, so the protocol assumes no
     /// single store request takes longer than that.
     pub tombstone_ttl: Duration,
+    /// Every this many versions a committer lists the directory and
+    /// deletes expired tombstones other handles left behind (short-lived
+    /// or crashed ones) and empties old versions a crashed committer left
+    /// with content (default 16,384; each handle deletes the tombstones it
+    /// made itself without a listing). With few commits per handle (shard
+    /// manifests, written by short-lived writers) a small value keeps the
+    /// directory small.
+    pub sweep_every: u64,
 }
 
 impl Default for CommitOptions {
@@ -75,6 +91,7 @@ impl Default for CommitOptions {
             transient_retries: 3,
             keep_versions: 5,
             tombstone_ttl: Duration::from_secs(600),
+            sweep_every: 16_384,
         }
     }
 }
@@ -90,6 +107,56 @@ impl CommitOptions {
             .min(self.backoff_max);
         ceiling.mul_f64(rand::random::<f64>())
     }
+}
+
+/// Last bytes of every sealed version.
+const SEAL_MAGIC: &[u8; 4] = b"MWV1";
+/// Version number (u64), CRC-32 (u32), magic, little-endian.
+const SEAL_LEN: usize = 16;
+
+/// `body` as stored as version `version` in `dir`: followed by the
+/// version number and a CRC-32 over `dir`, the number and `body`.
+pub fn seal(dir: &Path, version: u64, body: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(body.len() + SEAL_LEN);
+    out.extend_from_slice(body);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&seal_crc(dir, version, body).to_le_bytes());
+    out.extend_from_slice(SEAL_MAGIC);
+    out.into()
+}
+
+fn seal_crc(dir: &Path, version: u64, body: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(dir.as_ref().as_bytes());
+    crc.update(&version.to_le_bytes());
+    crc.update(body);
+    crc.finalize()
+}
+
+/// The body of version `version` in `dir` read from `path`, checked (see
+/// [`seal`]); bytes without a trailer are returned whole (written before
+/// versions were sealed).
+pub fn unseal(dir: &Path, version: u64, path: &Path, bytes: Bytes) -> Result<Bytes> {
+    if bytes.len() < SEAL_LEN || !bytes.ends_with(SEAL_MAGIC) {
+        return Ok(bytes);
+    }
+    let body_len = bytes.len() - SEAL_LEN;
+    let trailer = &bytes[body_len..];
+    let stored_version = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
+    let stored_crc = u32::from_le_bytes(trailer[8..12].try_into().expect("4 bytes"));
+    let corrupt = |reason: String| Error::Corrupt {
+        path: path.to_string(),
+        reason,
+    };
+    if stored_crc != seal_crc(dir, stored_version, &bytes[..body_len]) {
+        return Err(corrupt("checksum mismatch: the version is damaged".into()));
+    }
+    if stored_version != version {
+        return Err(corrupt(format!(
+            "holds version {stored_version}, not {version}: a copy of another version"
+        )));
+    }
+    Ok(bytes.slice(..body_len))
 }
 
 /// What became of one put-if-absent of a version.
@@ -152,13 +219,6 @@ pub struct VersionedObjects {
 /// How often a reader re-resolves the tip when versions vanish under it.
 const RELOAD_ATTEMPTS: u32 = 50;
 
-/// Every this many versions the committer also sweeps (a listing): it
-/// deletes expired tombstones other handles left behind (short-lived or
-/// crashed ones) and empties old versions a crashed committer left with
-/// content. Each handle deletes the tombstones it made itself without a
-/// listing.
-const SWEEP_EVERY: u64 = 16_384;
-
 impl VersionedObjects {
     /// The versioned object whose versions are `<dir>/v<N>.<ext>`.
     pub fn new(
@@ -206,10 +266,18 @@ impl VersionedObjects {
         }
     }
 
-    /// Reads one version; `None` if it does not exist (never written, or
-    /// collected: a tombstone is empty).
+    /// Reads one version's body, checked (see [`seal`]); `None` if it does
+    /// not exist (never written, or collected: a tombstone is empty).
     pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {
-        Ok(self.read_slot(version).await?.filter(|b| !b.is_empty()))
+        match self.read_slot(version).await? {
+            Some(bytes) if !bytes.is_empty() => Ok(Some(unseal(
+                &self.dir,
+                version,
+                &self.path_of(version),
+                bytes,
+            )?)),
+            _ => Ok(None),
+        }
     }
 
     /// The object at a version's name: `None` if absent, empty if a tombstone.
@@ -291,6 +359,15 @@ impl VersionedObjects {
                 let state = decode(&self.path_of(version), bytes)?;
                 return Ok(Versioned::new(version, Arc::new(state)));
             }
+            // Collection empties only versions with newer ones after them.
+            if !self.exists(version + 1).await? && self.read_slot(version).await?.is_some() {
+                return Err(Error::Corrupt {
+                    path: self.path_of(version).to_string(),
+                    reason: "the newest version is empty (damaged: collection never \
+                             empties the newest version)"
+                        .into(),
+                });
+            }
         }
         Err(Error::CommitConflict {
             what: format!("loading the newest version in {}", self.dir),
@@ -298,10 +375,12 @@ impl VersionedObjects {
         })
     }
 
-    /// Creates `version` with `bytes` if it does not exist yet, resolving
-    /// ambiguous failures by reading the version back (see the module doc).
-    pub async fn put_version(&self, version: u64, bytes: Bytes) -> Result<PutOutcome> {
+    /// Creates `version` with `body` (sealed, see [`seal`]) if it does not
+    /// exist yet, resolving ambiguous failures by reading the version back
+    /// (see the module doc).
+    pub async fn put_version(&self, version: u64, body: Bytes) -> Result<PutOutcome> {
         let path = self.path_of(version);
+        let bytes = seal(&self.dir, version, &body);
         let mut attempt = 0;
         loop {
             let payload = PutPayload::from_bytes(bytes.clone());
@@ -423,7 +502,7 @@ impl VersionedObjects {
             let Some(v) = expired else { break };
             self.delete_quietly(&self.path_of(v)).await;
         }
-        if !version.is_multiple_of(SWEEP_EVERY) {
+        if !version.is_multiple_of(self.options.sweep_every.max(1)) {
             return;
         }
         let metas = match self.list_metas().await {
@@ -479,9 +558,17 @@ mod tests {
         Bytes::from(format!("{v}:{:x}", rand::random::<u64>()))
     }
 
-    fn decode(_: &Path, b: Bytes) -> Result<u64> {
-        let s = std::str::from_utf8(&b).unwrap();
-        Ok(s.split(':').next().unwrap().parse().unwrap())
+    fn decode(path: &Path, b: Bytes) -> Result<u64> {
+        let corrupt = || Error::Corrupt {
+            path: path.to_string(),
+            reason: "not a counter".into(),
+        };
+        let s = std::str::from_utf8(&b).map_err(|_| corrupt())?;
+        let (n, id) = s.split_once(':').ok_or_else(corrupt)?;
+        if !id.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Err(corrupt());
+        }
+        n.parse().map_err(|_| corrupt())
     }
 
     fn objects(store: Arc<dyn ObjectStore>) -> VersionedObjects {
@@ -593,6 +680,55 @@ mod tests {
         let left = quick.list_versions().await.unwrap();
         assert_eq!(left, (1..=15).chain(36..=40).collect::<Vec<_>>());
         assert_eq!(quick.latest_version(0).await.unwrap(), 40);
+    }
+
+    #[tokio::test]
+    async fn damaged_copied_or_emptied_versions_are_named_errors() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let objs = objects(Arc::clone(&inner));
+        for _ in 0..3 {
+            increment(&objs).await.unwrap();
+        }
+        let tip = objs.path_of(3);
+        let good = inner.get(&tip).await.unwrap().bytes().await.unwrap();
+        let mut flipped = good.to_vec();
+        flipped[0] ^= 0x10;
+        let other_dir = seal(&Path::from("other"), 3, b"3:x");
+        let damaged: [(&str, Bytes); 4] = [
+            ("a flipped bit", flipped.into()),
+            ("a truncation", good.slice(..good.len() - 3)),
+            (
+                "version 2's bytes",
+                inner
+                    .get(&objs.path_of(2))
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap(),
+            ),
+            ("another directory's version", other_dir),
+        ];
+        for (what, bytes) in damaged {
+            inner.put(&tip, bytes.into()).await.unwrap();
+            let err = objs.load_latest(0, decode).await.map(|v| v.version);
+            // (A truncated trailer reads as an unsealed body, which the
+            // decoder refuses.)
+            match err {
+                Err(Error::Corrupt { ref path, .. }) => assert_eq!(path, tip.as_ref(), "{what}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        // An empty newest version is damage, not collection.
+        inner.put(&tip, PutPayload::new()).await.unwrap();
+        let err = objs.load_latest(0, decode).await.unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt { ref path, .. } if path == tip.as_ref()),
+            "{err}"
+        );
+        // Versions before the seal existed are read as they are.
+        inner.put(&tip, PutPayload::from("7:1e9acc")).await.unwrap();
+        assert_eq!(*objs.load_latest(0, decode).await.unwrap().state, 7);
     }
 
     #[tokio::test]

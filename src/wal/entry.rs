@@ -1,9 +1,12 @@
 //! The stored form of one WAL entry.
 //!
 //! An entry is one object: an Arrow IPC stream followed by an 8-byte
-//! trailer, the CRC-32 of the stream (little-endian) and the magic `MWAL`.
-//! A truncated or altered object fails the check and is reported as
-//! [`Error::Corrupt`] naming the object, never decoded as garbage.
+//! trailer, a CRC-32 (little-endian) and the magic `MWL2`. The CRC covers
+//! the object's own path and the stream, so a truncated or altered object,
+//! or an entry copied to another position or shard, fails the check and is
+//! reported as [`Error::Corrupt`] naming the object, never decoded as
+//! garbage or replayed out of place. (Entries written before the path was
+//! covered end in `MWAL` and their CRC covers the stream only.)
 //!
 //! The stream's schema metadata carries the format version, the kind
 //! (`data` or `fence`), the writer's epoch and the MemTable generation.
@@ -25,7 +28,9 @@ use crate::error::{Error, Result};
 /// The column marking deleted keys in data entries (true: tombstone).
 pub const TOMBSTONE_COLUMN: &str = "_tombstone";
 
-const MAGIC: &[u8; 4] = b"MWAL";
+const MAGIC: &[u8; 4] = b"MWL2";
+/// Entries whose CRC covers the stream only.
+const MAGIC_V1: &[u8; 4] = b"MWAL";
 const TRAILER_LEN: usize = 8;
 const FORMAT_KEY: &str = "memwal.wal.format";
 const FORMAT_VERSION: &str = "1";
@@ -99,8 +104,9 @@ impl WalEntry {
         self.batches.iter().map(RecordBatch::num_rows).sum()
     }
 
-    /// The stored bytes: IPC stream, CRC-32, magic.
-    pub fn encode(&self) -> Result<Bytes> {
+    /// The stored bytes of the entry as the object at `path`: IPC
+    /// stream, CRC-32 (of `path` and the stream), magic.
+    pub fn encode(&self, path: &str) -> Result<Bytes> {
         let kind = match self.kind {
             EntryKind::Data => "data",
             EntryKind::Fence => "fence",
@@ -133,7 +139,7 @@ impl WalEntry {
         }
         writer.finish()?;
         drop(writer);
-        let crc = crc32fast::hash(&out);
+        let crc = entry_crc(path, &out);
         out.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(MAGIC);
         Ok(Bytes::from(out))
@@ -145,7 +151,8 @@ impl WalEntry {
             path: path.to_string(),
             reason,
         };
-        if bytes.len() < TRAILER_LEN || &bytes[bytes.len() - 4..] != MAGIC {
+        let magic = bytes.len().checked_sub(4).map(|at| &bytes[at..]);
+        if bytes.len() < TRAILER_LEN || !(magic == Some(MAGIC) || magic == Some(MAGIC_V1)) {
             return Err(corrupt(format!(
                 "not a WAL entry or truncated ({} bytes, no trailer)",
                 bytes.len()
@@ -157,10 +164,14 @@ impl WalEntry {
                 .try_into()
                 .expect("4 bytes"),
         );
-        let actual = crc32fast::hash(&body);
+        let actual = match magic == Some(MAGIC) {
+            true => entry_crc(path, &body),
+            false => crc32fast::hash(&body),
+        };
         if stored != actual {
             return Err(corrupt(format!(
-                "checksum mismatch (stored {stored:08x}, computed {actual:08x})"
+                "checksum mismatch (stored {stored:08x}, computed {actual:08x}): \
+                 damaged, or an entry of another position"
             )));
         }
         let reader = StreamReader::try_new(Cursor::new(body), None)
@@ -209,6 +220,14 @@ impl WalEntry {
     }
 }
 
+/// The CRC-32 of an entry stored at `path` with IPC stream `body`.
+fn entry_crc(path: &str, body: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(path.as_bytes());
+    crc.update(body);
+    crc.finalize()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,23 +253,32 @@ mod tests {
     #[test]
     fn data_and_fence_entries_round_trip() {
         let entry = WalEntry::data(3, 7, vec![batch(&[1, 2]), batch(&[3])]);
-        let decoded = WalEntry::decode("w", entry.encode().unwrap()).unwrap();
+        let decoded = WalEntry::decode("w", entry.encode("w").unwrap()).unwrap();
         assert_eq!(decoded, entry);
         assert_eq!(decoded.num_rows(), 3);
         let fence = WalEntry::fence(4);
         assert_eq!(
-            WalEntry::decode("w", fence.encode().unwrap()).unwrap(),
+            WalEntry::decode("w", fence.encode("w").unwrap()).unwrap(),
             fence
         );
-        assert!(WalEntry::data(1, 1, vec![]).encode().is_err());
+        assert!(WalEntry::data(1, 1, vec![]).encode("w").is_err());
     }
 
     #[test]
     fn truncated_or_altered_entries_are_corrupt_and_named() {
-        let bytes = WalEntry::data(1, 1, vec![batch(&[1, 2, 3])])
-            .encode()
-            .unwrap();
         let path = "t/shards/0/wal/00000000000000000009.arrow";
+        let bytes = WalEntry::data(1, 1, vec![batch(&[1, 2, 3])])
+            .encode(path)
+            .unwrap();
+        // The same entry read as another position's, or another shard's.
+        for elsewhere in [
+            "t/shards/0/wal/00000000000000000010.arrow",
+            "t/shards/1/wal/00000000000000000009.arrow",
+        ] {
+            let err = WalEntry::decode(elsewhere, bytes.clone()).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+            assert!(err.to_string().contains(elsewhere), "{err}");
+        }
         for (what, damaged) in [
             ("truncated", bytes.slice(..bytes.len() / 2)),
             ("empty", Bytes::new()),

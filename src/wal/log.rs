@@ -43,6 +43,11 @@ impl WalLog {
         paths::wal_file(&self.dir, position)
     }
 
+    /// `entry` encoded as the object of `position` (see [`WalEntry::encode`]).
+    pub fn encode(&self, position: u64, entry: &WalEntry) -> Result<Bytes> {
+        entry.encode(self.path_of(position).as_ref())
+    }
+
     /// Creates the entry `bytes` (an encoded [`WalEntry`] of `epoch`) at
     /// `position`. A taken position is [`Error::Fenced`], unless it holds
     /// these very bytes. Any other failure is returned as is: whether the
@@ -155,13 +160,14 @@ impl WalLog {
     /// of a newer epoch at the tip or in the way means a newer writer owns
     /// the shard, and this one is [`Error::Fenced`] before it starts.
     pub async fn fence(&self, epoch: u64, after: u64) -> Result<u64> {
-        let bytes = WalEntry::fence(epoch).encode()?;
+        let fence = WalEntry::fence(epoch);
         let tip = self.tip(after).await?;
         if tip > after {
             self.check_not_newer(tip, epoch).await?;
         }
         let mut position = tip + 1;
         loop {
+            let bytes = self.encode(position, &fence)?;
             match self.create(&self.path_of(position), &bytes).await {
                 Ok(()) => return Ok(position),
                 // Another writer appended or fenced meanwhile.
@@ -222,7 +228,7 @@ mod tests {
     async fn appends_replay_in_order_and_a_retry_of_the_same_bytes_is_ok() {
         let (_, wal) = log();
         for (i, ids) in [[1, 2], [3, 4], [5, 6]].iter().enumerate() {
-            let bytes = entry(1, ids).encode().unwrap();
+            let bytes = wal.encode(i as u64 + 1, &entry(1, ids)).unwrap();
             wal.append(i as u64 + 1, 1, bytes.clone()).await.unwrap();
             // An attempt that landed, retried: not a fence.
             wal.append(i as u64 + 1, 1, bytes).await.unwrap();
@@ -237,13 +243,13 @@ mod tests {
     #[tokio::test]
     async fn a_fence_stops_the_older_writer() {
         let (_, wal) = log();
-        wal.append(1, 1, entry(1, &[1]).encode().unwrap())
+        wal.append(1, 1, wal.encode(1, &entry(1, &[1])).unwrap())
             .await
             .unwrap();
         // Epoch 2 fences after the tip; epoch 1's next append collides.
         assert_eq!(wal.fence(2, 0).await.unwrap(), 2);
         let err = wal
-            .append(2, 1, entry(1, &[2]).encode().unwrap())
+            .append(2, 1, wal.encode(2, &entry(1, &[2])).unwrap())
             .await
             .unwrap_err();
         match err {
@@ -267,10 +273,10 @@ mod tests {
     #[tokio::test]
     async fn gaps_and_corrupt_entries_fail_replay_naming_the_object() {
         let (store, wal) = log();
-        wal.append(1, 1, entry(1, &[1]).encode().unwrap())
+        wal.append(1, 1, wal.encode(1, &entry(1, &[1])).unwrap())
             .await
             .unwrap();
-        wal.append(3, 1, entry(1, &[3]).encode().unwrap())
+        wal.append(3, 1, wal.encode(3, &entry(1, &[3])).unwrap())
             .await
             .unwrap();
         let err = wal.replay(0).await.unwrap_err().to_string();
@@ -279,7 +285,7 @@ mod tests {
             "{err}"
         );
 
-        let good = entry(1, &[2]).encode().unwrap();
+        let good = wal.encode(2, &entry(1, &[2])).unwrap();
         store
             .put(
                 &wal.path_of(2),

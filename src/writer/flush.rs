@@ -11,9 +11,10 @@
 //!    order, and a failed flush is retried before anything newer: a later
 //!    success never hides an earlier failure;
 //! 2. WAL garbage: data entries at or below the cursor are deleted after
-//!    the commit; fences are kept forever (the manifest lists them), since
-//!    a stale writer's next append lands exactly on a later epoch's fence
-//!    and must keep colliding with it;
+//!    the commit; fences (which the manifest lists) once
+//!    [`super::WriterOptions::fence_grace`] old, since a stale writer's
+//!    next append lands exactly on a later epoch's fence and must collide
+//!    with it (the writer's module doc says why that grace suffices);
 //! 3. compaction: merge a run of the newest SSTables into one (streaming),
 //!    commit the swap, and delete the inputs once
 //!    [`super::WriterOptions::sstable_grace`] has passed;
@@ -36,7 +37,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
-use super::manifest::{RetiredFile, ShardManifest, commit_as};
+use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as};
 use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
@@ -143,16 +144,25 @@ impl Shared {
         also: impl FnOnce(&mut super::Layers),
     ) -> Result<()> {
         let fences = self.fences.lock().expect("fences poisoned").clone();
+        let fences_deleted = self.fences_deleted.lock().expect("fences poisoned").clone();
         let deleted = self.wal_deleted_through.load(Ordering::Acquire);
+        let now = now_ms();
         let committed = self
             .retrying(what, || {
                 commit_as(&self.versions, self.manifest(), self.epoch, |m| {
                     if !change(m) {
                         return false;
                     }
-                    for &f in fences.range(..=m.replay_after) {
-                        if let Err(at) = m.fences.binary_search(&f) {
-                            m.fences.insert(at, f);
+                    for (&position, &at_ms) in fences.range(..=m.replay_after) {
+                        if let Err(at) = m.fences.binary_search_by_key(&position, |f| f.position) {
+                            m.fences.insert(at, Fence { position, at_ms });
+                        }
+                    }
+                    m.fences.retain(|f| !fences_deleted.contains(&f.position));
+                    for f in &mut m.fences {
+                        // Listed before fences had times: from now on.
+                        if f.at_ms == 0 {
+                            f.at_ms = now;
                         }
                     }
                     m.wal_deleted_through = m.wal_deleted_through.max(deleted);
@@ -263,15 +273,16 @@ impl Shared {
     }
 
     /// Deletes the WAL data entries at or below the manifest's cursor that
-    /// are not deleted yet; fences stay.
+    /// are not deleted yet, and the fences past their grace period.
     async fn delete_wal_below_cursor(&self) -> Result<()> {
+        self.delete_expired_fences().await;
         let manifest = self.manifest();
         let through = manifest.state.replay_after;
         let from = self.wal_deleted_through.load(Ordering::Acquire);
         if through <= from {
             return Ok(());
         }
-        let fences: HashSet<u64> = manifest.state.fences.iter().copied().collect();
+        let fences: HashSet<u64> = manifest.state.fences.iter().map(|f| f.position).collect();
         let wal = &self.wal;
         let deleted = futures::stream::iter((from + 1..=through).filter(|p| !fences.contains(p)))
             .map(|position| delete_if_present(&self.store, wal.path_of(position)))
@@ -290,12 +301,51 @@ impl Shared {
         Ok(())
     }
 
+    /// Deletes the fences the manifest lists that are older than the
+    /// grace period; the next commit drops them from the list. Failures
+    /// are logged: the fence stays for a later try.
+    async fn delete_expired_fences(&self) {
+        let manifest = self.manifest();
+        let grace = self.options.fence_grace.as_millis() as u64;
+        let now = now_ms();
+        let expired: Vec<u64> = manifest
+            .state
+            .fences
+            .iter()
+            .filter(|f| f.at_ms != 0 && f.at_ms.saturating_add(grace) <= now)
+            .map(|f| f.position)
+            .filter(|p| {
+                !self
+                    .fences_deleted
+                    .lock()
+                    .expect("fences poisoned")
+                    .contains(p)
+            })
+            .collect();
+        for position in expired {
+            match delete_if_present(&self.store, self.wal.path_of(position)).await {
+                Ok(()) => {
+                    self.fences
+                        .lock()
+                        .expect("fences poisoned")
+                        .remove(&position);
+                    self.fences_deleted
+                        .lock()
+                        .expect("fences poisoned")
+                        .insert(position);
+                }
+                Err(e) => log::debug!("deleting fence {position} failed: {e}"),
+            }
+        }
+    }
+
     /// Deletes what a crash of an earlier writer may have left: WAL data
     /// entries below the cursor and SSTables no manifest names.
     async fn collect_leftovers(&self) -> Result<()> {
+        self.delete_expired_fences().await;
         let manifest = self.manifest();
         let m = &manifest.state;
-        let fences: HashSet<u64> = m.fences.iter().copied().collect();
+        let fences: HashSet<u64> = m.fences.iter().map(|f| f.position).collect();
         let leftovers: Vec<Path> = self
             .wal
             .positions_after(m.wal_deleted_through)
@@ -532,7 +582,8 @@ fn run_to_merge(files: &[SstableFile], max: usize) -> Option<usize> {
     Some(start.min(max - 1))
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the Unix epoch, by this machine's clock.
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -561,6 +612,7 @@ mod tests {
                 first_generation: i as u64 + 1,
                 rows: 1,
                 bytes,
+                checksum: None,
                 graphs: Vec::new(),
             })
             .collect()

@@ -10,7 +10,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::sstable::SstableFile;
-use crate::store::{Versioned, VersionedObjects};
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+
+use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 
 /// One version of a shard manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,15 +33,44 @@ pub struct ShardManifest {
     /// their grace period ends; no new snapshot reads them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<RetiredFile>,
-    /// WAL positions at or below `replay_after` that hold fences. They are
-    /// never deleted: a stale writer's next append is always at a later
-    /// epoch's fence, and must keep colliding with it (see
-    /// [`crate::wal::WalLog::fence`]).
+    /// Fences at or below `replay_after`, by position. A stale writer's
+    /// next append is at a later epoch's fence and must collide with it
+    /// (see [`crate::wal::WalLog::fence`]), so a fence is deleted only
+    /// [`super::WriterOptions::fence_grace`] after it was written, when no
+    /// writer can still be about to append there (see the writer's module
+    /// doc).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub fences: Vec<u64>,
+    pub fences: Vec<Fence>,
     /// WAL data entries at or below this are deleted.
     #[serde(default)]
     pub wal_deleted_through: u64,
+}
+
+/// A fence entry of the WAL and when it was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "FenceRepr")]
+pub struct Fence {
+    pub position: u64,
+    /// Milliseconds since the Unix epoch by the clock of the writer that
+    /// recorded it (0: unknown, for fences listed before times were).
+    pub at_ms: u64,
+}
+
+/// A fence as stored: a bare position in older manifests.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum FenceRepr {
+    Timed { position: u64, at_ms: u64 },
+    Bare(u64),
+}
+
+impl From<FenceRepr> for Fence {
+    fn from(repr: FenceRepr) -> Self {
+        match repr {
+            FenceRepr::Timed { position, at_ms } => Fence { position, at_ms },
+            FenceRepr::Bare(position) => Fence { position, at_ms: 0 },
+        }
+    }
 }
 
 /// An SSTable no longer part of the shard, and when it stopped being.
@@ -65,6 +98,27 @@ impl ShardManifest {
     }
 }
 
+/// Shard manifests are committed a few times per writer, and writers may
+/// be short-lived: a sweep this often keeps the directory small.
+const SWEEP_EVERY: u64 = 64;
+
+/// The versions of the shard manifest of the shard at `shard_dir`.
+pub fn versions(
+    store: Arc<dyn ObjectStore>,
+    shard_dir: &Path,
+    commit: &CommitOptions,
+) -> VersionedObjects {
+    VersionedObjects::new(
+        store,
+        paths::shard_manifest_dir(shard_dir),
+        "json",
+        CommitOptions {
+            sweep_every: SWEEP_EVERY,
+            ..commit.clone()
+        },
+    )
+}
+
 /// Claims the shard whose manifest versions are `versions`: commits a new
 /// version with the epoch one above the newest, racing claimers included
 /// (each gets its own epoch). Returns the committed version.
@@ -81,6 +135,17 @@ pub async fn claim(versions: &VersionedObjects) -> Result<Versioned<ShardManifes
             Ok(Some((next, bytes)))
         })
         .await
+}
+
+/// [`Error::Fenced`] if a writer newer than `epoch` has claimed the shard
+/// whose manifest versions are `versions`.
+pub async fn newer_claim(versions: &VersionedObjects, epoch: u64) -> Result<Option<Error>> {
+    let latest = versions.load_latest(0, ShardManifest::decode).await?;
+    Ok((latest.state.epoch > epoch).then(|| Error::Fenced {
+        path: versions.path_of(latest.version).to_string(),
+        epoch,
+        by_epoch: latest.state.epoch,
+    }))
 }
 
 /// Commits `change` (which returns whether it changed anything) to the

@@ -20,12 +20,22 @@
 //! - open claims the shard with a new epoch, fences the WAL after its tip,
 //!   and replays every entry after the manifest's replay cursor into
 //!   MemTables, one per recorded generation, so everything acknowledged by
-//!   any earlier writer is in an SSTable or in the new writer's MemTables.
+//!   any earlier writer is in an SSTable or in the new writer's MemTables;
+//! - fences are deleted once [`WriterOptions::fence_grace`] old (so
+//!   storage stays bounded however often writers open). That stays safe
+//!   because no writer relies on a fence older than that: a writer starts
+//!   no append more than a quarter of the grace after it last confirmed
+//!   that it owns the shard (an append of its own that landed, or the
+//!   shard manifest still naming its epoch), and an append that took more
+//!   than a quarter of the grace is acknowledged only after the manifest
+//!   confirms it still owns the shard. So a stale writer's append either
+//!   lands while the newer epoch's fence still exists (and collides), or
+//!   is never acknowledged.
 
 mod flush;
 mod manifest;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -35,7 +45,8 @@ use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-pub use manifest::{RetiredFile, ShardManifest};
+pub(crate) use manifest::versions as manifest_versions;
+pub use manifest::{Fence, RetiredFile, ShardManifest};
 
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, MemTable, TableSchema};
@@ -85,6 +96,13 @@ pub struct WriterOptions {
     /// Threads that insert a MemTable's vectors into its graphs (default:
     /// the available parallelism, at most 4).
     pub index_threads: usize,
+    /// WAL fences are deleted this long after they were written (default
+    /// 10 min); a writer re-confirms its ownership of the shard after a
+    /// quarter of this without an append, and confirms an append that took
+    /// longer than a quarter of this before acknowledging it. The protocol
+    /// assumes clocks of writers of one shard differ by less than half of
+    /// it.
+    pub fence_grace: Duration,
 }
 
 impl Default for WriterOptions {
@@ -101,7 +119,17 @@ impl Default for WriterOptions {
             commit: CommitOptions::default(),
             owner_check_interval: Duration::from_millis(100),
             index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            fence_grace: Duration::from_secs(600),
         }
+    }
+}
+
+impl WriterOptions {
+    /// How long a confirmation of ownership lets the writer append (and
+    /// how long an append may take unconfirmed): a quarter of
+    /// [`WriterOptions::fence_grace`].
+    fn lease(&self) -> Duration {
+        self.fence_grace / 4
     }
 }
 
@@ -161,6 +189,11 @@ impl Progress {
         let past = |at: u64, done: usize| at > generation || (at == generation && done >= batches);
         (!durable || past(self.generation, self.batches))
             && past(self.indexed_generation, self.indexed_batches)
+    }
+
+    /// Whether the first `batches` of `generation` are in the WAL.
+    fn durable_through(&self, generation: u64, batches: usize) -> bool {
+        self.generation > generation || (self.generation == generation && self.batches >= batches)
     }
 }
 
@@ -243,9 +276,11 @@ struct Shared {
     progress: watch::Sender<Progress>,
     counters: Counters,
     opened: Instant,
-    /// WAL positions of fences this writer knows of (replayed or its own)
-    /// that the manifest does not list yet.
-    fences: Mutex<BTreeSet<u64>>,
+    /// Fences this writer knows of (replayed or its own), position to
+    /// when written (ms), that the manifest may not list yet.
+    fences: Mutex<BTreeMap<u64, u64>>,
+    /// Fences this writer deleted, to drop from the manifest's list.
+    fences_deleted: Mutex<BTreeSet<u64>>,
     /// WAL data entries at or below this are deleted (recorded in the
     /// manifest with the next commit).
     wal_deleted_through: AtomicU64,
@@ -281,7 +316,10 @@ pub struct Durability {
 impl Durability {
     /// Waits until the put is visible: its vectors indexed and, if the
     /// writer is durable, its WAL entry written; fails if the writer
-    /// stopped before that.
+    /// stopped before that. A durable put whose writer stopped before it
+    /// was indexed succeeds (it is in the WAL, and the shard's next writer
+    /// serves it), so an [`Error::Fenced`] from here means the put wrote
+    /// nothing.
     pub async fn wait(mut self) -> Result<()> {
         let (generation, target, durable) = (self.generation, self.target, self.durable);
         let done = |p: &Progress| p.covers(generation, target, durable);
@@ -290,7 +328,7 @@ impl Durability {
             .wait_for(|p| done(p) || p.error.is_some())
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
-        if done(&progress) {
+        if done(&progress) || (durable && progress.durable_through(generation, target)) {
             return Ok(());
         }
         Err(shared_error(
@@ -345,12 +383,8 @@ impl ShardWriter {
             )));
         }
         let dir = paths::shard_dir(location, shard);
-        let versions = VersionedObjects::new(
-            Arc::clone(&store),
-            paths::shard_manifest_dir(&dir),
-            "json",
-            options.commit.clone(),
-        );
+        let versions = manifest::versions(Arc::clone(&store), &dir, &options.commit);
+        let claimed_at = Instant::now();
         let claimed = manifest::claim(&versions).await?;
         let ShardManifest {
             epoch,
@@ -363,14 +397,26 @@ impl ShardWriter {
 
         // One MemTable per recorded generation, in WAL order.
         let mut generations: Vec<Arc<Generation>> = Vec::new();
-        let mut fences = BTreeSet::from([fence]);
+        // Replayed fences count as written now: later than they were, so
+        // never deleted early.
+        let now_ms = flush::now_ms();
+        let mut fences = BTreeMap::from([(fence, now_ms)]);
         let (mut rows, mut bytes) = (0, 0);
-        for (position, entry) in wal.replay(replay_after).await? {
+        let replayed = match wal.replay(replay_after).await {
+            Ok(replayed) => replayed,
+            // Entries that vanished under the replay were flushed and
+            // deleted by a newer writer: this one is fenced, the WAL fine.
+            Err(e @ Error::Corrupt { .. }) => {
+                return Err(manifest::newer_claim(&versions, epoch).await?.unwrap_or(e));
+            }
+            Err(e) => return Err(e),
+        };
+        for (position, entry) in replayed {
             if position >= fence {
                 break;
             }
             if entry.kind != EntryKind::Data {
-                fences.insert(position);
+                fences.insert(position, now_ms);
                 continue;
             }
             let corrupt = |reason: String| Error::Corrupt {
@@ -483,11 +529,14 @@ impl ShardWriter {
                 next_position: AtomicU64::new(fence + 1),
                 ..Counters::default()
             },
-            opened: Instant::now(),
+            opened: claimed_at,
             fences: Mutex::new(fences),
+            fences_deleted: Mutex::default(),
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
             maintenance: tokio::sync::Mutex::new(()),
         });
+        // The claim made this writer the owner.
+        shared.confirm_owned(claimed_at);
         let wal_task = tokio::spawn(Shared::guarded(
             Arc::clone(&shared),
             Arc::clone(&shared).run_wal(fence + 1),
@@ -556,29 +605,16 @@ impl ShardWriter {
             .map(shared_error)
     }
 
-    /// Whether this writer still owns the shard: the WAL position it
-    /// appends at next is free, or holds its own entry followed by a free
-    /// position. One object read, in the common case.
+    /// Whether this writer still owns the shard: the shard manifest still
+    /// names its epoch (a newer writer claims it there before it writes
+    /// anything). One existence check, in the common case.
     pub async fn still_owns_shard(&self) -> Result<bool> {
-        let started = Instant::now();
-        let mut next = self.shared.counters.next_position.load(Ordering::Acquire);
-        // Our own entry there is an append that landed and is not counted
-        // yet; someone may have fenced after it, so look on.
-        loop {
-            match self.shared.wal.read(next).await? {
-                None => break,
-                Some(entry) if entry.epoch == self.shared.epoch => next += 1,
-                Some(_) => return Ok(false),
-            }
-        }
-        self.shared.confirm_owned(started);
-        Ok(true)
+        Ok(self.shared.newer_epoch().await?.is_none())
     }
 
     /// Whether ownership was confirmed less than `max_age` ago (no I/O).
     pub fn owned_within(&self, max_age: Duration) -> bool {
-        let at = self.shared.counters.owned_at_us.load(Ordering::Acquire);
-        at > 0 && self.shared.opened.elapsed().as_micros() as u64 - at < max_age.as_micros() as u64
+        self.shared.owned_within(max_age)
     }
 
     /// Puts `batches` (user rows of the table; several batches become
@@ -744,7 +780,10 @@ impl ShardWriter {
 
     /// Makes everything put so far durable, flushes every MemTable to an
     /// SSTable, stops the writer's tasks and reports the error that stopped
-    /// the writer, if any.
+    /// the writer, if any. A durable writer fenced by a newer one closes
+    /// without error: every put it acknowledged is in the WAL, and the
+    /// newer writer replayed or will replay it (the puts it had not
+    /// acknowledged failed themselves).
     pub async fn close(&self) -> Result<()> {
         {
             let _no_put_in_flight = self
@@ -767,6 +806,13 @@ impl ShardWriter {
                 .map_err(|e| Error::Poisoned(format!("shard writer task failed: {e}")))?;
         }
         match self.stopped() {
+            Some(Error::Fenced { by_epoch, .. }) if self.shared.options.durable => {
+                log::debug!(
+                    "shard writer of epoch {} closed after a writer of epoch {by_epoch} took over",
+                    self.shared.epoch
+                );
+                Ok(())
+            }
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -785,6 +831,48 @@ impl Drop for ShardWriter {
 }
 
 impl Shared {
+    /// The epoch of a newer writer that claimed the shard, if one did;
+    /// otherwise records that this writer owned it when the check started.
+    async fn newer_epoch(&self) -> Result<Option<u64>> {
+        let started = Instant::now();
+        let known = self
+            .layers
+            .read()
+            .expect("layers poisoned")
+            .manifest
+            .clone();
+        let epoch = match self.versions.has_newer(&known).await? {
+            false => known.state.epoch,
+            true => {
+                self.versions
+                    .load_latest(known.version, ShardManifest::decode)
+                    .await?
+                    .state
+                    .epoch
+            }
+        };
+        if epoch != self.epoch {
+            return Ok(Some(epoch));
+        }
+        self.confirm_owned(started);
+        Ok(None)
+    }
+
+    /// [`Error::Fenced`] by `by_epoch`, at the shard manifest.
+    fn fenced_by(&self, by_epoch: u64) -> Error {
+        Error::Fenced {
+            path: self.versions.path_of(0).to_string(),
+            epoch: self.epoch,
+            by_epoch,
+        }
+    }
+
+    /// Whether ownership was confirmed less than `max_age` ago (no I/O).
+    fn owned_within(&self, max_age: Duration) -> bool {
+        let at = self.counters.owned_at_us.load(Ordering::Acquire);
+        at > 0 && self.opened.elapsed().as_micros() as u64 - at < max_age.as_micros() as u64
+    }
+
     /// Records that nobody else had written to the shard by `at`.
     fn confirm_owned(&self, at: Instant) {
         let at = at.saturating_duration_since(self.opened).as_micros() as u64;
@@ -822,7 +910,13 @@ impl Shared {
 
     /// Stops the writer with `error`: every waiting and later put gets it.
     fn stop(&self, error: Error) {
-        log::warn!("shard writer of epoch {} stopped: {error}", self.epoch);
+        match &error {
+            // Another writer took over: routine with several writers.
+            Error::Fenced { .. } => {
+                log::debug!("shard writer of epoch {} stopped: {error}", self.epoch)
+            }
+            _ => log::warn!("shard writer of epoch {} stopped: {error}", self.epoch),
+        }
         self.progress.send_modify(|p| {
             p.error.get_or_insert(Arc::new(error));
         });
@@ -970,6 +1064,17 @@ impl Shared {
                 }
                 continue;
             }
+            // A stale writer must not append after its newer epoch's fence
+            // may have been deleted: after a lease without confirmation,
+            // check the manifest first.
+            let lease = self.options.lease();
+            if !self.owned_within(lease) {
+                match self.newer_epoch().await {
+                    Ok(None) => {}
+                    Ok(Some(by)) => return self.stop(self.fenced_by(by)),
+                    Err(e) => return self.stop(e),
+                }
+            }
             last_start = Some(Instant::now());
             let batches = generation.memtable.batches(durable.batches, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
@@ -982,12 +1087,33 @@ impl Shared {
                 generation.number,
                 batches.into_iter().map(|b| b.batch).collect(),
             );
-            let result = match entry.encode() {
+            let result = match self.wal.encode(*position, &entry) {
                 Ok(encoded) => {
                     let len = encoded.len() as u64;
                     self.append_at(*position, encoded).await.map(|()| len)
                 }
                 Err(e) => Err(e),
+            };
+            // An append slower than the lease may have landed after a newer
+            // epoch's fence was deleted, out of every reader's sight: it
+            // counts only if the manifest still names this writer.
+            let result = match result {
+                Ok(len) if last_start.expect("set above").elapsed() > lease => {
+                    match self.newer_epoch().await {
+                        Ok(None) => Ok(len),
+                        Ok(Some(by)) => Err(Error::CommitOutcomeUnknown {
+                            path: self.wal.path_of(*position).to_string(),
+                            write: format!(
+                                "the append took longer than {lease:?} and a writer of epoch {by} \
+                                 claimed the shard meanwhile"
+                            ),
+                            read_back: "the entry exists, but may be out of the new writer's sight"
+                                .into(),
+                        }),
+                        Err(e) => Err(e),
+                    }
+                }
+                other => other,
             };
             match result {
                 Ok(len) => {

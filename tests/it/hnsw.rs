@@ -272,7 +272,9 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
         async move {
             let mut expected = Vec::new();
             for file in files.iter() {
-                assert_eq!(file.graphs, ["emb"]);
+                let columns: Vec<&str> = file.graphs.iter().map(|g| g.column()).collect();
+                assert_eq!(columns, ["emb"]);
+                assert!(file.graphs[0].crc32().is_some());
                 let dir = file.path.trim_end_matches("data.parquet");
                 expected.extend([format!("{dir}data.parquet"), format!("{dir}emb.hnsw")]);
                 let data = reader.vector_column(file, 1).await.unwrap();

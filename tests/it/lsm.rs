@@ -174,7 +174,10 @@ async fn check_wal(store: &Arc<dyn ObjectStore>, m: &ShardManifest) {
         if position <= m.replay_after {
             let entry = wal.read(position).await.unwrap().unwrap();
             assert_eq!(entry.kind, EntryKind::Fence, "WAL entry {position} kept");
-            assert!(m.fences.contains(&position), "fence {position} unlisted");
+            assert!(
+                m.fences.iter().any(|f| f.position == position),
+                "fence {position} unlisted"
+            );
         }
     }
 }
@@ -266,7 +269,6 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
     let targets = [
         (OpKind::Put, "/sst/"),
         (OpKind::Get, "/sst/"),
-        (OpKind::Head, "/sst/"),
         (OpKind::Delete, "/sst/"),
         (OpKind::List, "/sst"),
         (OpKind::Put, "/manifest/"),

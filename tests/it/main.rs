@@ -1,11 +1,16 @@
 //! Integration tests, compiled as one binary.
 
+mod atomic;
 mod catalog_faults;
 mod catalog_processes;
 mod crash;
+mod damage;
+mod gc;
 mod hnsw;
 mod lsm;
+mod names;
 mod s3;
 mod sessions;
 mod shell;
 mod writer;
+mod writers;

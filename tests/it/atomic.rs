@@ -1,0 +1,164 @@
+//! A statement is all or nothing per shard, across crashes: `memwal`
+//! shell processes run large DELETEs and INSERT ... SELECTs and are
+//! SIGKILLed at random instants; afterwards every shard holds exactly its
+//! rows from before the statement or exactly its rows from after it.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
+use memwal::{MemwalSession, Table};
+use rand::Rng;
+
+/// id → v of one shard.
+type Rows = BTreeMap<i64, i64>;
+
+async fn shard_rows(table: &Table) -> Vec<Rows> {
+    let mut shards = Vec::new();
+    for shard in 0..table.shard_count() as u32 {
+        let mut rows = Rows::new();
+        for b in table.scan_shard(shard).await.unwrap() {
+            let ids = b.column(0).as_primitive::<Int64Type>();
+            let vs = b.column(1).as_primitive::<Int64Type>();
+            for i in 0..b.num_rows() {
+                assert!(
+                    rows.insert(ids.value(i), vs.value(i)).is_none(),
+                    "key {} twice",
+                    ids.value(i)
+                );
+            }
+        }
+        shards.push(rows);
+    }
+    shards
+}
+
+/// What a statement does to the rows.
+type Effect = Box<dyn Fn(&Rows) -> Rows>;
+
+/// The SQL of statement `i` on `table`, and what it does to the rows.
+fn statement(i: usize, table: &str) -> (String, Effect) {
+    match i % 3 {
+        0 => {
+            let m = (i % 7 + 2) as i64;
+            (
+                format!("DELETE FROM {table} WHERE id % {m} = 0"),
+                Box::new(move |rows: &Rows| {
+                    rows.iter()
+                        .filter(|(id, _)| *id % m != 0)
+                        .map(|(k, v)| (*k, *v))
+                        .collect()
+                }),
+            )
+        }
+        1 => {
+            let base = 10_000_000 * (i as i64 + 1);
+            (
+                format!("INSERT INTO {table} SELECT id + {base}, v FROM {table} WHERE id % 3 = 1"),
+                Box::new(move |rows: &Rows| {
+                    let mut out = rows.clone();
+                    for (id, v) in rows.iter().filter(|(id, _)| *id % 3 == 1) {
+                        out.insert(id + base, *v);
+                    }
+                    out
+                }),
+            )
+        }
+        _ => (
+            // An update of every row: upserts of existing keys.
+            format!("INSERT INTO {table} SELECT id, v + 1 FROM {table}"),
+            Box::new(|rows: &Rows| rows.iter().map(|(k, v)| (*k, v + 1)).collect()),
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let rows: i64 = 60_000;
+    {
+        let session = MemwalSession::open(&root).await.unwrap();
+        for (name, shards) in [("one", 1), ("four", 4)] {
+            session
+                .sql(&format!(
+                    "CREATE TABLE {name} (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '{shards}')"
+                ))
+                .await
+                .unwrap();
+            let table = session.table(name).await.unwrap();
+            let batch = RecordBatch::try_new(
+                Arc::clone(&table.schema().schema),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(0..rows)),
+                    Arc::new(Int64Array::from_iter_values(0..rows)),
+                ],
+            )
+            .unwrap();
+            assert_eq!(table.put(&batch).await.unwrap(), rows as u64);
+        }
+        session.close().await.unwrap();
+    }
+    let mut rng = rand::rng();
+    let (mut before, mut after) = (0, 0);
+    for i in 0..8 {
+        let name = ["one", "four"][i % 2];
+        let (sql, apply) = statement(i, name);
+        let expected_before = {
+            let session = MemwalSession::open(&root).await.unwrap();
+            shard_rows(&session.table(name).await.unwrap()).await
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+            .args(["--root", &root, "-q", "-c", &sql])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(20..900))).await;
+        child.kill().unwrap(); // SIGKILL (a no-op if it finished)
+        child.wait().unwrap();
+
+        let session = MemwalSession::open(&root).await.unwrap();
+        let table = session.table(name).await.unwrap();
+        let got = shard_rows(&table).await;
+        // Which shard each key of the "after" state belongs to.
+        let whole_after = apply(
+            &expected_before
+                .iter()
+                .flatten()
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+        );
+        for (shard, (got, was)) in got.iter().zip(&expected_before).enumerate() {
+            let will: Rows = whole_after
+                .iter()
+                .filter(|(id, _)| {
+                    let key = RecordBatch::try_new(
+                        Arc::new(table.schema().schema.project(&[0]).unwrap()),
+                        vec![Arc::new(Int64Array::from(vec![**id]))],
+                    )
+                    .unwrap();
+                    table.shard_of(&key).unwrap() as usize == shard
+                })
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            if got == was && was != &will {
+                before += 1;
+            } else if got == &will {
+                after += 1;
+            } else {
+                panic!(
+                    "statement {i} ({sql}), shard {shard}: {} rows, neither the {} before nor the {} after",
+                    got.len(),
+                    was.len(),
+                    will.len()
+                );
+            }
+        }
+        session.close().await.unwrap();
+    }
+    eprintln!("shards found as before the statement: {before}, as after it: {after}");
+}

@@ -1,0 +1,201 @@
+//! Storage stays bounded: a table written by a thousand short-lived
+//! writers (each a claim, a fence, a put and a close) keeps a bounded
+//! number of objects, and a dropped table's objects are deleted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
+use memwal::store::CommitOptions;
+use memwal::{MemwalSession, WriterOptions};
+use object_store::ObjectStoreExt;
+
+/// Files under `dir` by kind: manifest versions, WAL objects, SSTables.
+fn kinds(dir: &std::path::Path) -> std::collections::BTreeMap<&'static str, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let p = path.to_string_lossy();
+            let kind = if p.contains("/manifest/") {
+                "manifest"
+            } else if p.contains("/wal/") {
+                "wal"
+            } else {
+                "sst"
+            };
+            *out.entry(kind).or_default() += 1;
+        }
+    }
+    out
+}
+
+fn count_files(dir: &std::path::Path) -> usize {
+    if !dir.exists() {
+        return 0;
+    }
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let path = e.unwrap().path();
+            if path.is_dir() { count_files(&path) } else { 1 }
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
+    let writers: i64 = std::env::var("MEMWAL_GC_WRITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let session = MemwalSession::open(&root).await.unwrap();
+    session
+        .sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')")
+        .await
+        .unwrap();
+    // Short grace periods so that collection happens within the test.
+    let options = WriterOptions {
+        fence_grace: Duration::from_millis(100),
+        sstable_grace: Duration::ZERO,
+        commit: CommitOptions {
+            tombstone_ttl: Duration::from_millis(100),
+            ..CommitOptions::default()
+        },
+        ..WriterOptions::default()
+    };
+    let tables = dir.path().join("tables");
+    // The most objects seen in the first and in the second half of the run.
+    let (mut first, mut second) = (0, 0);
+    for w in 0..writers {
+        // A session with table handles of its own: a new writer per shard.
+        let one_shot = MemwalSession::new(Arc::clone(session.catalog()), options.clone());
+        let table = one_shot.table("t").await.unwrap();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&table.schema().schema),
+            vec![
+                Arc::new(Int64Array::from(vec![w, w + writers])),
+                Arc::new(Int64Array::from(vec![w, w])),
+            ],
+        )
+        .unwrap();
+        table.put(&batch).await.unwrap();
+        one_shot.close().await.unwrap();
+        let objects = count_files(&tables);
+        let most = if w < writers / 2 {
+            &mut first
+        } else {
+            &mut second
+        };
+        if w >= 50 && objects > *most {
+            *most = objects;
+        }
+    }
+    eprintln!(
+        "{writers} writers: at most {first} objects in the first half, {second} in the second; at the end {:?}",
+        kinds(&tables)
+    );
+    // Without collection each writer leaves a fence and a few manifest
+    // versions behind: thousands of objects. With it, per shard: the kept
+    // manifest versions, those between sweeps (64) and tombstones younger
+    // than their TTL; at most `max_sstables` SSTables; fences younger than
+    // their grace period.
+    assert!(second < 400, "{second} objects");
+    assert!(second <= first + 50, "still growing: {first} then {second}");
+    let table = session.table("t").await.unwrap();
+    let rows: usize = table
+        .scan()
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(rows as i64, 2 * writers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_tables_leave_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let session = MemwalSession::open(&root).await.unwrap();
+    session.sql("CREATE SCHEMA s").await.unwrap();
+    session
+        .sql("CREATE TABLE keep (id BIGINT PRIMARY KEY)")
+        .await
+        .unwrap();
+    session
+        .sql("INSERT INTO keep VALUES (1)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let tables = dir.path().join("tables");
+    for round in 0..20 {
+        for ddl in [
+            "CREATE TABLE gone (id BIGINT PRIMARY KEY, v TEXT) WITH ('shards' = '3')",
+            "CREATE TABLE s.gone (id BIGINT PRIMARY KEY)",
+            "INSERT INTO gone VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+            "INSERT INTO s.gone VALUES (1)",
+        ] {
+            session.sql(ddl).await.unwrap().collect().await.unwrap();
+        }
+        // Flushed to SSTables too.
+        session
+            .table("gone")
+            .await
+            .unwrap()
+            .compact()
+            .await
+            .unwrap();
+        let drop = match round % 2 {
+            0 => "DROP TABLE gone",
+            _ => "DROP TABLE IF EXISTS gone",
+        };
+        session.sql(drop).await.unwrap();
+        session.sql("DROP SCHEMA s CASCADE").await.unwrap();
+        session.sql("CREATE SCHEMA s").await.unwrap();
+        let dirs: Vec<String> = std::fs::read_dir(&tables)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(dirs.len(), 1, "round {round}: {dirs:?}");
+        assert!(dirs[0].starts_with("keep-"), "{dirs:?}");
+    }
+    // What a writer that missed the drop wrote later is swept too, once
+    // it has been quiet for the grace period.
+    let store = session.catalog().root().store();
+    let stray = object_store::path::Path::from("tables/stray-0000000000000001/shards/0/wal/x");
+    store.put(&stray, "x".into()).await.unwrap();
+    let swept = session
+        .catalog()
+        .collect_dropped_tables(&[], Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(swept, 0, "too fresh to sweep");
+    let swept = session
+        .catalog()
+        .collect_dropped_tables(&[], Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(swept, 1);
+    assert_eq!(count_files(&tables.join("stray-0000000000000001")), 0);
+    let kept: usize = session
+        .sql("SELECT * FROM keep")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(kept, 1);
+}
