@@ -8,4 +8,5 @@ mod lsm;
 mod s3;
 mod sessions;
 mod shell;
+mod vector_search;
 mod writer;
