@@ -194,6 +194,22 @@ impl TableMeta {
                 _ => return Err(unknown_option(key)),
             }
         }
+        // Checked once every option is read, whatever their order.
+        for (column, options) in &columns {
+            let Some(hnsw) = options.vector.as_ref().map(|v| v.hnsw) else {
+                continue;
+            };
+            let least = HnswParams::min_ef_construction(hnsw.m);
+            if hnsw.ef_construction < least {
+                return Err(Error::invalid(format!(
+                    "option '{column}.ef_construction' must be an integer in {least}..={} \
+                     (at least 2 × '{column}.m' = {}), got {}",
+                    HnswParams::EF_CONSTRUCTION.end(),
+                    hnsw.m,
+                    hnsw.ef_construction
+                )));
+            }
+        }
         Ok(Self {
             schema,
             primary_key,
@@ -327,9 +343,48 @@ mod tests {
             (opts(&[("emb.metric", "manhattan")]), "unknown metric"),
             (opts(&[("nope.metric", "l2")]), "does not exist"),
             (opts(&[("title.blob", "true")]), "must be binary"),
+            // HNSW parameters that build a graph searches cannot walk.
+            (
+                opts(&[("emb.m", "2")]),
+                "option 'emb.m' must be an integer in 5..=256, got '2'",
+            ),
+            (
+                opts(&[("emb.m", "4")]),
+                "option 'emb.m' must be an integer in 5..=256",
+            ),
+            (
+                opts(&[("emb.m", "257")]),
+                "option 'emb.m' must be an integer in 5..=256",
+            ),
+            (
+                opts(&[("emb.ef_construction", "1")]),
+                "option 'emb.ef_construction' must be an integer in 32..=10000, got '1'",
+            ),
+            (
+                opts(&[("emb.ef_construction", "31")]),
+                "option 'emb.ef_construction' must be an integer in 32..=10000",
+            ),
+            (
+                opts(&[("emb.ef_construction", "40"), ("emb.m", "24")]),
+                "option 'emb.ef_construction' must be an integer in 48..=10000 \
+                 (at least 2 × 'emb.m' = 24), got 40",
+            ),
+            // The default ef_construction (100) is too small for m = 64.
+            (
+                opts(&[("emb.m", "64")]),
+                "option 'emb.ef_construction' must be an integer in 128..=10000",
+            ),
         ] {
             let err = TableMeta::new(&s, vec![], &bad).unwrap_err().to_string();
             assert!(err.contains(needle), "{err} lacks {needle}");
+        }
+        // The bounds themselves are accepted.
+        for ok in [
+            opts(&[("emb.m", "5"), ("emb.ef_construction", "32")]),
+            opts(&[("emb.m", "256"), ("emb.ef_construction", "512")]),
+            opts(&[("emb.ef_construction", "10000")]),
+        ] {
+            TableMeta::new(&s, vec![], &ok).unwrap();
         }
         let err = TableMeta::new(&s, vec!["missing".into()], &[]).unwrap_err();
         assert!(err.to_string().contains("not a column"));

@@ -972,6 +972,61 @@ mod tests {
         assert_eq!(rows, vec![102, 100]);
     }
 
+    /// The share of `graph`'s nodes a search can reach at all (a
+    /// candidate list as long as the graph walks its whole component).
+    fn reach(graph: &Graph, query: &[f32]) -> f64 {
+        let n = graph.len();
+        graph.search(query, n, n, &|_| true).len() as f64 / n as f64
+    }
+
+    /// The smallest parameters a table accepts build a graph searches can
+    /// walk on every shape of data; the smallest it used to accept
+    /// (m = 2, ef_construction = 1) did not: a search reached a few nodes.
+    #[test]
+    fn the_smallest_accepted_parameters_build_a_navigable_graph() {
+        let (dim, n) = (32, 4_000);
+        let m = *HnswParams::M.start();
+        let floor = HnswParams {
+            m,
+            ef_construction: HnswParams::min_ef_construction(m),
+        };
+        let broken = HnswParams {
+            m: 2,
+            ef_construction: 1,
+        };
+        let clustered = Shape::Clustered {
+            clusters: 100,
+            spread: 0.5,
+        };
+        for shape in [clustered, Shape::LowRank { rank: 16 }, Shape::Gaussian] {
+            let data = vectors(shape, n, dim, 42, 0);
+            let queries = vectors(shape, 50, dim, 42, 1);
+            let build = |params| {
+                let graph = Graph::new(dim, Metric::L2, params, 42);
+                graph.add(&array(&data, dim), 0, 1);
+                graph
+            };
+            let (good, bad) = (build(floor), build(broken));
+            let good_reach = reach(&good, &queries[..dim]);
+            let bad_reach = reach(&bad, &queries[..dim]);
+            assert!(
+                good_reach >= 0.95,
+                "{shape:?}: {floor:?} reaches {good_reach}"
+            );
+            assert!(bad_reach < 0.5, "{shape:?}: {broken:?} reaches {bad_reach}");
+            if shape == clustered {
+                let truth = exact_neighbours(&data, &queries, dim, 10, distance::l2);
+                let found: Vec<Vec<u32>> = queries
+                    .chunks(dim)
+                    .map(|q| good.search(q, 10, 64, &|_| true))
+                    .map(|hits| hits.iter().map(|h| h.row as u32).collect())
+                    .collect();
+                let r = recall(&found, &truth);
+                assert!(r >= 0.9, "{floor:?}: recall@10 at ef=64 {r}");
+            }
+        }
+    }
+
     #[test]
     fn one_thread_builds_the_same_graph_every_time() {
         let dim = 8;

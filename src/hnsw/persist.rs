@@ -161,9 +161,12 @@ fn read(bytes: &[u8]) -> Result<Parts, String> {
     let seed = r.u64()?;
     let nodes = r.u32()?;
     let entry = r.u32()?;
+    // What any build could write: older ones accepted m from 2 and
+    // ef_construction from 1, and their graphs still serve (a search
+    // that finds too little through one falls back to an exact scan).
     if dim == 0
-        || !HnswParams::M.contains(&params.m)
-        || !HnswParams::EF_CONSTRUCTION.contains(&params.ef_construction)
+        || !(2..=*HnswParams::M.end()).contains(&params.m)
+        || !(1..=*HnswParams::EF_CONSTRUCTION.end()).contains(&params.ef_construction)
     {
         return Err(format!(
             "dimension {dim}, m {}, ef_construction {}",

@@ -215,7 +215,9 @@ impl TableSchema {
     }
 }
 
-/// Every non-null vector of `column` must have `dim` finite values.
+/// Every non-null vector of `column` must have `dim` finite, non-null
+/// values. A NULL vector (the row has none) is fine: it is stored, not
+/// indexed, and never found by a search.
 fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
     let DataType::FixedSizeList(_, got) = column.data_type() else {
         return Err(Error::invalid(format!(
@@ -234,7 +236,16 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
         if list.is_null(row) {
             continue;
         }
-        let start = (list.offset() + row) * width;
+        let start = list.value_offset(row) as usize;
+        if let Some(nulls) = values.nulls()
+            && let Some(at) = (0..width).find(|&i| nulls.is_null(start + i))
+        {
+            return Err(Error::invalid(format!(
+                "vector column '{name}' holds NULL at element {} of {dim} in row {row} \
+                 (a vector is all numbers, or NULL as a whole)",
+                at + 1
+            )));
+        }
         let slice = &values.values()[start..start + width];
         if let Some(bad) = slice.iter().find(|v| !v.is_finite()) {
             return Err(Error::invalid(format!(
@@ -243,4 +254,92 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
+    use datafusion::arrow::buffer::NullBuffer;
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    fn table() -> TableSchema {
+        let item = Arc::new(Field::new("item", DataType::Float32, true));
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("emb", DataType::FixedSizeList(item, 3), true),
+        ]);
+        TableSchema::new(&TableMeta::new(&schema, vec!["id".into()], &[]).unwrap())
+    }
+
+    /// Two rows of `values` (three each), `vectors` saying which rows have
+    /// a vector, `elements` which values are non-null.
+    fn batch(
+        t: &TableSchema,
+        values: [f32; 6],
+        vectors: [bool; 2],
+        elements: [bool; 6],
+    ) -> RecordBatch {
+        let emb = FixedSizeListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            3,
+            Arc::new(Float32Array::new(
+                values.to_vec().into(),
+                Some(NullBuffer::from(elements.to_vec())),
+            )),
+            Some(NullBuffer::from(vectors.to_vec())),
+        );
+        RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![Arc::new(Int64Array::from(vec![1, 2])), Arc::new(emb)],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn vectors_must_be_all_numbers_or_null_as_a_whole() {
+        let t = table();
+        let all = [true; 6];
+        t.to_stored(&batch(&t, [1.0; 6], [true; 2], all)).unwrap();
+        // A NULL vector is a row without one: stored.
+        t.to_stored(&batch(&t, [1.0; 6], [true, false], all))
+            .unwrap();
+        // A NULL element inside a NULL vector is no element of a vector.
+        let hidden = [true, true, true, false, true, true];
+        t.to_stored(&batch(&t, [1.0; 6], [true, false], hidden))
+            .unwrap();
+
+        let null_inside = [true, true, true, true, false, true];
+        let err = t
+            .to_stored(&batch(&t, [1.0; 6], [true; 2], null_inside))
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(
+            text.contains("vector column 'emb' holds NULL at element 2 of 3 in row 1"),
+            "{text}"
+        );
+        // Whatever value the NULL slot holds (0, or NaN).
+        let mut values = [1.0; 6];
+        values[4] = f32::NAN;
+        let err = t
+            .to_stored(&batch(&t, values, [true; 2], null_inside))
+            .unwrap_err();
+        assert!(err.to_string().contains("holds NULL at element 2"), "{err}");
+        // A slice of a batch reports its own row numbers.
+        let first_bad = [false, true, true, true, true, true];
+        let sliced = batch(&t, [1.0; 6], [true; 2], first_bad).slice(1, 1);
+        t.to_stored(&sliced).unwrap();
+        let sliced = batch(&t, [1.0; 6], [true; 2], null_inside).slice(1, 1);
+        let err = t.to_stored(&sliced).unwrap_err();
+        assert!(err.to_string().contains("in row 0"), "{err}");
+
+        let mut values = [1.0; 6];
+        values[2] = f32::INFINITY;
+        let err = t.to_stored(&batch(&t, values, [true; 2], all)).unwrap_err();
+        assert!(
+            err.to_string().contains("non-finite value (inf) in row 0"),
+            "{err}"
+        );
+    }
 }

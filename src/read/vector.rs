@@ -11,6 +11,16 @@
 //! version of its key (that version supersedes or deletes it). When the
 //! drops leave fewer than `k` rows nearer than what a layer may still
 //! hold, every layer is asked again for twice as many candidates.
+//!
+//! Invariant: a search returns `min(k, matching live rows)` rows, whatever
+//! the graphs. A graph is an approximation that may not reach every node
+//! (a node whose in-links were all pruned, a graph built with poor
+//! parameters by an older build), so a layer never takes "the graph found
+//! fewer than asked" to mean "the layer holds no more": it scans itself
+//! exactly instead. A layer is also scanned exactly, without its graph,
+//! when the candidates asked for (`max(ef, fetch)`) are as many as the rows
+//! it could offer: the graph would visit them all anyway. A graph search
+//! that finds as many rows as asked costs nothing more.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -26,8 +36,9 @@ use crate::error::{Error, Result};
 use crate::hnsw::Metric;
 use crate::sstable::{SstableFile, VectorColumnData};
 
-/// A layer with fewer rows than this is searched exactly: a scan of that
-/// many vectors costs about what a graph search does.
+/// A layer that could offer fewer rows than this (live rows, or rows the
+/// filter matches) is searched exactly: a scan of that many vectors costs
+/// about what a graph search does.
 pub const EXACT_BELOW_ROWS: u64 = 256;
 
 /// One vector search.
@@ -68,49 +79,85 @@ struct Offer {
 }
 
 /// What a search needs of one layer, computed once per search: the
-/// filter's verdict per row and, for an SSTable, its vectors.
+/// filter's verdict per row, how many rows the layer could offer at most
+/// (`admissible`: rows that match the filter and, in an SSTable, are live)
+/// and, for an SSTable, its vectors.
 enum Layer<'a> {
     Memtable {
         layer: &'a MemLayer,
         matches: Option<Vec<BooleanArray>>,
+        admissible: usize,
     },
     Sstable {
         file: &'a SstableFile,
         vectors: Arc<VectorColumnData>,
         matches: Option<Vec<bool>>,
+        admissible: usize,
     },
+}
+
+/// Whether a layer that could offer `admissible` rows is searched through
+/// its graph for `fetch` of them with a candidate list of `ef`: not when
+/// it is small, nor when the candidates asked for are as many as its rows
+/// (an exact scan is then cheaper than a graph walk, and complete).
+fn through_graph(admissible: usize, fetch: usize, ef: usize) -> bool {
+    admissible as u64 >= EXACT_BELOW_ROWS && fetch.max(ef) < admissible
 }
 
 impl ShardSnapshot {
     /// The `query.k` rows nearest to the query vector among the visible,
     /// live rows of the shard matching the filter, nearest first, with
-    /// exact distances.
+    /// exact distances: `min(k, matching live rows)` of them (rows without
+    /// a vector are never found). The set is approximate where a graph
+    /// serves a layer; the count is not (see the module doc).
+    ///
+    /// A query vector of another dimension than the column's, or holding
+    /// a non-finite value, is an [`Error::InvalidInput`].
     pub async fn vector_search(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
-        let metric = self
+        let column = self
             .schema
             .vectors
             .iter()
             .find(|v| v.index == query.column)
-            .map(|v| v.metric)
             .ok_or_else(|| Error::invalid("not a vector column"))?;
+        let metric = column.metric;
+        if query.vector.len() != column.dim as usize {
+            return Err(Error::invalid(format!(
+                "the query vector has {} values, the column has dimension {}",
+                query.vector.len(),
+                column.dim
+            )));
+        }
+        if let Some(bad) = query.vector.iter().find(|v| !v.is_finite()) {
+            return Err(Error::invalid(format!(
+                "the query vector holds a non-finite value ({bad})"
+            )));
+        }
         if query.k == 0 {
             return Ok(Vec::new());
         }
         // Newest first: MemTables, then SSTables.
         let mut layers = Vec::new();
         for layer in self.memtables.iter().rev() {
-            let matches = match &query.filter {
-                Some(filter) => Some(
-                    layer
+            let rows = layer.memtable.rows_within(layer.batches) as usize;
+            let (matches, admissible) = match &query.filter {
+                Some(filter) => {
+                    let matches = layer
                         .memtable
                         .batches(0, layer.batches)
                         .iter()
                         .map(|b| evaluate(filter, &b.batch))
-                        .collect::<Result<Vec<_>>>()?,
-                ),
-                None => None,
+                        .collect::<Result<Vec<_>>>()?;
+                    let admissible = matches.iter().map(BooleanArray::true_count).sum();
+                    (Some(matches), admissible)
+                }
+                None => (None, rows),
             };
-            layers.push(Layer::Memtable { layer, matches });
+            layers.push(Layer::Memtable {
+                layer,
+                matches,
+                admissible,
+            });
         }
         for file in self.sstables.iter().rev() {
             let matches = match &query.filter {
@@ -118,10 +165,17 @@ impl ShardSnapshot {
                 None => None,
             };
             let vectors = self.reader.vector_column(file, query.column).await?;
+            let admissible = match &matches {
+                Some(m) => (m.iter().zip(&vectors.live))
+                    .filter(|(m, l)| **m && **l)
+                    .count(),
+                None => vectors.live_rows,
+            };
             layers.push(Layer::Sstable {
                 file,
                 vectors,
                 matches,
+                admissible,
             });
         }
         let mut fetch = query.k;
@@ -129,12 +183,31 @@ impl ShardSnapshot {
             let offers: Vec<Offer> = layers
                 .iter()
                 .map(|layer| match layer {
-                    Layer::Memtable { layer, matches } => {
-                        self.search_memtable(layer, matches.as_deref(), query, metric, fetch)
-                    }
+                    Layer::Memtable {
+                        layer,
+                        matches,
+                        admissible,
+                    } => self.search_memtable(
+                        layer,
+                        matches.as_deref(),
+                        *admissible,
+                        query,
+                        metric,
+                        fetch,
+                    ),
                     Layer::Sstable {
-                        vectors, matches, ..
-                    } => search_sstable(vectors, matches.as_deref(), query, metric, fetch),
+                        vectors,
+                        matches,
+                        admissible,
+                        ..
+                    } => search_sstable(
+                        vectors,
+                        matches.as_deref(),
+                        *admissible,
+                        query,
+                        metric,
+                        fetch,
+                    ),
                 })
                 .collect();
             // A candidate is certain only up to the distance where a layer
@@ -240,10 +313,14 @@ impl ShardSnapshot {
         Ok(false)
     }
 
+    /// The `fetch` nearest rows `layer` offers: through its graph, or
+    /// exactly (see [`through_graph`]), or exactly after its graph found
+    /// fewer (the graph did not reach them all).
     fn search_memtable(
         &self,
         layer: &MemLayer,
         matches: Option<&[BooleanArray]>,
+        admissible: usize,
         query: &VectorQuery,
         metric: Metric,
         fetch: usize,
@@ -262,19 +339,20 @@ impl ShardSnapshot {
                     m[at].value((row - batches[at].first_row) as usize)
                 })
         };
-        let mut hits: Vec<(f32, u64)>;
-        let exhausted;
-        match memtable.graph(query.column) {
-            Some(graph) if cap >= EXACT_BELOW_ROWS => {
-                hits = graph
-                    .search(&query.vector, fetch, query.ef.max(fetch), &admits)
-                    .into_iter()
-                    .map(|h| (h.distance, h.row))
-                    .collect();
-                exhausted = hits.len() < fetch;
-            }
+        let graph = memtable
+            .graph(query.column)
+            .filter(|_| through_graph(admissible, fetch, query.ef));
+        let found = graph.map(|graph| {
+            graph
+                .search(&query.vector, fetch, query.ef.max(fetch), &admits)
+                .into_iter()
+                .map(|h| (h.distance, h.row))
+                .collect::<Vec<_>>()
+        });
+        let (hits, exhausted) = match found {
+            Some(hits) if hits.len() == fetch => (hits, false),
             _ => {
-                hits = Vec::new();
+                let mut hits = Vec::new();
                 for stored in &batches {
                     let vectors = stored.batch.column(query.column).as_fixed_size_list();
                     let values = vectors.values().as_primitive::<Float32Type>();
@@ -289,10 +367,11 @@ impl ShardSnapshot {
                         hits.push((metric.distance(&query.vector, v), row));
                     }
                 }
-                exhausted = hits.len() <= fetch;
+                let exhausted = hits.len() <= fetch;
                 top(&mut hits, fetch);
+                (hits, exhausted)
             }
-        }
+        };
         let found = hits
             .into_iter()
             .map(|(distance, row)| {
@@ -352,38 +431,41 @@ impl ShardSnapshot {
     }
 }
 
-/// The nearest rows of an SSTable over its decoded vectors: through its
-/// graph, or exactly when it has none or is small.
+/// The `fetch` nearest rows an SSTable offers, over its decoded vectors:
+/// through its graph, or exactly (see [`through_graph`]) when it has none,
+/// or exactly after its graph found fewer (the graph did not reach them
+/// all).
 fn search_sstable(
     data: &VectorColumnData,
     matches: Option<&[bool]>,
+    admissible: usize,
     query: &VectorQuery,
     metric: Metric,
     fetch: usize,
 ) -> Offer {
     let admits = |p: usize| data.live[p] && matches.is_none_or(|m| m[p]);
-    let mut hits: Vec<(f32, u64)>;
-    let exhausted;
-    match &data.graph {
-        Some(graph) if data.live_rows as u64 >= EXACT_BELOW_ROWS => {
-            hits = graph
-                .search(&query.vector, fetch, query.ef.max(fetch), &|p| {
-                    admits(p as usize)
-                })
-                .into_iter()
-                .map(|h| (h.distance, h.row))
-                .collect();
-            exhausted = hits.len() < fetch;
-        }
+    let graph = (data.graph.as_ref()).filter(|_| through_graph(admissible, fetch, query.ef));
+    let found = graph.map(|graph| {
+        graph
+            .search(&query.vector, fetch, query.ef.max(fetch), &|p| {
+                admits(p as usize)
+            })
+            .into_iter()
+            .map(|h| (h.distance, h.row))
+            .collect::<Vec<_>>()
+    });
+    let (hits, exhausted) = match found {
+        Some(hits) if hits.len() == fetch => (hits, false),
         _ => {
-            hits = (0..data.live.len())
+            let mut hits: Vec<(f32, u64)> = (0..data.live.len())
                 .filter(|&p| admits(p))
                 .map(|p| (metric.distance(&query.vector, data.vector(p)), p as u64))
                 .collect();
-            exhausted = hits.len() <= fetch;
+            let exhausted = hits.len() <= fetch;
             top(&mut hits, fetch);
+            (hits, exhausted)
         }
-    }
+    };
     let found = hits
         .into_iter()
         .map(|(distance, position)| Candidate {

@@ -196,8 +196,11 @@ fn query_vector(value: ScalarValue, dim: usize) -> Result<Vec<f32>> {
     }
     let values = cast(&list, &DataType::Float32)?;
     let values = values.as_primitive::<Float32Type>();
-    if values.null_count() > 0 {
-        return plan_err!("vector_search: the query holds NULL");
+    if let Some(at) = (0..values.len()).find(|&i| values.is_null(i)) {
+        return plan_err!(
+            "vector_search: the query vector holds NULL at element {} of {dim}",
+            at + 1
+        );
     }
     if let Some(bad) = values.values().iter().find(|v| !v.is_finite()) {
         return plan_err!("vector_search: the query holds a non-finite value ({bad})");
@@ -421,7 +424,9 @@ enum Kind {
 }
 
 /// `name(a, b)` of two vectors (FLOAT[n] columns or number lists) of equal
-/// length: exact, `f32` like the search; NULL if either is NULL.
+/// length: exact, `f32` like the search; NULL if either is NULL. A vector
+/// holding a NULL element is an error (it is no vector: writes and
+/// `vector_search` refuse it too).
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct DistanceFunction {
     name: &'static str,
@@ -470,6 +475,20 @@ impl ScalarUDFImpl for DistanceFunction {
             if a.is_null(i) || b.is_null(i) {
                 out.push(None);
                 continue;
+            }
+            for (which, list, offsets) in [("first", a, oa), ("second", b, ob)] {
+                let values = list.values();
+                let range = offsets[i] as usize..offsets[i + 1] as usize;
+                if values.null_count() > 0
+                    && let Some(at) = range.clone().find(|&j| values.is_null(j))
+                {
+                    return plan_err!(
+                        "{}: the {which} vector holds NULL at element {} of {}",
+                        self.name,
+                        at - range.start + 1,
+                        range.len()
+                    );
+                }
             }
             let x = &va[oa[i] as usize..oa[i + 1] as usize];
             let y = &vb[ob[i] as usize..ob[i + 1] as usize];

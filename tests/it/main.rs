@@ -12,5 +12,6 @@ mod names;
 mod s3;
 mod sessions;
 mod shell;
+mod vector_search;
 mod writer;
 mod writers;
