@@ -156,6 +156,12 @@ impl Table {
     /// The writer of `shard`, opened (or re-opened after it stopped) if
     /// needed.
     pub async fn writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
+        self.writer_as(shard, false).await
+    }
+
+    /// [`Table::writer`]; a writer opened to take the shard back from
+    /// another one takes a turn (see [`ShardWriter::open_as`]).
+    async fn writer_as(&self, shard: u32, taking_back: bool) -> Result<Arc<ShardWriter>> {
         let slot = &self.shards[shard as usize];
         if let Some(w) = self.live_writer(slot) {
             return Ok(w);
@@ -165,12 +171,13 @@ impl Table {
             return Ok(w);
         }
         let writer = Arc::new(
-            ShardWriter::open(
+            ShardWriter::open_as(
                 Arc::clone(&self.store),
                 &self.location,
                 shard,
                 Arc::clone(&self.schema),
                 self.options.clone(),
+                taking_back,
             )
             .await?,
         );
@@ -307,7 +314,7 @@ impl Table {
                     .collect::<Result<_>>()?,
             };
             let done = async {
-                let writer = self.writer(part.shard).await?;
+                let writer = self.writer_as(part.shard, attempt > 0).await?;
                 writer.put_keyed(keyed).await?.wait().await
             };
             match done.await {

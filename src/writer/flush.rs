@@ -28,7 +28,6 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
@@ -37,7 +36,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
-use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as};
+use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
 use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
@@ -580,14 +579,6 @@ fn run_to_merge(files: &[SstableFile], max: usize) -> Option<usize> {
         bytes += files[start].bytes;
     }
     Some(start.min(max - 1))
-}
-
-/// Milliseconds since the Unix epoch, by this machine's clock.
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Deletes `path`; an object already gone is not an error.

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::sstable::SstableFile;
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use object_store::ObjectStore;
 
@@ -44,6 +45,24 @@ pub struct ShardManifest {
     /// WAL data entries at or below this are deleted.
     #[serde(default)]
     pub wal_deleted_through: u64,
+    /// Until when (ms since the Unix epoch) the writer of `epoch` has its
+    /// turn: a writer that took the shard over from another one holds it
+    /// this long before others take it again (a courtesy that keeps
+    /// takeovers from thrashing; fencing never depends on it). 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub turn_until_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Milliseconds since the Unix epoch, by this machine's clock.
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// A fence entry of the WAL and when it was written.
@@ -122,19 +141,51 @@ pub fn versions(
 /// Claims the shard whose manifest versions are `versions`: commits a new
 /// version with the epoch one above the newest, racing claimers included
 /// (each gets its own epoch). Returns the committed version.
-pub async fn claim(versions: &VersionedObjects) -> Result<Versioned<ShardManifest>> {
-    let base = versions.load_latest(0, ShardManifest::decode).await?;
-    versions
-        .commit(base, ShardManifest::decode, |current| {
-            let next = ShardManifest {
-                epoch: current.epoch + 1,
-                generation: current.generation.max(1),
-                ..current.clone()
-            };
-            let bytes = next.encode()?;
-            Ok(Some((next, bytes)))
-        })
-        .await
+///
+/// While another writer's turn lasts ([`ShardManifest::turn_until_ms`])
+/// the claim waits for its end (at most `patience` in all, then claims
+/// anyway). With `turn`, the claim takes a turn of that length itself: a
+/// writer taking the shard back from another one does, so that writers
+/// contending for a shard take turns instead of fencing each other at
+/// every write.
+pub async fn claim(
+    versions: &VersionedObjects,
+    turn: Option<Duration>,
+    patience: Duration,
+) -> Result<Versioned<ShardManifest>> {
+    let started = Instant::now();
+    loop {
+        let base = versions.load_latest(0, ShardManifest::decode).await?;
+        let waited_enough = started.elapsed() >= patience;
+        // Whether the last run of the change wrote a claim (a rebase runs
+        // it again).
+        let mut wrote = false;
+        let claimed = versions
+            .commit(base, ShardManifest::decode, |current| {
+                let now = now_ms();
+                wrote = current.turn_until_ms <= now || waited_enough;
+                if !wrote {
+                    return Ok(None);
+                }
+                let next = ShardManifest {
+                    epoch: current.epoch + 1,
+                    generation: current.generation.max(1),
+                    turn_until_ms: turn.map_or(0, |t| now + t.as_millis() as u64),
+                    ..current.clone()
+                };
+                let bytes = next.encode()?;
+                Ok(Some((next, bytes)))
+            })
+            .await?;
+        if wrote {
+            return Ok(claimed);
+        }
+        // Another writer's turn: wait for its end (and a little, so the
+        // waiters do not all claim at once).
+        let left = Duration::from_millis(claimed.state.turn_until_ms.saturating_sub(now_ms()));
+        let jitter = Duration::from_millis(rand::random::<u64>() % 20);
+        tokio::time::sleep(left.min(patience) + jitter).await;
+    }
 }
 
 /// [`Error::Fenced`] if a writer newer than `epoch` has claimed the shard
@@ -175,4 +226,34 @@ pub async fn commit_as(
             Ok(Some((next, bytes)))
         })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::memory::InMemory;
+
+    #[tokio::test]
+    async fn a_claim_waits_for_the_turn_of_a_writer_that_took_the_shard_back() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let versions = versions(store, &Path::from("s"), &CommitOptions::default());
+        let patience = Duration::from_secs(30);
+        let first = claim(&versions, None, patience).await.unwrap();
+        assert_eq!((first.state.epoch, first.state.turn_until_ms), (1, 0));
+        // No turn: the next claim goes ahead at once and takes one.
+        let turn = Duration::from_millis(300);
+        let second = claim(&versions, Some(turn), patience).await.unwrap();
+        assert_eq!(second.state.epoch, 2);
+        assert!(second.state.turn_until_ms > now_ms());
+        // The third waits for the end of that turn.
+        let third = claim(&versions, None, patience).await.unwrap();
+        assert_eq!((third.state.epoch, third.state.turn_until_ms), (3, 0));
+        assert!(now_ms() >= second.state.turn_until_ms);
+        // Unless it has waited long enough already.
+        claim(&versions, Some(Duration::from_secs(3600)), patience)
+            .await
+            .unwrap();
+        let impatient = claim(&versions, None, Duration::ZERO).await.unwrap();
+        assert_eq!(impatient.state.epoch, 5);
+    }
 }

@@ -131,7 +131,20 @@ impl WriterOptions {
     fn lease(&self) -> Duration {
         self.fence_grace / 4
     }
+
+    /// The turn a writer that took a shard back from another one holds it
+    /// before others take it again: three WAL intervals, at least 250 ms.
+    pub fn turn(&self) -> Duration {
+        (3 * self.wal_flush_interval).max(Duration::from_millis(250))
+    }
 }
+
+/// The longest a claim waits for other writers' turns to end.
+const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A writer taking a shard back seals a replayed WAL tail longer than
+/// this many entries (see [`ShardWriter::take_back`]).
+const SEAL_REPLAYED_ENTRIES: u64 = 256;
 
 /// Counters of one writer, read with [`ShardWriter::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -357,13 +370,30 @@ impl ShardWriter {
     /// Opens shard `shard` of the table at `location`: claims it (new
     /// epoch), fences the WAL, replays it into fresh MemTables and starts
     /// the WAL and flush tasks. A corrupt or missing WAL entry fails the
-    /// open, naming the object.
+    /// open, naming the object. While a writer that took the shard back
+    /// from another one has its turn, the claim waits for the turn's end.
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         location: &str,
         shard: u32,
         schema: Arc<TableSchema>,
         options: WriterOptions,
+    ) -> Result<Self> {
+        Self::open_as(store, location, shard, schema, options, false).await
+    }
+
+    /// [`ShardWriter::open`]; with `take_turn`, for a writer taking the
+    /// shard back from another one that took it over: it takes a turn of
+    /// [`WriterOptions::turn`] (other writers wait for its end before they
+    /// claim), and a long replayed WAL tail is sealed at once, so that the
+    /// turn flushes it and the next writer replays little.
+    pub(crate) async fn open_as(
+        store: Arc<dyn ObjectStore>,
+        location: &str,
+        shard: u32,
+        schema: Arc<TableSchema>,
+        options: WriterOptions,
+        take_turn: bool,
     ) -> Result<Self> {
         if options.wal_flush_bytes == 0 || options.memtable_bytes == 0 || options.max_sstables == 0
         {
@@ -385,7 +415,8 @@ impl ShardWriter {
         let dir = paths::shard_dir(location, shard);
         let versions = manifest::versions(Arc::clone(&store), &dir, &options.commit);
         let claimed_at = Instant::now();
-        let claimed = manifest::claim(&versions).await?;
+        let turn = take_turn.then(|| options.turn());
+        let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE).await?;
         let ShardManifest {
             epoch,
             replay_after,
@@ -399,7 +430,7 @@ impl ShardWriter {
         let mut generations: Vec<Arc<Generation>> = Vec::new();
         // Replayed fences count as written now: later than they were, so
         // never deleted early.
-        let now_ms = flush::now_ms();
+        let now_ms = manifest::now_ms();
         let mut fences = BTreeMap::from([(fence, now_ms)]);
         let (mut rows, mut bytes) = (0, 0);
         let replayed = match wal.replay(replay_after).await {
@@ -458,6 +489,13 @@ impl ShardWriter {
                 generations.push(Generation::new(generation, &schema))
             }
             Some(g) if g.memtable.bytes() >= options.memtable_bytes => {
+                let next = g.number + 1;
+                generations.push(Generation::new(next, &schema));
+            }
+            // Taken back in a contest: the writers may keep fencing each
+            // other before any of them fills a MemTable, so flush a long
+            // tail now rather than replay it at every takeover.
+            Some(g) if take_turn && fence - replay_after > SEAL_REPLAYED_ENTRIES => {
                 let next = g.number + 1;
                 generations.push(Generation::new(next, &schema));
             }
