@@ -602,6 +602,12 @@ impl TableCache {
         first
     }
 
+    /// The locations of the tables open in this cache.
+    pub fn locations(&self) -> Vec<String> {
+        let tables = self.tables.lock().expect("table cache poisoned");
+        tables.keys().cloned().collect()
+    }
+
     /// Closes every open table (see [`Table::close`]).
     pub async fn close(&self) -> Result<()> {
         self.close_unless(|_| false).await

@@ -194,6 +194,15 @@ impl TableMeta {
                 _ => return Err(unknown_option(key)),
             }
         }
+        // vector_search adds this column to the table's.
+        if columns.values().any(|c| c.vector.is_some())
+            && schema.field_with_name("_distance").is_ok()
+        {
+            return Err(Error::invalid(
+                "a table with vector columns cannot have a column named '_distance': \
+                 vector_search returns the distance under that name",
+            ));
+        }
         // Checked once every option is read, whatever their order.
         for (column, options) in &columns {
             let Some(hnsw) = options.vector.as_ref().map(|v| v.hnsw) else {

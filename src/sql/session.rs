@@ -129,9 +129,33 @@ impl MemwalSession {
     }
 
     /// Makes everything written through this session durable and closes
-    /// its writers; reports the first error.
+    /// its writers; reports the first error. The data of a table this
+    /// session wrote that another process dropped meanwhile (closing may
+    /// just have flushed some) is deleted.
     pub async fn close(&self) -> Result<()> {
-        self.tables.close().await
+        let written = self.tables.locations();
+        let closed = self.tables.close().await;
+        if !written.is_empty() && self.catalog.refresh().await.is_ok() {
+            let catalog = self.catalog.snapshot();
+            let dropped: Vec<String> = written
+                .into_iter()
+                .filter(|l| {
+                    !catalog
+                        .entries()
+                        .iter()
+                        .any(|e| e.location.as_ref() == Some(l))
+                })
+                .collect();
+            if !dropped.is_empty()
+                && let Err(e) = self
+                    .catalog
+                    .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
+                    .await
+            {
+                log::warn!("deleting the data of dropped tables failed: {e}");
+            }
+        }
+        closed
     }
 
     /// The DataFusion context, for everything that is not memwal DDL.

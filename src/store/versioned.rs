@@ -27,10 +27,11 @@
 //!   put-if-absent of a collected number still fails and it rebases. (With
 //!   plain deletes, a writer that loaded version N long ago could create a
 //!   collected N+1 "successfully" and its change would be lost.) Tombstones
-//!   are deleted once older than [`CommitOptions::tombstone_ttl`]; a writer
-//!   whose base was last confirmed as the tip more than half that long ago
-//!   re-reads the tip before it writes, so it never targets a number whose
-//!   tombstone may be gone.
+//!   are deleted once older than [`CommitOptions::tombstone_ttl`] (by the
+//!   store's clock, in a sweep); a writer whose base was last confirmed as
+//!   the tip more than half that long ago re-reads the tip before it writes,
+//!   and a write that landed that late counts only if it is the tip, so it
+//!   never commits into a number whose tombstone may be gone.
 //! - **Collection never fails a reader.** A reader that finds a tombstone (or
 //!   nothing) where it resolved the tip re-resolves the tip and loads that.
 //!   A tombstone with no version after it is damage, not collection (the
@@ -69,8 +70,10 @@ pub struct CommitOptions {
     pub keep_versions: u64,
     /// How long the tombstone of a collected version stays (default 10 min).
     /// A writer re-checks that its base is still the tip when it was last
-    /// confirmed more than half of this ago, so the protocol assumes no
-    /// single store request takes longer than that.
+    /// confirmed more than half of this ago, and a version that landed more
+    /// than half of this after its base was confirmed counts only if it is
+    /// the tip (otherwise its outcome is unknown), so no stale writer ever
+    /// commits into a collected number, however long its requests take.
     pub tombstone_ttl: Duration,
     /// Every this many versions a committer lists the directory and
     /// deletes expired tombstones other handles left behind (short-lived
@@ -453,8 +456,25 @@ impl VersionedObjects {
                 return Ok(base);
             };
             let version = base.version + 1;
+            let confirmed = base.checked_at;
             match self.put_version(version, bytes).await? {
                 PutOutcome::Written => {
+                    // Landed more than half a TTL after the base was the
+                    // tip: the number may have been collected meanwhile, so
+                    // the write counts only if it is the tip.
+                    if confirmed.elapsed() > self.options.tombstone_ttl / 2 {
+                        let tip = self.latest_version(version).await?;
+                        if tip > version {
+                            return Err(Error::CommitOutcomeUnknown {
+                                path: self.path_of(version).to_string(),
+                                write: format!(
+                                    "it landed more than {:?} after its base was read, and version {tip} exists",
+                                    self.options.tombstone_ttl / 2
+                                ),
+                                read_back: "the version may be one that was collected".into(),
+                            });
+                        }
+                    }
                     self.after_commit(version).await;
                     return Ok(Versioned::new(version, Arc::new(state)));
                 }
@@ -512,9 +532,13 @@ impl VersionedObjects {
                 return;
             }
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        // Ages by the store's clock: the newest version was just written.
+        let Some(now_ms) = metas
+            .last()
+            .map(|(_, m)| m.last_modified.timestamp_millis())
+        else {
+            return;
+        };
         let ttl_ms = self.options.tombstone_ttl.as_millis() as i64;
         for (v, meta) in metas.into_iter().take_while(|(v, _)| *v < oldest_kept) {
             if meta.size > 0 {

@@ -117,10 +117,6 @@ impl ShardManifest {
     }
 }
 
-/// Shard manifests are committed a few times per writer, and writers may
-/// be short-lived: a sweep this often keeps the directory small.
-const SWEEP_EVERY: u64 = 64;
-
 /// The versions of the shard manifest of the shard at `shard_dir`.
 pub fn versions(
     store: Arc<dyn ObjectStore>,
@@ -131,10 +127,7 @@ pub fn versions(
         store,
         paths::shard_manifest_dir(shard_dir),
         "json",
-        CommitOptions {
-            sweep_every: SWEEP_EVERY,
-            ..commit.clone()
-        },
+        commit.clone(),
     )
 }
 

@@ -86,6 +86,10 @@ pub struct WriterOptions {
     /// Attempts at one WAL position after the first fails (default 5).
     pub append_retries: u32,
     /// Commit behaviour of the shard manifest (and the retry backoff).
+    /// Shard manifests are committed a few times per writer, and writers
+    /// may be short-lived, so by default their collected versions'
+    /// tombstones last 60 s and a sweep runs every 64 versions: a shard's
+    /// manifest directory stays small however many writers come and go.
     pub commit: CommitOptions,
     /// [`crate::Table::get`] trusts that this process's writer still owns
     /// its shard for this long after it last confirmed it (by an append or
@@ -97,7 +101,7 @@ pub struct WriterOptions {
     /// the available parallelism, at most 4).
     pub index_threads: usize,
     /// WAL fences are deleted this long after they were written (default
-    /// 10 min); a writer re-confirms its ownership of the shard after a
+    /// 2 min); a writer re-confirms its ownership of the shard after a
     /// quarter of this without an append, and confirms an append that took
     /// longer than a quarter of this before acknowledging it. The protocol
     /// assumes clocks of writers of one shard differ by less than half of
@@ -116,10 +120,14 @@ impl Default for WriterOptions {
             max_sstables: 8,
             sstable_grace: Duration::from_secs(60),
             append_retries: 5,
-            commit: CommitOptions::default(),
+            commit: CommitOptions {
+                tombstone_ttl: Duration::from_secs(60),
+                sweep_every: 64,
+                ..CommitOptions::default()
+            },
             owner_check_interval: Duration::from_millis(100),
             index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
-            fence_grace: Duration::from_secs(600),
+            fence_grace: Duration::from_secs(120),
         }
     }
 }

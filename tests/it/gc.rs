@@ -67,7 +67,7 @@ async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
         sstable_grace: Duration::ZERO,
         commit: CommitOptions {
             tombstone_ttl: Duration::from_millis(100),
-            ..CommitOptions::default()
+            ..WriterOptions::default().commit
         },
         ..WriterOptions::default()
     };
