@@ -79,7 +79,7 @@ async fn run(args: Args) -> memwal::Result<()> {
         println!(
             "memwal {} on {}",
             env!("CARGO_PKG_VERSION"),
-            session.catalog().root().url()
+            session.root().url()
         );
     }
     let result = async {

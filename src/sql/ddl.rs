@@ -17,6 +17,22 @@ use super::{CATALOG_NAME, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, TableMeta};
 use crate::error::{Error, Result};
 
+/// Whether `statement` is DDL that memwal runs (see [`try_execute`]).
+pub(crate) fn is_memwal_ddl(statement: &DFStatement) -> bool {
+    let DFStatement::Statement(statement) = statement else {
+        return false;
+    };
+    matches!(
+        statement.as_ref(),
+        Statement::CreateSchema { .. }
+            | Statement::CreateTable(_)
+            | Statement::Drop {
+                object_type: ast::ObjectType::Schema | ast::ObjectType::Table,
+                ..
+            }
+    )
+}
+
 /// Runs `statement` if it is memwal DDL; `Ok(false)` if it is not (the
 /// caller hands it to DataFusion).
 pub(crate) async fn try_execute(

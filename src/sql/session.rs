@@ -1,27 +1,32 @@
 //! [`MemwalSession`]: a DataFusion `SessionContext` with the memwal catalog
 //! registered as the default catalog, plus the DDL DataFusion cannot run.
+//!
+//! A session opens even when its catalog cannot be loaded (a corrupt newest
+//! version, an unreachable store): statements that do not touch the
+//! catalog (`SELECT 1`, `SET`, `SHOW <variable>`) still run, and every
+//! statement that does (names a table, runs DDL, lists tables) fails with
+//! the error that kept the catalog from loading. Loading is retried before
+//! each statement, so a repaired catalog is picked up.
 
 use std::sync::Arc;
 
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::datasource::source_as_provider;
+use datafusion::execution::SessionState;
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, WriteOp};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use tokio::sync::OnceCell;
 
 use super::catalog_provider::MemwalCatalogProvider;
-use super::ddl;
 use super::exec::{DeleteExec, PlannedStatement};
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA};
-use datafusion::catalog::TableProvider;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::datasource::source_as_provider;
-use datafusion::execution::SessionState;
-use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
-use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
-
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -35,14 +40,16 @@ use crate::writer::WriterOptions;
 #[derive(Clone)]
 pub struct MemwalSession {
     ctx: SessionContext,
-    catalog: Arc<Catalog>,
+    root: ObjectRoot,
+    catalog: Arc<OnceCell<Arc<Catalog>>>,
     tables: Arc<TableCache>,
 }
 
 impl std::fmt::Debug for MemwalSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemwalSession")
-            .field("catalog", &self.catalog)
+            .field("root", &self.root.url())
+            .field("catalog", &self.catalog.get())
             .finish()
     }
 }
@@ -57,41 +64,41 @@ impl MemwalSession {
     /// Opens the root at `location`; tables write with `options`. Sessions
     /// opened on the same root with the same options in one process share
     /// their table handles, so a table has one writer per shard in the
-    /// process however many sessions write it.
+    /// process however many sessions write it. A catalog that cannot be
+    /// loaded does not fail the open (see the module doc); a root that
+    /// cannot be opened does.
     pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
         let root = ObjectRoot::open(location)?;
         let tables = TableCache::shared(root.url(), options);
-        let catalog = Catalog::open(root, CatalogOptions::default()).await?;
-        Ok(Self::with_tables(catalog, tables))
+        let session = Self::with_tables(root, tables);
+        if let Err(e) = session.catalog().await {
+            log::warn!(
+                "the catalog of {} could not be loaded: {e}",
+                session.root.url()
+            );
+        }
+        Ok(session)
     }
 
     /// A session over an open catalog with table handles of its own: its
     /// writers behave like another process's (a write through it fences the
     /// writers of other sessions on the same tables).
     pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
-        Self::with_tables(catalog, Arc::new(TableCache::new(options)))
+        let session = Self::with_tables(catalog.root().clone(), Arc::new(TableCache::new(options)));
+        session.register(&catalog);
+        session
+            .catalog
+            .set(catalog)
+            .expect("a new session has no catalog yet");
+        session
     }
 
-    fn with_tables(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
+    fn with_tables(root: ObjectRoot, tables: Arc<TableCache>) -> Self {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
         let ctx = SessionContext::new_with_config(config);
-        ctx.register_catalog(
-            CATALOG_NAME,
-            Arc::new(MemwalCatalogProvider::new(
-                Arc::clone(&catalog),
-                Arc::clone(&tables),
-            )),
-        );
-        ctx.register_udtf(
-            "vector_search",
-            Arc::new(VectorSearchFunction::new(
-                Arc::clone(&catalog),
-                Arc::clone(&tables),
-            )),
-        );
         for function in distance_functions() {
             ctx.register_udf(function);
         }
@@ -100,17 +107,64 @@ impl MemwalSession {
         let ctx = ctx.enable_url_table();
         Self {
             ctx,
-            catalog,
+            root,
+            catalog: Arc::new(OnceCell::new()),
             tables,
         }
     }
 
+    /// Registers what needs the loaded catalog: the catalog provider and
+    /// `vector_search`.
+    fn register(&self, catalog: &Arc<Catalog>) {
+        self.ctx.register_catalog(
+            CATALOG_NAME,
+            Arc::new(MemwalCatalogProvider::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
+        );
+        self.ctx.register_udtf(
+            "vector_search",
+            Arc::new(VectorSearchFunction::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
+        );
+    }
+
+    /// The catalog, loaded now if it has not been yet; the error that keeps
+    /// it from loading otherwise.
+    pub async fn catalog(&self) -> Result<Arc<Catalog>> {
+        let catalog = self
+            .catalog
+            .get_or_try_init(|| async {
+                let catalog = Catalog::open(self.root.clone(), CatalogOptions::default()).await?;
+                self.register(&catalog);
+                Ok::<_, Error>(catalog)
+            })
+            .await?;
+        Ok(Arc::clone(catalog))
+    }
+
+    /// The catalog, caught up with changes made elsewhere.
+    async fn fresh_catalog(&self) -> Result<Arc<Catalog>> {
+        let catalog = self.catalog().await?;
+        catalog.refresh().await?;
+        Ok(catalog)
+    }
+
+    /// The root this session serves.
+    pub fn root(&self) -> &ObjectRoot {
+        &self.root
+    }
+
     /// The table `name` (`table`, `schema.table`, or a dotted namespace path
-    /// ending in the table) for the Rust API: put, delete, get, scan.
+    /// ending in the table) for the Rust API: put, delete, get, scan. The
+    /// catalog catches up first, as it does before a statement.
     pub async fn table(&self, name: &str) -> Result<Arc<Table>> {
         let path = ObjectPath::parse_dotted(name)?;
-        let (entry, meta) = self
-            .catalog
+        let catalog = self.fresh_catalog().await?;
+        let (entry, meta) = catalog
             .table(&path)
             .await?
             .ok_or_else(|| Error::NotFound(format!("table {path}")))?;
@@ -120,7 +174,7 @@ impl MemwalSession {
             .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
         Ok(self
             .tables
-            .get_or_open(self.catalog.root().store(), location, &meta))
+            .get_or_open(catalog.root().store(), location, &meta))
     }
 
     /// Makes everything written through this session durable and closes
@@ -132,11 +186,6 @@ impl MemwalSession {
     /// The DataFusion context, for everything that is not memwal DDL.
     pub fn context(&self) -> &SessionContext {
         &self.ctx
-    }
-
-    /// The catalog this session serves.
-    pub fn catalog(&self) -> &Arc<Catalog> {
-        &self.catalog
     }
 
     /// Splits SQL text into statements with the session's dialect.
@@ -163,13 +212,19 @@ impl MemwalSession {
 
     /// Runs one parsed statement (see [`MemwalSession::sql`]).
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
-        self.catalog.refresh().await?;
+        let catalog = match self.fresh_catalog().await {
+            Ok(catalog) => Some(catalog),
+            Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
+            Err(_) => None,
+        };
         let state = self.ctx.state();
-        if ddl::try_execute(&self.catalog, &state, &statement).await? {
+        if let Some(catalog) = &catalog
+            && ddl::try_execute(catalog, &state, &statement).await?
+        {
             // A dropped table's writers stop with the statement.
-            let catalog = self.catalog.snapshot();
+            let snapshot = catalog.snapshot();
             let live = |location: &str| {
-                catalog
+                snapshot
                     .entries()
                     .iter()
                     .any(|e| e.location.as_deref() == Some(location))
@@ -237,4 +292,30 @@ impl MemwalSession {
         let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }
+}
+
+/// Whether `statement` needs the memwal catalog: memwal DDL, or any table
+/// reference except `information_schema`'s settings and functions (the
+/// `SHOW <variable>` family names every `information_schema` table, and
+/// needs none of memwal's).
+fn uses_catalog(state: &SessionState, statement: &DFStatement) -> Result<bool> {
+    if ddl::is_memwal_ddl(statement) {
+        return Ok(true);
+    }
+    if let DFStatement::Statement(s) = statement
+        && matches!(
+            s.as_ref(),
+            SqlStatement::ShowVariable { .. }
+                | SqlStatement::ShowVariables { .. }
+                | SqlStatement::ShowFunctions { .. }
+                | SqlStatement::ShowStatus { .. }
+                | SqlStatement::ShowCollation { .. }
+        )
+    {
+        return Ok(false);
+    }
+    Ok(state.resolve_table_references(statement)?.iter().any(|r| {
+        !(r.schema() == Some("information_schema")
+            && matches!(r.table(), "df_settings" | "routines" | "parameters"))
+    }))
 }

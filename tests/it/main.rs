@@ -3,6 +3,7 @@
 mod catalog_faults;
 mod catalog_processes;
 mod crash;
+mod damaged_catalog;
 mod hnsw;
 mod lsm;
 mod s3;
