@@ -67,7 +67,12 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> memwal::Result<()> {
-    let session = MemwalSession::open(&args.root).await?;
+    // The shell's user owns the machine's files: URL tables and COPY TO are
+    // on (writes inside the root are refused all the same).
+    let session = MemwalSession::builder(&args.root)
+        .allow_file_access(true)
+        .open()
+        .await?;
     let mut print_options = PrintOptions {
         format: args.format,
         quiet: args.quiet,

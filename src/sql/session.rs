@@ -24,6 +24,7 @@ use tokio::sync::OnceCell;
 
 use super::catalog_provider::MemwalCatalogProvider;
 use super::exec::{DeleteExec, PlannedStatement};
+use super::files::FileAccess;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA, ddl};
@@ -37,12 +38,17 @@ use crate::writer::WriterOptions;
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
 /// options) itself and persists them in the catalog. Before each statement
 /// the catalog catches up with changes made elsewhere.
+///
+/// Files outside the root's tables are off limits unless the session was
+/// opened with [`SessionBuilder::allow_file_access`]; writes inside the
+/// root are refused either way (see `files.rs`).
 #[derive(Clone)]
 pub struct MemwalSession {
     ctx: SessionContext,
     root: ObjectRoot,
     catalog: Arc<OnceCell<Arc<Catalog>>>,
     tables: Arc<TableCache>,
+    files: FileAccess,
 }
 
 impl std::fmt::Debug for MemwalSession {
@@ -54,23 +60,43 @@ impl std::fmt::Debug for MemwalSession {
     }
 }
 
-impl MemwalSession {
-    /// Opens the root at `location` (see [`ObjectRoot::open`]) with default
-    /// options and starts a session on it.
-    pub async fn open(location: &str) -> Result<Self> {
-        Self::open_with(location, WriterOptions::default()).await
+/// How to open a [`MemwalSession`]; made by [`MemwalSession::builder`].
+#[derive(Debug, Clone)]
+pub struct SessionBuilder {
+    location: String,
+    writer: WriterOptions,
+    file_access: bool,
+}
+
+impl SessionBuilder {
+    /// The options the session's tables write with (default:
+    /// [`WriterOptions::default`]).
+    pub fn writer_options(mut self, options: WriterOptions) -> Self {
+        self.writer = options;
+        self
     }
 
-    /// Opens the root at `location`; tables write with `options`. Sessions
-    /// opened on the same root with the same options in one process share
-    /// their table handles, so a table has one writer per shard in the
-    /// process however many sessions write it. A catalog that cannot be
-    /// loaded does not fail the open (see the module doc); a root that
-    /// cannot be opened does.
-    pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
-        let root = ObjectRoot::open(location)?;
-        let tables = TableCache::shared(root.url(), options);
-        let session = Self::with_tables(root, tables);
+    /// Lets SQL read and write files that are not memwal tables (default:
+    /// off): `SELECT ... FROM '<path or URL>'` (DataFusion's URL tables),
+    /// `COPY ... TO` and `INSERT INTO '<path>'`. Writes inside the root are
+    /// refused even so. The `memwal` shell turns this on; an application
+    /// embedding memwal should only if its SQL comes from someone allowed
+    /// to touch the machine's files.
+    pub fn allow_file_access(mut self, allow: bool) -> Self {
+        self.file_access = allow;
+        self
+    }
+
+    /// Opens the root (see [`ObjectRoot::open`]) and starts the session.
+    /// Sessions opened on the same root with the same writer options in one
+    /// process share their table handles, so a table has one writer per
+    /// shard in the process however many sessions write it. A catalog that
+    /// cannot be loaded does not fail the open (see the module doc); a root
+    /// that cannot be opened does.
+    pub async fn open(self) -> Result<MemwalSession> {
+        let root = ObjectRoot::open(&self.location)?;
+        let tables = TableCache::shared(root.url(), self.writer);
+        let session = MemwalSession::with_tables(root, tables, self.file_access);
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -79,12 +105,39 @@ impl MemwalSession {
         }
         Ok(session)
     }
+}
+
+impl MemwalSession {
+    /// How to open a session on the root at `location`, for options beyond
+    /// [`MemwalSession::open`]'s.
+    pub fn builder(location: &str) -> SessionBuilder {
+        SessionBuilder {
+            location: location.to_string(),
+            writer: WriterOptions::default(),
+            file_access: false,
+        }
+    }
+
+    /// Opens the root at `location` with default options (no file access).
+    pub async fn open(location: &str) -> Result<Self> {
+        Self::builder(location).open().await
+    }
+
+    /// Opens the root at `location`; tables write with `options` (no file
+    /// access).
+    pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
+        Self::builder(location).writer_options(options).open().await
+    }
 
     /// A session over an open catalog with table handles of its own: its
     /// writers behave like another process's (a write through it fences the
-    /// writers of other sessions on the same tables).
+    /// writers of other sessions on the same tables). No file access.
     pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
-        let session = Self::with_tables(catalog.root().clone(), Arc::new(TableCache::new(options)));
+        let session = Self::with_tables(
+            catalog.root().clone(),
+            Arc::new(TableCache::new(options)),
+            false,
+        );
         session.register(&catalog);
         session
             .catalog
@@ -93,23 +146,27 @@ impl MemwalSession {
         session
     }
 
-    fn with_tables(root: ObjectRoot, tables: Arc<TableCache>) -> Self {
+    fn with_tables(root: ObjectRoot, tables: Arc<TableCache>, file_access: bool) -> Self {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
-        let ctx = SessionContext::new_with_config(config);
+        let mut ctx = SessionContext::new_with_config(config);
         for function in distance_functions() {
             ctx.register_udf(function);
         }
-        // `SELECT ... FROM 'path/'` reads files, an SSTable directory
-        // included (SSTables are plain Parquet).
-        let ctx = ctx.enable_url_table();
+        let files = FileAccess::new(&root, file_access);
+        if files.allowed() {
+            // `SELECT ... FROM 'path/'` reads files, an SSTable directory
+            // included (SSTables are plain Parquet).
+            ctx = ctx.enable_url_table();
+        }
         Self {
             ctx,
             root,
             catalog: Arc::new(OnceCell::new()),
             tables,
+            files,
         }
     }
 
@@ -212,6 +269,8 @@ impl MemwalSession {
 
     /// Runs one parsed statement (see [`MemwalSession::sql`]).
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
+        // Refusals that must come before anything is read.
+        self.files.check_statement(&statement)?;
         let catalog = match self.fresh_catalog().await {
             Ok(catalog) => Some(catalog),
             Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
@@ -241,6 +300,7 @@ impl MemwalSession {
             _ => None,
         };
         let plan = state.statement_to_plan(statement).await?;
+        self.files.check_plan(&plan)?;
         let plan = match (is_delete_without_where, plan) {
             (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,

@@ -7,6 +7,7 @@ mod damaged_catalog;
 mod hnsw;
 mod lsm;
 mod s3;
+mod session_files;
 mod sessions;
 mod shell;
 mod writer;
