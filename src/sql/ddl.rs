@@ -216,7 +216,7 @@ fn schema_path(name: &ObjectName) -> Result<ObjectPath> {
 }
 
 /// `t`, `schema.t` or `memwal.schema.t` to a table path.
-fn table_path(name: &ObjectName) -> Result<ObjectPath> {
+pub(crate) fn table_path(name: &ObjectName) -> Result<ObjectPath> {
     let parts = name_parts(name)?;
     let reference = match parts.as_slice() {
         [table] => TableReference::bare(table.as_str()),

@@ -1,10 +1,12 @@
 //! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
 //! `TableProvider`s (scan, INSERT sink, DELETE), DDL with memwal's options,
-//! vector search (`vector_search` and the distance functions), the file
-//! policy, and the session that ties them together.
+//! `SHOW CREATE TABLE`/`DESCRIBE`, vector search (`vector_search` and the
+//! distance functions), the file policy, and the session that ties them
+//! together.
 
 mod catalog_provider;
 mod ddl;
+mod describe;
 mod exec;
 mod files;
 mod session;

@@ -27,7 +27,7 @@ use super::exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA, ddl};
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -36,8 +36,9 @@ use crate::writer::WriterOptions;
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
-/// options) itself and persists them in the catalog. Before each statement
-/// the catalog catches up with changes made elsewhere.
+/// options) itself and persists them in the catalog, and answers `SHOW
+/// CREATE TABLE` and `DESCRIBE` for its tables. Before each statement the
+/// catalog catches up with changes made elsewhere.
 ///
 /// Files outside the root's tables are off limits unless the session was
 /// opened with [`SessionBuilder::allow_file_access`]; writes inside the
@@ -277,20 +278,23 @@ impl MemwalSession {
             Err(_) => None,
         };
         let state = self.ctx.state();
-        if let Some(catalog) = &catalog
-            && ddl::try_execute(catalog, &state, &statement).await?
-        {
-            // A dropped table's writers stop with the statement.
-            let snapshot = catalog.snapshot();
-            let live = |location: &str| {
-                snapshot
-                    .entries()
-                    .iter()
-                    .any(|e| e.location.as_deref() == Some(location))
-            };
-            self.tables.close_unless(live).await?;
-            let done = LogicalPlanBuilder::empty(false).build()?;
-            return Ok(DataFrame::new(state, done));
+        if let Some(catalog) = &catalog {
+            if let Some(batch) = describe::try_describe(catalog, &statement).await? {
+                return Ok(self.ctx.read_batch(batch)?);
+            }
+            if ddl::try_execute(catalog, &state, &statement).await? {
+                // A dropped table's writers stop with the statement.
+                let snapshot = catalog.snapshot();
+                let live = |location: &str| {
+                    snapshot
+                        .entries()
+                        .iter()
+                        .any(|e| e.location.as_deref() == Some(location))
+                };
+                self.tables.close_unless(live).await?;
+                let done = LogicalPlanBuilder::empty(false).build()?;
+                return Ok(DataFrame::new(state, done));
+            }
         }
         let is_delete_without_where = match &statement {
             DFStatement::Statement(s) => match s.as_ref() {
