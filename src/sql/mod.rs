@@ -9,6 +9,7 @@ mod ddl;
 mod describe;
 mod exec;
 mod files;
+mod not_null;
 mod session;
 mod table;
 mod vector;

@@ -27,7 +27,7 @@ use super::exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe};
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, not_null};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -305,6 +305,7 @@ impl MemwalSession {
         };
         let plan = state.statement_to_plan(statement).await?;
         self.files.check_plan(&plan)?;
+        let plan = not_null::name_null_violations(plan)?;
         let plan = match (is_delete_without_where, plan) {
             (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
