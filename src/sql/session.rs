@@ -36,9 +36,9 @@ use crate::writer::WriterOptions;
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
-/// options) itself and persists them in the catalog, and answers `SHOW
-/// CREATE TABLE` and `DESCRIBE` for its tables. Before each statement the
-/// catalog catches up with changes made elsewhere.
+/// options, and `AS SELECT`) itself and persists them in the catalog, and
+/// answers `SHOW CREATE TABLE` and `DESCRIBE` for its tables. Before each
+/// statement the catalog catches up with changes made elsewhere.
 ///
 /// Files outside the root's tables are off limits unless the session was
 /// opened with [`SessionBuilder::allow_file_access`]; writes inside the
@@ -272,6 +272,7 @@ impl MemwalSession {
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
         // Refusals that must come before anything is read.
         self.files.check_statement(&statement)?;
+        ddl::refuse_explain(&statement)?;
         let catalog = match self.fresh_catalog().await {
             Ok(catalog) => Some(catalog),
             Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
