@@ -95,7 +95,7 @@ impl SessionBuilder {
     /// cannot be loaded does not fail the open (see the module doc); a root
     /// that cannot be opened does.
     pub async fn open(self) -> Result<MemwalSession> {
-        let root = ObjectRoot::open(&self.location)?;
+        let root = open_root(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
         let session = MemwalSession::with_tables(root, tables, self.file_access);
         if let Err(e) = session.catalog().await {
@@ -106,6 +106,22 @@ impl SessionBuilder {
         }
         Ok(session)
     }
+}
+
+/// Opens the root at `location`, naming it in a local I/O error.
+fn open_root(location: &str) -> Result<ObjectRoot> {
+    ObjectRoot::open(location).map_err(|e| match e {
+        Error::Io(io) => {
+            let why = match io.kind() {
+                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                    "it is a file, or lies under one; a local root must be a directory".to_string()
+                }
+                _ => io.to_string(),
+            };
+            Error::invalid(format!("cannot open root '{location}': {why}"))
+        }
+        other => other,
+    })
 }
 
 impl MemwalSession {
