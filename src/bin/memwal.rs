@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use clap::Parser;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_cli::command::{Command, OutputFormat};
 use datafusion_cli::helper::CliHelper;
 use datafusion_cli::object_storage::instrumented::InstrumentedObjectStoreRegistry;
@@ -147,12 +149,20 @@ async fn exec_and_print(
 ) -> memwal::Result<()> {
     for statement in session.parse(sql)? {
         let start = Instant::now();
+        // memwal answers DESCRIBE of its tables itself (not with a
+        // DescribeTable plan): it is shown whole all the same.
+        let describe = matches!(
+            &statement,
+            DFStatement::Statement(s) if matches!(s.as_ref(), SqlStatement::ExplainTable { .. })
+        );
         let df = session.execute(statement).await?;
         let mut options = print_options.clone();
-        if matches!(
-            df.logical_plan(),
-            LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
-        ) {
+        if describe
+            || matches!(
+                df.logical_plan(),
+                LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
+            )
+        {
             options.maxrows = MaxRows::Unlimited;
         }
         if options.format == PrintFormat::Automatic {

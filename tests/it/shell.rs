@@ -228,6 +228,10 @@ fn show_create_table_and_describe_show_the_key_and_options() {
          title,Utf8View,YES,,\n\
          emb,FixedSizeList(3 x Float32),YES,,\"metric = cosine, m = 16, ef_construction = 100\""
     );
+    // DESCRIBE is shown whole, whatever --maxrows says.
+    let (ok, out, err) = memwal(root, &["-q", "--maxrows", "1", "-c", "DESCRIBE shop.items"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| emb "), "{out}");
     // \d shows the same columns, then the statement.
     let (ok, out, err) = memwal_repl(root, "\\d shop.items\n");
     assert!(ok, "{err}");
