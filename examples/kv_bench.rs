@@ -292,6 +292,8 @@ async fn create_table(session: &MemwalSession, keys: Keys) -> Arc<Table> {
     let path = memwal::ObjectPath::new(["kv"]).unwrap();
     session
         .catalog()
+        .await
+        .unwrap()
         .create_table(path, meta, false)
         .await
         .unwrap();

@@ -19,7 +19,7 @@ pub mod writer;
 
 pub use catalog::{Catalog, CatalogOptions, ObjectPath, TableMeta};
 pub use error::{Error, Result};
-pub use sql::MemwalSession;
+pub use sql::{MemwalSession, SessionBuilder};
 pub use store::ObjectRoot;
 pub use table::{Table, TableCache};
 pub use writer::{ShardWriter, WriterOptions, WriterStats};

@@ -9,8 +9,11 @@
 //! - Files under `lsm/` run with tiny MemTables (2 KiB), at most 3 SSTables
 //!   per shard and a 200 ms grace period, so they flush and compact all the
 //!   time.
-//! - `$ROOT` is the root's local directory (with `control substitution
-//!   on`); records marked `onlyif local` run on the local root only.
+//! - `$ROOT` is the root's local directory or URL (with `control
+//!   substitution on`); records marked `onlyif local` run on the local root
+//!   only.
+//! - Sessions allow file access (URL tables, `COPY ... TO`), as the
+//!   shell's do.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +27,15 @@ struct MemwalDb {
     root: String,
     options: WriterOptions,
     session: Option<MemwalSession>,
+}
+
+/// A session on `root` as the tests use it.
+async fn open(root: &str, options: WriterOptions) -> Result<MemwalSession, memwal::Error> {
+    MemwalSession::builder(root)
+        .writer_options(options)
+        .allow_file_access(true)
+        .open()
+        .await
 }
 
 /// The writer options of the tests in `path`.
@@ -56,7 +68,7 @@ impl sqllogictest::AsyncDB for MemwalDb {
             if let Some(session) = self.session.take() {
                 session.close().await?;
             }
-            self.session = Some(MemwalSession::open_with(&self.root, self.options.clone()).await?);
+            self.session = Some(open(&self.root, self.options.clone()).await?);
             return Ok(DBOutput::StatementComplete(0));
         }
         let session = self.session.as_ref().expect("a session is open");
@@ -149,7 +161,7 @@ async fn run_file(path: &Path, kind: &str, root: String, complete: bool) -> Resu
         let root = root.clone();
         let options = options.clone();
         async move {
-            let session = MemwalSession::open_with(&root, options.clone()).await?;
+            let session = open(&root, options.clone()).await?;
             Ok::<_, memwal::Error>(MemwalDb {
                 root,
                 options,

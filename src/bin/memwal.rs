@@ -7,12 +7,19 @@
 //! which rejects `CREATE TABLE ... WITH (...)` before any hook of theirs
 //! runs. Printing, backslash commands and line editing are datafusion-cli's.
 
+#[path = "memwal/help.rs"]
+mod help;
+#[path = "memwal/print.rs"]
+mod print;
+
 use std::io::BufRead;
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion_cli::command::{Command, OutputFormat};
 use datafusion_cli::helper::CliHelper;
 use datafusion_cli::object_storage::instrumented::InstrumentedObjectStoreRegistry;
@@ -28,15 +35,19 @@ struct Args {
     #[arg(long, env = "MEMWAL_ROOT", default_value = "./memwal-data")]
     root: String,
 
-    /// Execute the given command string(s), then exit
+    /// Execute the given command string(s), then exit; stops at the first
+    /// failing statement with a non-zero exit code
     #[arg(short = 'c', long, num_args = 0..)]
     command: Vec<String>,
 
-    /// Execute commands from file(s), then exit
+    /// Execute commands from file(s) (after any -c), then exit; stops at
+    /// the first failing statement with a non-zero exit code
     #[arg(short, long, num_args = 0..)]
     file: Vec<String>,
 
-    #[arg(long, value_enum, default_value_t = PrintFormat::Automatic)]
+    /// Output format [possible values: csv, tsv, table, json, nd-json (or
+    /// ndjson), automatic]
+    #[arg(long, default_value = "automatic", value_parser = parse_format)]
     format: PrintFormat,
 
     /// Reduce printing other than the results and work quietly
@@ -53,6 +64,19 @@ struct Args {
     color: bool,
 }
 
+/// datafusion-cli's format names, plus `ndjson` for `nd-json`.
+fn parse_format(s: &str) -> Result<PrintFormat, String> {
+    if s.eq_ignore_ascii_case("ndjson") {
+        return Ok(PrintFormat::NdJson);
+    }
+    s.parse().map_err(|_| {
+        format!("unknown format '{s}' (use csv, tsv, table, json, nd-json or automatic)")
+    })
+}
+
+/// A failure that ends the shell with a non-zero exit code.
+type ShellResult<T = ()> = Result<T, String>;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     env_logger::init();
@@ -66,8 +90,14 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-async fn run(args: Args) -> memwal::Result<()> {
-    let session = MemwalSession::open(&args.root).await?;
+async fn run(args: Args) -> ShellResult {
+    // The shell's user owns the machine's files: URL tables and COPY TO are
+    // on (writes inside the root are refused all the same).
+    let session = MemwalSession::builder(&args.root)
+        .allow_file_access(true)
+        .open()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut print_options = PrintOptions {
         format: args.format,
         quiet: args.quiet,
@@ -79,28 +109,34 @@ async fn run(args: Args) -> memwal::Result<()> {
         println!(
             "memwal {} on {}",
             env!("CARGO_PKG_VERSION"),
-            session.catalog().root().url()
+            session.root().url()
+        );
+    }
+    if let Err(e) = session.catalog().await {
+        eprintln!(
+            "Warning: the catalog cannot be loaded ({e}); \
+             statements that use memwal tables will fail until it is repaired"
         );
     }
     let result = async {
-        if !args.command.is_empty() {
-            for sql in &args.command {
-                exec_and_print(&session, &print_options, sql).await?;
-            }
-        } else if !args.file.is_empty() {
-            for file in &args.file {
-                exec_file(&session, &print_options, file).await?;
-            }
-        } else {
+        for sql in &args.command {
+            exec_and_print(&session, &print_options, sql)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        for file in &args.file {
+            exec_file(&session, &print_options, file).await?;
+        }
+        if args.command.is_empty() && args.file.is_empty() {
             repl(&session, &mut print_options)
                 .await
-                .map_err(|e| memwal::Error::Io(std::io::Error::other(e)))?;
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }
     .await;
     // Flush what this shell wrote (its MemTables become SSTables).
-    let closed = session.close().await;
+    let closed = session.close().await.map_err(|e| e.to_string());
     result.and(closed)
 }
 
@@ -113,12 +149,20 @@ async fn exec_and_print(
 ) -> memwal::Result<()> {
     for statement in session.parse(sql)? {
         let start = Instant::now();
+        // memwal answers DESCRIBE of its tables itself (not with a
+        // DescribeTable plan): it is shown whole all the same.
+        let describe = matches!(
+            &statement,
+            DFStatement::Statement(s) if matches!(s.as_ref(), SqlStatement::ExplainTable { .. })
+        );
         let df = session.execute(statement).await?;
         let mut options = print_options.clone();
-        if matches!(
-            df.logical_plan(),
-            LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
-        ) {
+        if describe
+            || matches!(
+                df.logical_plan(),
+                LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
+            )
+        {
             options.maxrows = MaxRows::Unlimited;
         }
         if options.format == PrintFormat::Automatic {
@@ -126,13 +170,12 @@ async fn exec_and_print(
         }
         let schema = Arc::new(df.schema().as_arrow().clone());
         let batches = df.collect().await?;
-        let rows = batches.iter().map(|b| b.num_rows()).sum();
         let state = session.context().state();
-        options.print_batches(
+        print::print_batches(
+            &options,
             schema,
             &batches,
             start,
-            rows,
             &state.config().options().format,
         )?;
     }
@@ -140,40 +183,46 @@ async fn exec_and_print(
 }
 
 /// Runs a SQL file statement by statement (a statement ends with a line
-/// ending in `;`); like datafusion-cli, an error is printed and the file
-/// goes on.
+/// ending in `;`) and stops at the first failing one, naming the file and
+/// the line the statement starts on.
 async fn exec_file(
     session: &MemwalSession,
     print_options: &PrintOptions,
     path: &str,
-) -> memwal::Result<()> {
-    let file = std::fs::File::open(path)
-        .map_err(|e| memwal::Error::invalid(format!("cannot open {path}: {e}")))?;
+) -> ShellResult {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
     let mut query = String::new();
-    for line in std::io::BufReader::new(file).lines() {
-        let line = line?;
+    let mut first_line = 0;
+    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| format!("cannot read {path}: {e}"))?;
         if line.starts_with("--") || line.starts_with("#!") {
             continue;
         }
         let line = line.trim_end();
+        if query.trim().is_empty() {
+            first_line = number + 1;
+        }
         query.push_str(line);
         query.push('\n');
         if line.ends_with(';') {
-            if let Err(e) = exec_and_print(session, print_options, &query).await {
-                eprintln!("{e}");
-            }
+            exec_and_print(session, print_options, &query)
+                .await
+                .map_err(|e| format!("{path}:{first_line}: {e}"))?;
             query.clear();
         }
     }
-    if query.trim().is_empty() {
-        Ok(())
-    } else {
-        exec_and_print(session, print_options, &query).await
+    if !query.trim().is_empty() {
+        exec_and_print(session, print_options, &query)
+            .await
+            .map_err(|e| format!("{path}:{first_line}: {e}"))?;
     }
+    Ok(())
 }
 
 /// The interactive loop: datafusion-cli's line editor, highlighter and
-/// backslash commands.
+/// backslash commands, except those that run SQL (`\d`, `\i`), which go
+/// through the memwal session, and `\h`, which also knows memwal's
+/// functions. An error is printed and the loop goes on.
 async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rustyline::Result<()> {
     let ctx = session.context();
     let dialect = ctx.state().config().options().sql_parser.dialect;
@@ -187,19 +236,8 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
                 let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
                 match command[1..].parse::<Command>() {
                     Ok(Command::Quit) => break,
-                    Ok(Command::OutputFormat(Some(sub))) => match sub.parse::<OutputFormat>() {
-                        Ok(format) => {
-                            if let Err(e) = format.execute(print_options) {
-                                eprintln!("{e}");
-                            }
-                        }
-                        Err(_) => eprintln!("'\\{}' is not a valid command", &line[1..]),
-                    },
-                    Ok(Command::OutputFormat(None)) => {
-                        println!("Output format is {:?}.", print_options.format)
-                    }
-                    Ok(cmd) => {
-                        if let Err(e) = cmd.execute(ctx, print_options).await {
+                    Ok(command) => {
+                        if let Err(e) = backslash(session, print_options, command).await {
                             eprintln!("{e}");
                         }
                     }
@@ -235,4 +273,74 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
         }
     }
     rl.save_history(".history")
+}
+
+/// Runs one backslash command other than `\q`.
+async fn backslash(
+    session: &MemwalSession,
+    print_options: &mut PrintOptions,
+    command: Command,
+) -> ShellResult {
+    match command {
+        Command::ListTables => exec_and_print(session, print_options, "SHOW TABLES")
+            .await
+            .map_err(|e| e.to_string()),
+        Command::DescribeTableStmt(name) => {
+            exec_and_print(session, print_options, &format!("DESCRIBE {name}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            // Below the columns, as psql shows indexes and options: the
+            // statement that recreates the table.
+            if let Ok(Some(definition)) = definition(session, &name).await {
+                println!("{definition}");
+            }
+            Ok(())
+        }
+        Command::Include(Some(path)) => exec_file(session, print_options, &path).await,
+        Command::SearchFunctions(name) => match help::function_help(&name) {
+            Some(text) => {
+                println!("{text}");
+                Ok(())
+            }
+            None => Command::SearchFunctions(name)
+                .execute(session.context(), print_options)
+                .await
+                .map_err(|e| e.to_string()),
+        },
+        Command::ListFunctions => {
+            Command::ListFunctions
+                .execute(session.context(), print_options)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("memwal functions: {}", help::FUNCTIONS.join(", "));
+            Ok(())
+        }
+        Command::OutputFormat(Some(sub)) => match sub.parse::<OutputFormat>() {
+            Ok(format) => format.execute(print_options).map_err(|e| e.to_string()),
+            Err(_) => Err(format!("'\\pset {sub}' is not a valid command")),
+        },
+        Command::OutputFormat(None) => {
+            println!("Output format is {:?}.", print_options.format);
+            Ok(())
+        }
+        other => other
+            .execute(session.context(), print_options)
+            .await
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// The `CREATE TABLE` statement of memwal table `name`, if it is one.
+async fn definition(session: &MemwalSession, name: &str) -> memwal::Result<Option<String>> {
+    use datafusion::arrow::array::AsArray;
+    let batches = session
+        .sql(&format!("SHOW CREATE TABLE {name}"))
+        .await?
+        .collect()
+        .await?;
+    Ok(batches
+        .first()
+        .and_then(|b| b.column_by_name("definition"))
+        .filter(|c| !c.is_empty() && !c.is_null(0))
+        .map(|c| c.as_string::<i32>().value(0).to_string()))
 }

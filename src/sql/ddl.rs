@@ -2,26 +2,71 @@
 //! and `CREATE/DROP TABLE`, including the `WITH (...)` table options that
 //! DataFusion's planner rejects. Column types and key constraints are still
 //! planned by DataFusion, from the statement with its options removed.
+//!
+//! `CREATE TABLE ... AS SELECT` creates the table (append-only, or keyed
+//! when its column list declares a `PRIMARY KEY`), then inserts the query's
+//! rows; if the insert fails the table is dropped again. DDL runs outside
+//! DataFusion's planner, so it cannot be `EXPLAIN`ed.
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::Schema;
 use datafusion::common::{Constraint, TableReference};
-use datafusion::logical_expr::{DdlStatement, LogicalPlan};
+use datafusion::datasource::provider_as_source;
+use datafusion::execution::SessionState;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{DdlStatement, LogicalPlan, LogicalPlanBuilder};
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
     self, CreateTableOptions, Expr, Ident, ObjectName, ObjectNamePart, SchemaName, SqlOption,
     Statement, Value,
 };
 
-use super::{CATALOG_NAME, schema_to_namespace};
+use super::{CATALOG_NAME, namespace_to_schema, not_null, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, TableMeta};
 use crate::error::{Error, Result};
+
+/// Whether `statement` is DDL that memwal runs (see [`try_execute`]).
+pub(crate) fn is_memwal_ddl(statement: &DFStatement) -> bool {
+    let DFStatement::Statement(statement) = statement else {
+        return false;
+    };
+    matches!(
+        statement.as_ref(),
+        Statement::CreateSchema { .. }
+            | Statement::CreateTable(_)
+            | Statement::Drop {
+                object_type: ast::ObjectType::Schema | ast::ObjectType::Table,
+                ..
+            }
+    )
+}
+
+/// Refuses `EXPLAIN` (and `EXPLAIN ANALYZE`, `DESCRIBE <statement>`) of
+/// memwal DDL: DataFusion would explain a plan memwal does not run.
+pub(crate) fn refuse_explain(statement: &DFStatement) -> Result<()> {
+    let inner = match statement {
+        DFStatement::Explain(explain) => explain.statement.as_ref().clone(),
+        DFStatement::Statement(s) => match s.as_ref() {
+            Statement::Explain { statement, .. } => DFStatement::Statement(statement.clone()),
+            _ => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    if is_memwal_ddl(&inner) {
+        return Err(Error::invalid(format!(
+            "EXPLAIN is not supported for CREATE/DROP SCHEMA/TABLE: memwal runs them \
+             itself, outside DataFusion's planner (statement: {inner})"
+        )));
+    }
+    refuse_explain(&inner)
+}
 
 /// Runs `statement` if it is memwal DDL; `Ok(false)` if it is not (the
 /// caller hands it to DataFusion).
 pub(crate) async fn try_execute(
     catalog: &Arc<Catalog>,
-    state: &datafusion::execution::SessionState,
+    state: &SessionState,
     statement: &DFStatement,
 ) -> Result<bool> {
     let DFStatement::Statement(statement) = statement else {
@@ -66,25 +111,55 @@ pub(crate) async fn try_execute(
             }
         }
         Statement::CreateTable(create) => {
-            let (path, meta, if_not_exists) = plan_create_table(state, create).await?;
-            catalog.create_table(path, meta, if_not_exists).await?;
+            let (path, meta, if_not_exists, rows) = plan_create_table(state, create).await?;
+            let created = catalog
+                .create_table(path.clone(), meta, if_not_exists)
+                .await?;
+            if let Some(rows) = rows
+                && created.changed()
+                && let Err(e) = insert_rows(state, &path, rows).await
+            {
+                // CREATE TABLE ... AS SELECT makes the table with its rows,
+                // or not at all.
+                if let Err(drop) = catalog.drop_table(path.clone(), true).await {
+                    log::warn!("dropping {path} after its failed CREATE TABLE AS: {drop}");
+                }
+                return Err(e);
+            }
         }
         _ => return Ok(false),
     }
     Ok(true)
 }
 
-/// Turns `CREATE TABLE` into the table's path and validated metadata.
+/// Inserts the rows of `query` into the table at `path` and waits until
+/// they are durable.
+async fn insert_rows(state: &SessionState, path: &ObjectPath, query: LogicalPlan) -> Result<()> {
+    let reference = TableReference::partial(namespace_to_schema(&path.parent()), path.name());
+    let provider = state
+        .schema_for_ref(reference.clone())?
+        .table(path.name())
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("table {path}")))?;
+    let plan = LogicalPlanBuilder::insert_into(
+        query,
+        reference,
+        provider_as_source(provider),
+        InsertOp::Append,
+    )?
+    .build()?;
+    let plan = not_null::name_null_violations(plan)?;
+    let plan = state.create_physical_plan(&plan).await?;
+    datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
+    Ok(())
+}
+
+/// Turns `CREATE TABLE` into the table's path, validated metadata, `IF NOT
+/// EXISTS`, and for `CREATE TABLE ... AS` the query whose rows fill it.
 async fn plan_create_table(
-    state: &datafusion::execution::SessionState,
+    state: &SessionState,
     create: &ast::CreateTable,
-) -> Result<(ObjectPath, TableMeta, bool)> {
-    if create.query.is_some() {
-        return Err(Error::invalid(
-            "CREATE TABLE ... AS SELECT is not supported yet: rows cannot be written \
-             until the write path lands; create the table first",
-        ));
-    }
+) -> Result<(ObjectPath, TableMeta, bool, Option<LogicalPlan>)> {
     if create.or_replace {
         return Err(Error::invalid("CREATE OR REPLACE TABLE is not supported"));
     }
@@ -111,7 +186,26 @@ async fn plan_create_table(
     if !cmd.column_defaults.is_empty() {
         return Err(Error::invalid("column DEFAULT values are not supported"));
     }
-    let schema = cmd.input.schema().as_arrow().clone();
+    let mut schema = cmd.input.schema().as_arrow().clone();
+    if create.query.is_some() {
+        // Like PostgreSQL, a table made from a query takes the query's
+        // column types, not its constraints: a column is NOT NULL only if
+        // the column list says so (key columns always are).
+        let fields: Vec<_> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let not_null = create.columns.get(i).is_some_and(|c| {
+                    c.options
+                        .iter()
+                        .any(|o| matches!(o.option, ast::ColumnOption::NotNull))
+                });
+                f.as_ref().clone().with_nullable(!not_null)
+            })
+            .collect();
+        schema = Schema::new_with_metadata(fields, schema.metadata().clone());
+    }
     let mut primary_key = Vec::new();
     for constraint in cmd.constraints.iter() {
         match constraint {
@@ -130,7 +224,11 @@ async fn plan_create_table(
         }
     }
     let meta = TableMeta::new(&schema, primary_key, &options)?;
-    Ok((path, meta, cmd.if_not_exists))
+    let rows = create
+        .query
+        .is_some()
+        .then(|| Arc::unwrap_or_clone(cmd.input));
+    Ok((path, meta, cmd.if_not_exists, rows))
 }
 
 /// `WITH ('k' = 'v', ...)` as key/value strings.
@@ -200,7 +298,7 @@ fn schema_path(name: &ObjectName) -> Result<ObjectPath> {
 }
 
 /// `t`, `schema.t` or `memwal.schema.t` to a table path.
-fn table_path(name: &ObjectName) -> Result<ObjectPath> {
+pub(crate) fn table_path(name: &ObjectName) -> Result<ObjectPath> {
     let parts = name_parts(name)?;
     let reference = match parts.as_slice() {
         [table] => TableReference::bare(table.as_str()),

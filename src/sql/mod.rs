@@ -1,18 +1,22 @@
 //! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
 //! `TableProvider`s (scan, INSERT sink, DELETE), DDL with memwal's options,
-//! vector search (`vector_search` and the distance functions), and the
-//! session that ties them together.
+//! `SHOW CREATE TABLE`/`DESCRIBE`, vector search (`vector_search` and the
+//! distance functions), the file policy, and the session that ties them
+//! together.
 
 mod catalog_provider;
 mod ddl;
+mod describe;
 mod exec;
+mod files;
+mod not_null;
 mod session;
 mod table;
 mod vector;
 
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
 pub use exec::{DeleteExec, ScanExec, ScanMode};
-pub use session::MemwalSession;
+pub use session::{MemwalSession, SessionBuilder};
 pub use table::{InsertSink, MemwalTable};
 pub use vector::{
     DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchExec, VectorSearchFunction, distance_functions,

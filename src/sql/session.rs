@@ -1,27 +1,33 @@
 //! [`MemwalSession`]: a DataFusion `SessionContext` with the memwal catalog
 //! registered as the default catalog, plus the DDL DataFusion cannot run.
+//!
+//! A session opens even when its catalog cannot be loaded (a corrupt newest
+//! version, an unreachable store): statements that do not touch the
+//! catalog (`SELECT 1`, `SET`, `SHOW <variable>`) still run, and every
+//! statement that does (names a table, runs DDL, lists tables) fails with
+//! the error that kept the catalog from loading. Loading is retried before
+//! each statement, so a repaired catalog is picked up.
 
 use std::sync::Arc;
 
-use datafusion::dataframe::DataFrame;
-use datafusion::logical_expr::LogicalPlanBuilder;
-use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion::sql::parser::{DFParser, Statement as DFStatement};
-use datafusion::sql::sqlparser::dialect::dialect_from_str;
-
-use super::catalog_provider::MemwalCatalogProvider;
-use super::ddl;
-use super::exec::{DeleteExec, PlannedStatement};
-use super::table::MemwalTable;
-use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::dataframe::DataFrame;
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::SessionState;
-use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, WriteOp};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use tokio::sync::OnceCell;
 
+use super::catalog_provider::MemwalCatalogProvider;
+use super::exec::{DeleteExec, PlannedStatement};
+use super::files::FileAccess;
+use super::table::MemwalTable;
+use super::vector::{VectorSearchFunction, distance_functions};
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, not_null};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -35,87 +41,209 @@ const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
-/// options) itself and persists them in the catalog. Before each statement
-/// the catalog catches up with changes made elsewhere.
+/// options, and `AS SELECT`) itself and persists them in the catalog, and
+/// answers `SHOW CREATE TABLE` and `DESCRIBE` for its tables. Before each
+/// statement the catalog catches up with changes made elsewhere.
+///
+/// Files outside the root's tables are off limits unless the session was
+/// opened with [`SessionBuilder::allow_file_access`]; writes inside the
+/// root are refused either way (see `files.rs`).
 #[derive(Clone)]
 pub struct MemwalSession {
     ctx: SessionContext,
-    catalog: Arc<Catalog>,
+    root: ObjectRoot,
+    catalog: Arc<OnceCell<Arc<Catalog>>>,
     tables: Arc<TableCache>,
+    files: FileAccess,
 }
 
 impl std::fmt::Debug for MemwalSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemwalSession")
-            .field("catalog", &self.catalog)
+            .field("root", &self.root.url())
+            .field("catalog", &self.catalog.get())
             .finish()
     }
 }
 
-impl MemwalSession {
-    /// Opens the root at `location` (see [`ObjectRoot::open`]) with default
-    /// options and starts a session on it.
-    pub async fn open(location: &str) -> Result<Self> {
-        Self::open_with(location, WriterOptions::default()).await
+/// How to open a [`MemwalSession`]; made by [`MemwalSession::builder`].
+#[derive(Debug, Clone)]
+pub struct SessionBuilder {
+    location: String,
+    writer: WriterOptions,
+    file_access: bool,
+}
+
+impl SessionBuilder {
+    /// The options the session's tables write with (default:
+    /// [`WriterOptions::default`]).
+    pub fn writer_options(mut self, options: WriterOptions) -> Self {
+        self.writer = options;
+        self
     }
 
-    /// Opens the root at `location`; tables write with `options`. Sessions
-    /// opened on the same root with the same options in one process share
-    /// their table handles, so a table has one writer per shard in the
-    /// process however many sessions write it.
+    /// Lets SQL read and write files that are not memwal tables (default:
+    /// off): `SELECT ... FROM '<path or URL>'` (DataFusion's URL tables),
+    /// `COPY ... TO` and `INSERT INTO '<path>'`. Writes inside the root are
+    /// refused even so. The `memwal` shell turns this on; an application
+    /// embedding memwal should only if its SQL comes from someone allowed
+    /// to touch the machine's files.
+    pub fn allow_file_access(mut self, allow: bool) -> Self {
+        self.file_access = allow;
+        self
+    }
+
+    /// Opens the root (see [`ObjectRoot::open`]) and starts the session.
+    /// Sessions opened on the same root with the same writer options in one
+    /// process share their table handles, so a table has one writer per
+    /// shard in the process however many sessions write it. A catalog that
+    /// cannot be loaded does not fail the open (see the module doc); a root
+    /// that cannot be opened does.
+    pub async fn open(self) -> Result<MemwalSession> {
+        let root = open_root(&self.location)?;
+        let tables = TableCache::shared(root.url(), self.writer);
+        let session = MemwalSession::with_tables(root, tables, self.file_access);
+        if let Err(e) = session.catalog().await {
+            log::warn!(
+                "the catalog of {} could not be loaded: {e}",
+                session.root.url()
+            );
+        }
+        Ok(session)
+    }
+}
+
+/// Opens the root at `location`, naming it in a local I/O error.
+fn open_root(location: &str) -> Result<ObjectRoot> {
+    ObjectRoot::open(location).map_err(|e| match e {
+        Error::Io(io) => {
+            let why = match io.kind() {
+                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                    "it is a file, or lies under one; a local root must be a directory".to_string()
+                }
+                _ => io.to_string(),
+            };
+            Error::invalid(format!("cannot open root '{location}': {why}"))
+        }
+        other => other,
+    })
+}
+
+impl MemwalSession {
+    /// How to open a session on the root at `location`, for options beyond
+    /// [`MemwalSession::open`]'s.
+    pub fn builder(location: &str) -> SessionBuilder {
+        SessionBuilder {
+            location: location.to_string(),
+            writer: WriterOptions::default(),
+            file_access: false,
+        }
+    }
+
+    /// Opens the root at `location` with default options (no file access).
+    pub async fn open(location: &str) -> Result<Self> {
+        Self::builder(location).open().await
+    }
+
+    /// Opens the root at `location`; tables write with `options` (no file
+    /// access).
     pub async fn open_with(location: &str, options: WriterOptions) -> Result<Self> {
-        let root = ObjectRoot::open(location)?;
-        let tables = TableCache::shared(root.url(), options);
-        let catalog = Catalog::open(root, CatalogOptions::default()).await?;
-        Ok(Self::with_tables(catalog, tables))
+        Self::builder(location).writer_options(options).open().await
     }
 
     /// A session over an open catalog with table handles of its own: its
     /// writers behave like another process's (a write through it fences the
-    /// writers of other sessions on the same tables).
+    /// writers of other sessions on the same tables). No file access.
     pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
-        Self::with_tables(catalog, Arc::new(TableCache::new(options)))
+        let session = Self::with_tables(
+            catalog.root().clone(),
+            Arc::new(TableCache::new(options)),
+            false,
+        );
+        session.register(&catalog);
+        session
+            .catalog
+            .set(catalog)
+            .expect("a new session has no catalog yet");
+        session
     }
 
-    fn with_tables(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
+    fn with_tables(root: ObjectRoot, tables: Arc<TableCache>, file_access: bool) -> Self {
         let config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
-        let ctx = SessionContext::new_with_config(config);
-        ctx.register_catalog(
-            CATALOG_NAME,
-            Arc::new(MemwalCatalogProvider::new(
-                Arc::clone(&catalog),
-                Arc::clone(&tables),
-            )),
-        );
-        ctx.register_udtf(
-            "vector_search",
-            Arc::new(VectorSearchFunction::new(
-                Arc::clone(&catalog),
-                Arc::clone(&tables),
-            )),
-        );
+        let mut ctx = SessionContext::new_with_config(config);
         for function in distance_functions() {
             ctx.register_udf(function);
         }
-        // `SELECT ... FROM 'path/'` reads files, an SSTable directory
-        // included (SSTables are plain Parquet).
-        let ctx = ctx.enable_url_table();
+        let files = FileAccess::new(&root, file_access);
+        if files.allowed() {
+            // `SELECT ... FROM 'path/'` reads files, an SSTable directory
+            // included (SSTables are plain Parquet).
+            ctx = ctx.enable_url_table();
+        }
         Self {
             ctx,
-            catalog,
+            root,
+            catalog: Arc::new(OnceCell::new()),
             tables,
+            files,
         }
     }
 
+    /// Registers what needs the loaded catalog: the catalog provider and
+    /// `vector_search`.
+    fn register(&self, catalog: &Arc<Catalog>) {
+        self.ctx.register_catalog(
+            CATALOG_NAME,
+            Arc::new(MemwalCatalogProvider::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
+        );
+        self.ctx.register_udtf(
+            "vector_search",
+            Arc::new(VectorSearchFunction::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
+        );
+    }
+
+    /// The catalog, loaded now if it has not been yet; the error that keeps
+    /// it from loading otherwise.
+    pub async fn catalog(&self) -> Result<Arc<Catalog>> {
+        let catalog = self
+            .catalog
+            .get_or_try_init(|| async {
+                let catalog = Catalog::open(self.root.clone(), CatalogOptions::default()).await?;
+                self.register(&catalog);
+                Ok::<_, Error>(catalog)
+            })
+            .await?;
+        Ok(Arc::clone(catalog))
+    }
+
+    /// The catalog, caught up with changes made elsewhere.
+    async fn fresh_catalog(&self) -> Result<Arc<Catalog>> {
+        let catalog = self.catalog().await?;
+        catalog.refresh().await?;
+        Ok(catalog)
+    }
+
+    /// The root this session serves.
+    pub fn root(&self) -> &ObjectRoot {
+        &self.root
+    }
+
     /// The table `name` (`table`, `schema.table`, or a dotted namespace path
-    /// ending in the table) for the Rust API: put, delete, get, scan.
+    /// ending in the table) for the Rust API: put, delete, get, scan. The
+    /// catalog catches up first, as it does before a statement.
     pub async fn table(&self, name: &str) -> Result<Arc<Table>> {
         let path = ObjectPath::parse_dotted(name)?;
-        let (entry, meta) = self
-            .catalog
+        let catalog = self.fresh_catalog().await?;
+        let (entry, meta) = catalog
             .table(&path)
             .await?
             .ok_or_else(|| Error::NotFound(format!("table {path}")))?;
@@ -125,7 +253,7 @@ impl MemwalSession {
             .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
         Ok(self
             .tables
-            .get_or_open(self.catalog.root().store(), location, &meta))
+            .get_or_open(catalog.root().store(), location, &meta))
     }
 
     /// Makes everything written through this session durable and closes
@@ -135,20 +263,22 @@ impl MemwalSession {
     pub async fn close(&self) -> Result<()> {
         let written = self.tables.locations();
         let closed = self.tables.close().await;
-        if !written.is_empty() && self.catalog.refresh().await.is_ok() {
-            let catalog = self.catalog.snapshot();
+        if written.is_empty() {
+            return closed;
+        }
+        if let Ok(catalog) = self.fresh_catalog().await {
+            let snapshot = catalog.snapshot();
             let dropped: Vec<String> = written
                 .into_iter()
                 .filter(|l| {
-                    !catalog
+                    !snapshot
                         .entries()
                         .iter()
                         .any(|e| e.location.as_ref() == Some(l))
                 })
                 .collect();
             if !dropped.is_empty()
-                && let Err(e) = self
-                    .catalog
+                && let Err(e) = catalog
                     .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
                     .await
             {
@@ -161,11 +291,6 @@ impl MemwalSession {
     /// The DataFusion context, for everything that is not memwal DDL.
     pub fn context(&self) -> &SessionContext {
         &self.ctx
-    }
-
-    /// The catalog this session serves.
-    pub fn catalog(&self) -> &Arc<Catalog> {
-        &self.catalog
     }
 
     /// Splits SQL text into statements with the session's dialect.
@@ -192,33 +317,45 @@ impl MemwalSession {
 
     /// Runs one parsed statement (see [`MemwalSession::sql`]).
     pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
-        self.catalog.refresh().await?;
+        // Refusals that must come before anything is read.
+        self.files.check_statement(&statement)?;
+        ddl::refuse_explain(&statement)?;
+        let catalog = match self.fresh_catalog().await {
+            Ok(catalog) => Some(catalog),
+            Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
+            Err(_) => None,
+        };
         let state = self.ctx.state();
-        let before = self.catalog.snapshot();
-        if ddl::try_execute(&self.catalog, &state, &statement).await? {
-            // A dropped table's writers stop with the statement, and its
-            // data is deleted.
-            let catalog = self.catalog.snapshot();
-            let live = |location: &str| {
-                catalog
+        if let Some(catalog) = &catalog {
+            if let Some(batch) = describe::try_describe(catalog, &statement).await? {
+                return Ok(self.ctx.read_batch(batch)?);
+            }
+            let before = catalog.snapshot();
+            if ddl::try_execute(catalog, &state, &statement).await? {
+                // A dropped table's writers stop with the statement, and its
+                // data is deleted.
+                let snapshot = catalog.snapshot();
+                let live = |location: &str| {
+                    snapshot
+                        .entries()
+                        .iter()
+                        .any(|e| e.location.as_deref() == Some(location))
+                };
+                self.tables.close_unless(live).await?;
+                let dropped: Vec<String> = before
                     .entries()
                     .iter()
-                    .any(|e| e.location.as_deref() == Some(location))
-            };
-            self.tables.close_unless(live).await?;
-            let dropped: Vec<String> = before
-                .entries()
-                .iter()
-                .filter_map(|e| e.location.clone())
-                .filter(|location| !live(location))
-                .collect();
-            if !dropped.is_empty() {
-                self.catalog
-                    .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
-                    .await?;
+                    .filter_map(|e| e.location.clone())
+                    .filter(|location| !live(location))
+                    .collect();
+                if !dropped.is_empty() {
+                    catalog
+                        .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
+                        .await?;
+                }
+                let done = LogicalPlanBuilder::empty(false).build()?;
+                return Ok(DataFrame::new(state, done));
             }
-            let done = LogicalPlanBuilder::empty(false).build()?;
-            return Ok(DataFrame::new(state, done));
         }
         let is_delete_without_where = match &statement {
             DFStatement::Statement(s) => match s.as_ref() {
@@ -228,6 +365,8 @@ impl MemwalSession {
             _ => None,
         };
         let plan = state.statement_to_plan(statement).await?;
+        self.files.check_plan(&plan)?;
+        let plan = not_null::name_null_violations(plan)?;
         let plan = match (is_delete_without_where, plan) {
             (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
@@ -279,4 +418,30 @@ impl MemwalSession {
         let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }
+}
+
+/// Whether `statement` needs the memwal catalog: memwal DDL, or any table
+/// reference except `information_schema`'s settings and functions (the
+/// `SHOW <variable>` family names every `information_schema` table, and
+/// needs none of memwal's).
+fn uses_catalog(state: &SessionState, statement: &DFStatement) -> Result<bool> {
+    if ddl::is_memwal_ddl(statement) {
+        return Ok(true);
+    }
+    if let DFStatement::Statement(s) = statement
+        && matches!(
+            s.as_ref(),
+            SqlStatement::ShowVariable { .. }
+                | SqlStatement::ShowVariables { .. }
+                | SqlStatement::ShowFunctions { .. }
+                | SqlStatement::ShowStatus { .. }
+                | SqlStatement::ShowCollation { .. }
+        )
+    {
+        return Ok(false);
+    }
+    Ok(state.resolve_table_references(statement)?.iter().any(|r| {
+        !(r.schema() == Some("information_schema")
+            && matches!(r.table(), "df_settings" | "routines" | "parameters"))
+    }))
 }

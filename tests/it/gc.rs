@@ -76,7 +76,7 @@ async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
     let (mut first, mut second) = (0, 0);
     for w in 0..writers {
         // A session with table handles of its own: a new writer per shard.
-        let one_shot = MemwalSession::new(Arc::clone(session.catalog()), options.clone());
+        let one_shot = MemwalSession::new(session.catalog().await.unwrap(), options.clone());
         let table = one_shot.table("t").await.unwrap();
         let batch = RecordBatch::try_new(
             Arc::clone(&table.schema().schema),
@@ -171,17 +171,21 @@ async fn dropped_tables_leave_nothing_behind() {
     }
     // What a writer that missed the drop wrote later is swept too, once
     // it has been quiet for the grace period.
-    let store = session.catalog().root().store();
+    let store = session.root().store();
     let stray = object_store::path::Path::from("tables/stray-0000000000000001/shards/0/wal/x");
     store.put(&stray, "x".into()).await.unwrap();
     let swept = session
         .catalog()
+        .await
+        .unwrap()
         .collect_dropped_tables(&[], Duration::from_secs(3600))
         .await
         .unwrap();
     assert_eq!(swept, 0, "too fresh to sweep");
     let swept = session
         .catalog()
+        .await
+        .unwrap()
         .collect_dropped_tables(&[], Duration::ZERO)
         .await
         .unwrap();

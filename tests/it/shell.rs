@@ -1,6 +1,7 @@
 //! The `memwal` shell as a user runs it.
 
-use std::process::Command;
+use std::io::Write;
+use std::process::{Command, Stdio};
 
 fn memwal(root: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
@@ -13,6 +14,51 @@ fn memwal(root: &str, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The interactive shell fed `input` on stdin (in a directory of its own,
+/// where it keeps its `.history`).
+fn memwal_repl(root: &str, input: &str) -> (bool, String, String) {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .current_dir(cwd.path())
+        .args(["--root", root, "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run memwal");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A root with `shop.items` (key, text, vector column, options) and two rows.
+fn items_root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, _, err) = memwal(
+        dir.path().to_str().unwrap(),
+        &[
+            "-q",
+            "-c",
+            "CREATE SCHEMA shop",
+            "-c",
+            "CREATE TABLE shop.items (id BIGINT PRIMARY KEY, title TEXT, emb FLOAT[3]) WITH ('shards' = '2', 'emb.metric' = 'cosine')",
+            "-c",
+            "INSERT INTO shop.items VALUES (1, 'lamp', [1.0, 0.5, 0.0]), (2, NULL, [0.0, 1.0, 0.0])",
+        ],
+    );
+    assert!(ok, "{err}");
+    dir
 }
 
 #[test]
@@ -45,22 +91,312 @@ fn catalog_survives_between_shell_runs() {
 }
 
 #[test]
-fn files_run_statement_by_statement_and_errors_do_not_stop_them() {
+fn a_file_stops_at_its_first_error_and_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("data");
+    let root = root.to_str().unwrap();
     let sql = dir.path().join("demo.sql");
     std::fs::write(
         &sql,
-        "-- a comment\nCREATE SCHEMA a;\nCREATE SCHEMA a;\nCREATE TABLE a.t (id BIGINT\n  PRIMARY KEY);\nSELECT count(*) AS n FROM a.t;\n",
+        "-- a comment\nCREATE SCHEMA a;\nSELECT 41 + 1 AS n;\nCREATE SCHEMA a;\nCREATE TABLE a.t (id BIGINT\n  PRIMARY KEY);\n",
     )
     .unwrap();
     let (ok, out, err) = memwal(
-        root.to_str().unwrap(),
+        root,
         &["-q", "--format", "csv", "-f", sql.to_str().unwrap()],
     );
+    assert!(!ok, "a half-run script must not look like success");
+    assert!(out.contains("n\n42"), "{out}");
+    assert!(
+        err.contains("demo.sql:4: namespace 'a' already exists"),
+        "{err}"
+    );
+    // Nothing after the failing statement ran.
+    let (ok, out, err) = memwal(
+        root,
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'a'",
+        ],
+    );
     assert!(ok, "{err}");
-    assert!(err.contains("namespace 'a' already exists"), "{err}");
-    assert!(out.contains("n\n0"), "{out}");
+    assert_eq!(out.trim(), "n\n0");
+}
+
+#[test]
+fn commands_run_before_files_and_both_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("then.sql");
+    std::fs::write(&sql, "SELECT count(*) AS n FROM t;\n").unwrap();
+    let (ok, out, err) = memwal(
+        dir.path().join("data").to_str().unwrap(),
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "CREATE TABLE t AS SELECT 1 AS x",
+            "-f",
+            sql.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "n\n1");
+}
+
+#[test]
+fn a_root_that_is_a_file_is_named_in_the_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, "x").unwrap();
+    for root in [file.clone(), file.join("below")] {
+        let root = root.to_str().unwrap();
+        let (ok, _, err) = memwal(root, &["-q", "-c", "SELECT 1"]);
+        assert!(!ok);
+        assert!(
+            err.contains(&format!("cannot open root '{root}'"))
+                && err.contains("a local root must be a directory"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn every_format_prints_vector_columns() {
+    let dir = items_root();
+    let root = dir.path().to_str().unwrap();
+    let query = "SELECT id, title, emb FROM shop.items ORDER BY id";
+    for (format, expected) in [
+        (
+            "csv",
+            "id,title,emb\n1,lamp,\"[1.0, 0.5, 0.0]\"\n2,,\"[0.0, 1.0, 0.0]\"",
+        ),
+        (
+            "tsv",
+            "id\ttitle\temb\n1\tlamp\t[1.0, 0.5, 0.0]\n2\t\t[0.0, 1.0, 0.0]",
+        ),
+        (
+            "json",
+            r#"[{"id":1,"title":"lamp","emb":[1.0,0.5,0.0]},{"id":2,"emb":[0.0,1.0,0.0]}]"#,
+        ),
+        (
+            "ndjson",
+            "{\"id\":1,\"title\":\"lamp\",\"emb\":[1.0,0.5,0.0]}\n{\"id\":2,\"emb\":[0.0,1.0,0.0]}",
+        ),
+    ] {
+        let (ok, out, err) = memwal(root, &["-q", "--format", format, "-c", query]);
+        assert!(ok, "{format}: {err}");
+        assert_eq!(out.trim(), expected, "{format}");
+    }
+}
+
+#[test]
+fn show_create_table_and_describe_show_the_key_and_options() {
+    let dir = items_root();
+    let root = dir.path().to_str().unwrap();
+    let definition = "CREATE TABLE shop.items (id BIGINT, title TEXT, emb FLOAT[3], PRIMARY KEY (id)) \
+                      WITH ('shards' = '2', 'emb.metric' = 'cosine', 'emb.m' = '16', 'emb.ef_construction' = '100')";
+    let (ok, out, err) = memwal(
+        root,
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "SHOW CREATE TABLE shop.items",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!(
+            "table_catalog,table_schema,table_name,definition\nmemwal,shop,items,\"{definition}\""
+        )
+    );
+    let (ok, out, err) = memwal(
+        root,
+        &["-q", "--format", "csv", "-c", "DESCRIBE shop.items"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        out.trim(),
+        "column_name,data_type,is_nullable,primary_key,options\n\
+         id,Int64,NO,1,\n\
+         title,Utf8View,YES,,\n\
+         emb,FixedSizeList(3 x Float32),YES,,\"metric = cosine, m = 16, ef_construction = 100\""
+    );
+    // DESCRIBE is shown whole, whatever --maxrows says.
+    let (ok, out, err) = memwal(root, &["-q", "--maxrows", "1", "-c", "DESCRIBE shop.items"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("| emb "), "{out}");
+    // \d shows the same columns, then the statement.
+    let (ok, out, err) = memwal_repl(root, "\\d shop.items\n");
+    assert!(ok, "{err}");
+    assert!(out.contains("| primary_key |"), "{out}");
+    assert!(out.contains(definition), "{out}");
+
+    // The statement recreates the table.
+    let (ok, _, err) = memwal(
+        root,
+        &["-q", "-c", "DROP TABLE shop.items", "-c", definition],
+    );
+    assert!(ok, "{err}");
+    let (ok, out, err) = memwal(
+        root,
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "SHOW CREATE TABLE shop.items",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.trim().ends_with(&format!("\"{definition}\"")), "{out}");
+}
+
+#[test]
+fn help_knows_memwals_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = memwal_repl(
+        dir.path().to_str().unwrap(),
+        "\\h vector_search\n\\h L2_DISTANCE\n\\h cosine_distance\n\\h inner_product\n\\h\n",
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("vector_search(table, column, query, k [, ef])"),
+        "{out}"
+    );
+    for function in [
+        "l2_distance(a, b)",
+        "cosine_distance(a, b)",
+        "inner_product(a, b)",
+    ] {
+        assert!(out.contains(function), "{function}: {out}");
+    }
+    assert!(
+        out.contains(
+            "memwal functions: vector_search, l2_distance, cosine_distance, inner_product"
+        ),
+        "{out}"
+    );
+    assert!(!err.contains("not a supported function"), "{err}");
+}
+
+#[test]
+fn explain_of_memwal_ddl_fails_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = memwal(
+        dir.path().to_str().unwrap(),
+        &["-q", "-c", "EXPLAIN CREATE TABLE x (id INT)"],
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        err.contains("EXPLAIN is not supported for CREATE/DROP SCHEMA/TABLE"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_null_key_names_the_column() {
+    let dir = items_root();
+    let (ok, _, err) = memwal(
+        dir.path().to_str().unwrap(),
+        &[
+            "-q",
+            "-c",
+            "INSERT INTO shop.items VALUES (NULL, 'x', [1.0, 2.0, 3.0])",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("primary key column 'id' holds NULL"), "{err}");
+}
+
+#[test]
+fn the_shell_reads_and_writes_files_but_not_inside_the_root() {
+    let dir = items_root();
+    let root = dir.path().to_str().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("items.parquet");
+    let (ok, _, err) = memwal(
+        root,
+        &[
+            "-q",
+            "-c",
+            &format!("COPY shop.items TO '{}'", out.display()),
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, stdout, err) = memwal(
+        root,
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            &format!("SELECT count(*) AS n FROM '{}'", out.display()),
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(stdout.trim(), "n\n2");
+
+    let (ok, _, err) = memwal(
+        root,
+        &[
+            "-q",
+            "-c",
+            &format!(
+                "COPY shop.items TO '{root}/__manifest/v99999999999999999999.arrow' STORED AS ARROW"
+            ),
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("would write inside the memwal root"), "{err}");
+    // Every later statement still works.
+    let (ok, stdout, err) = memwal(
+        root,
+        &[
+            "-q",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT count(*) AS n FROM shop.items",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(stdout.trim(), "n\n2");
+}
+
+#[test]
+fn a_damaged_catalog_still_runs_select_1() {
+    let dir = items_root();
+    let root = dir.path().to_str().unwrap();
+    let newest = std::fs::read_dir(dir.path().join("__manifest"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
+        .max()
+        .unwrap();
+    std::fs::write(&newest, b"garbage").unwrap();
+    let name = newest.file_name().unwrap().to_str().unwrap();
+
+    let (ok, out, err) = memwal(root, &["-q", "--format", "csv", "-c", "SELECT 1 AS one"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "one\n1");
+    assert!(
+        err.contains("Warning: the catalog cannot be loaded"),
+        "{err}"
+    );
+
+    let (ok, _, err) = memwal(root, &["-q", "-c", "SELECT * FROM shop.items"]);
+    assert!(!ok);
+    assert!(
+        err.contains(&format!("Error: corrupt object __manifest/{name}")),
+        "{err}"
+    );
 }
 
 #[test]
