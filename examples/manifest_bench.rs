@@ -125,7 +125,7 @@ async fn work(
                     to_drop = Some(name);
                 }
             }
-            Ok(Outcome::Dropped(_)) => {
+            Ok(Outcome::Dropped { .. }) => {
                 tally.latencies_us.push(t.elapsed().as_micros() as u64);
                 let name = to_drop.take().expect("dropped what was created");
                 tally.alive.remove(&name);

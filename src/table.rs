@@ -213,7 +213,7 @@ impl Table {
 
     /// Deletes the keys in `keys` (exactly the key columns, in key order),
     /// all or none per shard like [`Table::put_all`]; returns the number of
-    /// distinct keys.
+    /// distinct keys given (a key that is not in the table counts too).
     pub async fn delete(&self, keys: &RecordBatch) -> Result<u64> {
         self.delete_all(std::slice::from_ref(keys)).await
     }

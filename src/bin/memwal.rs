@@ -12,7 +12,7 @@ mod help;
 #[path = "memwal/print.rs"]
 mod print;
 
-use std::io::BufRead;
+use std::io::{BufRead, IsTerminal};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -128,9 +128,14 @@ async fn run(args: Args) -> ShellResult {
             exec_file(&session, &print_options, file).await?;
         }
         if args.command.is_empty() && args.file.is_empty() {
-            repl(&session, &mut print_options)
+            let failed = repl(&session, &mut print_options)
                 .await
                 .map_err(|e| e.to_string())?;
+            // Input piped in is a script: one that failed must not look
+            // like success (it runs on, like an interactive session).
+            if failed > 0 && !std::io::stdin().is_terminal() {
+                return Err(format!("{failed} statement(s) or command(s) failed"));
+            }
         }
         Ok(())
     }
@@ -222,8 +227,13 @@ async fn exec_file(
 /// The interactive loop: datafusion-cli's line editor, highlighter and
 /// backslash commands, except those that run SQL (`\d`, `\i`), which go
 /// through the memwal session, and `\h`, which also knows memwal's
-/// functions. An error is printed and the loop goes on.
-async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rustyline::Result<()> {
+/// functions. An error is printed and the loop goes on; returns how many
+/// statements and commands failed.
+async fn repl(
+    session: &MemwalSession,
+    print_options: &mut PrintOptions,
+) -> rustyline::Result<usize> {
+    let mut failed = 0;
     let ctx = session.context();
     let dialect = ctx.state().config().options().sql_parser.dialect;
     let mut rl = rustyline::Editor::new()?;
@@ -238,13 +248,17 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
                     Ok(Command::Quit) => break,
                     Ok(command) => {
                         if let Err(e) = backslash(session, print_options, command).await {
+                            failed += 1;
                             eprintln!("{e}");
                         }
                     }
-                    Err(_) => eprintln!(
-                        "'\\{}' is not a valid command, you can use '\\?' to see all commands",
-                        &line[1..]
-                    ),
+                    Err(_) => {
+                        failed += 1;
+                        eprintln!(
+                            "'\\{}' is not a valid command, you can use '\\?' to see all commands",
+                            &line[1..]
+                        );
+                    }
                 }
             }
             Ok(line) => {
@@ -252,6 +266,7 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
                 tokio::select! {
                     res = exec_and_print(session, print_options, &line) => {
                         if let Err(e) = res {
+                            failed += 1;
                             eprintln!("{e}");
                         }
                     }
@@ -272,7 +287,8 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
             }
         }
     }
-    rl.save_history(".history")
+    rl.save_history(".history")?;
+    Ok(failed)
 }
 
 /// Runs one backslash command other than `\q`.

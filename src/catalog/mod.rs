@@ -28,7 +28,9 @@ pub use state::{CatalogState, Mutation, Outcome};
 pub use table_meta::{ColumnOptions, MAX_SHARDS, MAX_VECTOR_DIM, Metric, TableMeta, VectorOptions};
 
 use crate::error::{Error, Result};
-use crate::store::{CommitOptions, ObjectRoot, Versioned, VersionedObjects, paths};
+use crate::store::{
+    CommitOptions, ObjectRoot, Versioned, VersionedObjects, delete_if_present, paths,
+};
 
 /// Options of a [`Catalog`].
 #[derive(Debug, Clone, Default)]
@@ -230,30 +232,29 @@ impl Catalog {
         // Fresh, so a table created elsewhere before now is named: its
         // files can only be younger than this sweep.
         self.refresh().await?;
-        let live: std::collections::HashSet<String> = self
-            .snapshot()
+        let tip = self.read_current();
+        let live: std::collections::HashSet<&str> = tip
+            .state
             .entries()
             .iter()
             .filter_map(|e| e.location.as_deref())
-            // As the store names the directory (encoded like every path).
-            .map(|location| Path::from(location).to_string())
-            .collect();
-        let dropped: Vec<String> = dropped
-            .iter()
-            .map(|location| Path::from(location.as_str()).to_string())
             .collect();
         let store = self.root.store();
+        // Ages by the store's clock: the newest object seen (the catalog's
+        // tip included) is no later than the store's now.
+        let mut now_ms = match store.head(&self.versions.path_of(tip.version)).await {
+            Ok(meta) => meta.last_modified.timestamp_millis(),
+            Err(_) => 0,
+        };
         let listed = store
             .list_with_delimiter(Some(&Path::from(paths::TABLES_DIR)))
             .await?;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let grace_ms = grace.as_millis() as i64;
-        let mut deleted = 0;
+        let mut dead = Vec::new();
         for dir in listed.common_prefixes {
             let location = dir.as_ref();
-            if live.contains(location) {
+            // Only names memwal makes, so a directory is never mistaken
+            // for another one encoded differently.
+            if live.contains(location) || !paths::is_table_location(location) {
                 continue;
             }
             let objects: Vec<object_store::ObjectMeta> =
@@ -262,17 +263,18 @@ impl Catalog {
                 .iter()
                 .map(|o| o.last_modified.timestamp_millis())
                 .max();
-            let quiet = newest.is_none_or(|at| now_ms - at >= grace_ms);
-            if !dropped.iter().any(|d| d == location) && !quiet {
+            now_ms = now_ms.max(newest.unwrap_or(0));
+            let named = dropped.iter().any(|d| d == location);
+            dead.push((location.to_string(), named, newest, objects));
+        }
+        let grace_ms = grace.as_millis() as i64;
+        let mut deleted = 0;
+        for (location, named, newest, objects) in dead {
+            if !named && newest.is_some_and(|at| now_ms - at < grace_ms) {
                 continue;
             }
-            let gone: Vec<object_store::Result<()>> = futures::stream::iter(objects)
-                .map(|o| async move {
-                    match store.delete(&o.location).await {
-                        Err(object_store::Error::NotFound { .. }) => Ok(()),
-                        other => other,
-                    }
-                })
+            let gone: Vec<Result<()>> = futures::stream::iter(objects)
+                .map(|o| async move { delete_if_present(store.as_ref(), &o.location).await })
                 .buffer_unordered(16)
                 .collect()
                 .await;

@@ -48,9 +48,14 @@ pub enum Outcome {
     Created,
     /// `IF NOT EXISTS` and the object was there already: nothing changed.
     AlreadyThere,
-    /// This many entries were removed (the object and, with `CASCADE`,
-    /// everything below it).
-    Dropped(usize),
+    /// Entries were removed: the object and, with `CASCADE`, everything
+    /// below it.
+    Dropped {
+        /// How many entries were removed.
+        entries: usize,
+        /// The data locations of the tables among them.
+        tables: Vec<String>,
+    },
     /// `IF EXISTS` and the object was not there: nothing changed.
     NotThere,
 }
@@ -58,7 +63,7 @@ pub enum Outcome {
 impl Outcome {
     /// Whether the catalog changed.
     pub fn changed(&self) -> bool {
-        matches!(self, Outcome::Created | Outcome::Dropped(_))
+        matches!(self, Outcome::Created | Outcome::Dropped { .. })
     }
 }
 
@@ -159,18 +164,28 @@ impl CatalogState {
                 if !below.is_empty() && !cascade {
                     return Err(Error::NamespaceNotEmpty(path.to_string()));
                 }
-                let removed = below.len() + 1;
+                let entries = below.len() + 1;
                 // Other ids (`a!`) may sort between `a` and `a$...`.
-                self.entries.drain(below);
+                let tables = self
+                    .entries
+                    .drain(below)
+                    .filter_map(|e| e.location.clone())
+                    .collect();
                 self.entries.remove(index);
-                Ok(Outcome::Dropped(removed))
+                Ok(Outcome::Dropped { entries, tables })
             }
             Mutation::DropTable { path, if_exists } => {
                 match self.index_of(path, ObjectType::Table, *if_exists)? {
-                    Some(index) => {
-                        self.entries.remove(index);
-                        Ok(Outcome::Dropped(1))
-                    }
+                    Some(index) => Ok(Outcome::Dropped {
+                        entries: 1,
+                        tables: self
+                            .entries
+                            .remove(index)
+                            .location
+                            .clone()
+                            .into_iter()
+                            .collect(),
+                    }),
                     None => Ok(Outcome::NotThere),
                 }
             }
@@ -300,7 +315,13 @@ mod tests {
             Err(Error::NamespaceNotEmpty(_))
         ));
         assert_eq!(s.entries().len(), 5, "a failed drop changed the state");
-        assert_eq!(s.apply(&drop(true)).unwrap(), Outcome::Dropped(3));
+        assert_eq!(
+            s.apply(&drop(true)).unwrap(),
+            Outcome::Dropped {
+                entries: 3,
+                tables: vec![]
+            }
+        );
         let ids: Vec<_> = s.entries().iter().map(|e| e.object_id.clone()).collect();
         assert_eq!(ids, vec!["a!", "a0"]);
         assert!(matches!(s.apply(&drop(true)), Err(Error::NotFound(_))));
@@ -350,6 +371,12 @@ mod tests {
             path: ns("a.t"),
             if_exists: false,
         };
-        assert_eq!(s.apply(&drop).unwrap(), Outcome::Dropped(1));
+        assert_eq!(
+            s.apply(&drop).unwrap(),
+            Outcome::Dropped {
+                entries: 1,
+                tables: vec!["tables/t-0".into()]
+            }
+        );
     }
 }

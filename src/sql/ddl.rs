@@ -23,7 +23,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use super::{CATALOG_NAME, namespace_to_schema, not_null, schema_to_namespace};
-use crate::catalog::{Catalog, ObjectPath, TableMeta};
+use crate::catalog::{Catalog, ObjectPath, Outcome, TableMeta};
 use crate::error::{Error, Result};
 
 /// Whether `statement` is DDL that memwal runs (see [`try_execute`]).
@@ -62,16 +62,18 @@ pub(crate) fn refuse_explain(statement: &DFStatement) -> Result<()> {
     refuse_explain(&inner)
 }
 
-/// Runs `statement` if it is memwal DDL; `Ok(false)` if it is not (the
-/// caller hands it to DataFusion).
+/// Runs `statement` if it is memwal DDL and returns the data locations of
+/// the tables it dropped; `Ok(None)` if it is not memwal DDL (the caller
+/// hands it to DataFusion).
 pub(crate) async fn try_execute(
     catalog: &Arc<Catalog>,
     state: &SessionState,
     statement: &DFStatement,
-) -> Result<bool> {
+) -> Result<Option<Vec<String>>> {
     let DFStatement::Statement(statement) = statement else {
-        return Ok(false);
+        return Ok(None);
     };
+    let mut dropped = Vec::new();
     match statement.as_ref() {
         Statement::CreateSchema {
             schema_name,
@@ -95,9 +97,10 @@ pub(crate) async fn try_execute(
             ..
         } => {
             for name in names {
-                catalog
+                let outcome = catalog
                     .drop_namespace(schema_path(name)?, *if_exists, *cascade)
                     .await?;
+                dropped.extend(dropped_tables(outcome));
             }
         }
         Statement::Drop {
@@ -107,7 +110,8 @@ pub(crate) async fn try_execute(
             ..
         } => {
             for name in names {
-                catalog.drop_table(table_path(name)?, *if_exists).await?;
+                let outcome = catalog.drop_table(table_path(name)?, *if_exists).await?;
+                dropped.extend(dropped_tables(outcome));
             }
         }
         Statement::CreateTable(create) => {
@@ -127,9 +131,17 @@ pub(crate) async fn try_execute(
                 return Err(e);
             }
         }
-        _ => return Ok(false),
+        _ => return Ok(None),
     }
-    Ok(true)
+    Ok(Some(dropped))
+}
+
+/// The data locations of the tables a catalog change removed.
+fn dropped_tables(outcome: Outcome) -> Vec<String> {
+    match outcome {
+        Outcome::Dropped { tables, .. } => tables,
+        _ => Vec::new(),
+    }
 }
 
 /// Inserts the rows of `query` into the table at `path` and waits until

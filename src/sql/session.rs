@@ -257,9 +257,10 @@ impl MemwalSession {
     }
 
     /// Makes everything written through this session durable and closes
-    /// its writers; reports the first error. The data of a table this
-    /// session wrote that another process dropped meanwhile (closing may
-    /// just have flushed some) is deleted.
+    /// its writers (those of every session sharing its table handles: see
+    /// [`SessionBuilder::open`]); reports the first error. The data of a
+    /// table written through them that another process dropped meanwhile
+    /// (closing may just have flushed some) is deleted.
     pub async fn close(&self) -> Result<()> {
         let written = self.tables.locations();
         let closed = self.tables.close().await;
@@ -330,10 +331,10 @@ impl MemwalSession {
             if let Some(batch) = describe::try_describe(catalog, &statement).await? {
                 return Ok(self.ctx.read_batch(batch)?);
             }
-            let before = catalog.snapshot();
-            if ddl::try_execute(catalog, &state, &statement).await? {
+            if let Some(dropped) = ddl::try_execute(catalog, &state, &statement).await? {
                 // A dropped table's writers stop with the statement, and its
-                // data is deleted.
+                // data is deleted (failures there are no failure of the
+                // committed statement: a later sweep finds the data).
                 let snapshot = catalog.snapshot();
                 let live = |location: &str| {
                     snapshot
@@ -341,17 +342,15 @@ impl MemwalSession {
                         .iter()
                         .any(|e| e.location.as_deref() == Some(location))
                 };
-                self.tables.close_unless(live).await?;
-                let dropped: Vec<String> = before
-                    .entries()
-                    .iter()
-                    .filter_map(|e| e.location.clone())
-                    .filter(|location| !live(location))
-                    .collect();
-                if !dropped.is_empty() {
-                    catalog
+                if let Err(e) = self.tables.close_unless(live).await {
+                    log::warn!("closing the writers of dropped tables failed: {e}");
+                }
+                if !dropped.is_empty()
+                    && let Err(e) = catalog
                         .collect_dropped_tables(&dropped, DROPPED_TABLE_GRACE)
-                        .await?;
+                        .await
+                {
+                    log::warn!("deleting the data of dropped tables failed: {e}");
                 }
                 let done = LogicalPlanBuilder::empty(false).build()?;
                 return Ok(DataFrame::new(state, done));

@@ -206,7 +206,15 @@ pub struct SstableFile {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum GraphFile {
-    Checked { column: String, crc32: u32 },
+    /// A graph of `column` whose bytes have this CRC-32 (written by this
+    /// version or later).
+    Checked {
+        /// The vector column.
+        column: String,
+        /// CRC-32 of the whole graph file.
+        crc32: u32,
+    },
+    /// A graph of the named column recorded before graphs had checksums.
     Unchecked(String),
 }
 
@@ -309,10 +317,7 @@ pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
         None => vec![paths::stored(path)?],
     };
     for object in objects {
-        match store.delete(&object).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
+        crate::store::delete_if_present(store.as_ref(), &object).await?;
     }
     Ok(())
 }

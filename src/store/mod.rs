@@ -9,3 +9,16 @@ mod versioned;
 pub use faulty::{Fault, FaultMode, FaultyStore, OpKind};
 pub use root::ObjectRoot;
 pub use versioned::{CommitOptions, PutOutcome, Versioned, VersionedObjects};
+
+/// Deletes the object at `path`; an object that is already gone is no
+/// error (a delete repeated after a crash, or raced by another cleaner).
+pub async fn delete_if_present(
+    store: &dyn object_store::ObjectStore,
+    path: &object_store::path::Path,
+) -> crate::error::Result<()> {
+    use object_store::ObjectStoreExt;
+    match store.delete(path).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

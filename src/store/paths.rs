@@ -148,6 +148,27 @@ pub fn parse_wal_file(name: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// Whether `location` is one [`new_table_location`] makes (a name that is
+/// the same in every encoding).
+pub fn is_table_location(location: &str) -> bool {
+    let Some(name) = location
+        .strip_prefix(TABLES_DIR)
+        .and_then(|rest| rest.strip_prefix('/'))
+    else {
+        return false;
+    };
+    let Some((part, random)) = name.rsplit_once('-') else {
+        return false;
+    };
+    random.len() == 16
+        && random.bytes().all(|b| b.is_ascii_hexdigit())
+        && !part.is_empty()
+        && part.len() <= MAX_PART
+        && part
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// A fresh, unique location for a table's data: `tables/<name>-<16 hex>`
 /// (the name as a [`safe_part`]). Unique so that a table dropped and created
 /// again never sees old data.
@@ -224,6 +245,19 @@ mod tests {
         }
         let distinct: std::collections::HashSet<&String> = parts.iter().collect();
         assert_eq!(distinct.len(), names.len(), "{parts:?}");
+        for name in names {
+            assert!(is_table_location(&new_table_location(name)), "{name:?}");
+        }
+        for other in [
+            "tables/café-0123456789abcdef",
+            "tables/caf%C3%A9-0123456789abcdef",
+            "tables/t-0123",
+            "tables/-0123456789abcdef",
+            "tables/t",
+            "other/t-0123456789abcdef",
+        ] {
+            assert!(!is_table_location(other), "{other}");
+        }
     }
 
     #[test]

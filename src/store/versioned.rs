@@ -239,6 +239,11 @@ impl VersionedObjects {
         }
     }
 
+    /// The directory of the versions.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The path of version `version`.
     pub fn path_of(&self, version: u64) -> Path {
         paths::version_file(&self.dir, version, self.ext)

@@ -33,7 +33,6 @@ use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use object_store::path::Path;
 
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
@@ -41,7 +40,7 @@ use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::sstable::{self, SstableFile, merge};
-use crate::store::{Versioned, paths};
+use crate::store::{Versioned, delete_if_present, paths};
 
 /// Deletes issued at once.
 const DELETES: usize = 16;
@@ -284,7 +283,9 @@ impl Shared {
         let fences: HashSet<u64> = manifest.state.fences.iter().map(|f| f.position).collect();
         let wal = &self.wal;
         let deleted = futures::stream::iter((from + 1..=through).filter(|p| !fences.contains(p)))
-            .map(|position| delete_if_present(&self.store, wal.path_of(position)))
+            .map(|position| async move {
+                delete_if_present(self.store.as_ref(), &wal.path_of(position)).await
+            })
             .buffer_unordered(DELETES)
             .try_collect::<()>()
             .await;
@@ -322,7 +323,7 @@ impl Shared {
             })
             .collect();
         for position in expired {
-            match delete_if_present(&self.store, self.wal.path_of(position)).await {
+            match delete_if_present(self.store.as_ref(), &self.wal.path_of(position)).await {
                 Ok(()) => {
                     self.fences
                         .lock()
@@ -384,7 +385,7 @@ impl Shared {
             );
         }
         futures::stream::iter(leftovers.into_iter().chain(orphans))
-            .map(|path| delete_if_present(&self.store, path))
+            .map(|path| async move { delete_if_present(self.store.as_ref(), &path).await })
             .buffer_unordered(DELETES)
             .try_collect::<()>()
             .await?;
@@ -579,14 +580,6 @@ fn run_to_merge(files: &[SstableFile], max: usize) -> Option<usize> {
         bytes += files[start].bytes;
     }
     Some(start.min(max - 1))
-}
-
-/// Deletes `path`; an object already gone is not an error.
-async fn delete_if_present(store: &Arc<dyn object_store::ObjectStore>, path: Path) -> Result<()> {
-    match store.delete(&path).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 #[cfg(test)]

@@ -69,6 +69,7 @@ pub(super) fn now_ms() -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "FenceRepr")]
 pub struct Fence {
+    /// The WAL position the fence holds.
     pub position: u64,
     /// Milliseconds since the Unix epoch by the clock of the writer that
     /// recorded it (0: unknown, for fences listed before times were).
@@ -193,8 +194,8 @@ pub async fn newer_claim(versions: &VersionedObjects, epoch: u64) -> Result<Opti
 }
 
 /// Commits `change` (which returns whether it changed anything) to the
-/// shard manifest on top of `base` as the writer of `epoch`: fails with [`Error::Fenced`] if a newer epoch claimed the shard
-/// (checked against the version the commit lands on, so a fenced writer
+/// shard manifest on top of `base` as the writer of `epoch`: fails with
+/// [`Error::Fenced`] if a newer epoch claimed the shard (checked against the version the commit lands on, so a fenced writer
 /// never changes the manifest).
 pub async fn commit_as(
     versions: &VersionedObjects,
@@ -206,7 +207,7 @@ pub async fn commit_as(
         .commit(base, ShardManifest::decode, |current| {
             if current.epoch != epoch {
                 return Err(Error::Fenced {
-                    path: versions.path_of(0).to_string(),
+                    path: versions.dir().to_string(),
                     epoch,
                     by_epoch: current.epoch,
                 });
@@ -235,9 +236,10 @@ mod tests {
         assert_eq!((first.state.epoch, first.state.turn_until_ms), (1, 0));
         // No turn: the next claim goes ahead at once and takes one.
         let turn = Duration::from_millis(300);
+        let before = now_ms();
         let second = claim(&versions, Some(turn), patience).await.unwrap();
         assert_eq!(second.state.epoch, 2);
-        assert!(second.state.turn_until_ms > now_ms());
+        assert!(second.state.turn_until_ms >= before + 300);
         // The third waits for the end of that turn.
         let third = claim(&versions, None, patience).await.unwrap();
         assert_eq!((third.state.epoch, third.state.turn_until_ms), (3, 0));

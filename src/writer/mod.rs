@@ -105,7 +105,9 @@ pub struct WriterOptions {
     /// quarter of this without an append, and confirms an append that took
     /// longer than a quarter of this before acknowledging it. The protocol
     /// assumes clocks of writers of one shard differ by less than half of
-    /// it.
+    /// it, and that a writer's host is not suspended for more than a quarter
+    /// of it between a confirmation and an append (the monotonic clock that
+    /// measures the lease stops while a machine sleeps).
     pub fence_grace: Duration,
 }
 
@@ -151,7 +153,7 @@ impl WriterOptions {
 const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A writer taking a shard back seals a replayed WAL tail longer than
-/// this many entries (see [`ShardWriter::take_back`]).
+/// this many entries (see [`ShardWriter::open_as`]).
 const SEAL_REPLAYED_ENTRIES: u64 = 256;
 
 /// Counters of one writer, read with [`ShardWriter::stats`].
@@ -445,8 +447,21 @@ impl ShardWriter {
             Ok(replayed) => replayed,
             // Entries that vanished under the replay were flushed and
             // deleted by a newer writer: this one is fenced, the WAL fine.
-            Err(e @ Error::Corrupt { .. }) => {
-                return Err(manifest::newer_claim(&versions, epoch).await?.unwrap_or(e));
+            // Damage the newer writer's replay has not passed is damage.
+            Err(Error::Corrupt { path, reason }) => {
+                let latest = versions.load_latest(0, ShardManifest::decode).await?;
+                let flushed = object_store::path::Path::parse(&path)
+                    .ok()
+                    .and_then(|p| p.filename().and_then(paths::parse_wal_file))
+                    .is_some_and(|position| position <= latest.state.replay_after);
+                if latest.state.epoch > epoch && flushed {
+                    return Err(Error::Fenced {
+                        path: versions.path_of(latest.version).to_string(),
+                        epoch,
+                        by_epoch: latest.state.epoch,
+                    });
+                }
+                return Err(Error::Corrupt { path, reason });
             }
             Err(e) => return Err(e),
         };
@@ -655,7 +670,7 @@ impl ShardWriter {
     /// names its epoch (a newer writer claims it there before it writes
     /// anything). One existence check, in the common case.
     pub async fn still_owns_shard(&self) -> Result<bool> {
-        Ok(self.shared.newer_epoch().await?.is_none())
+        Ok(self.shared.newer_claim().await?.is_none())
     }
 
     /// Whether ownership was confirmed less than `max_age` ago (no I/O).
@@ -877,9 +892,10 @@ impl Drop for ShardWriter {
 }
 
 impl Shared {
-    /// The epoch of a newer writer that claimed the shard, if one did;
-    /// otherwise records that this writer owned it when the check started.
-    async fn newer_epoch(&self) -> Result<Option<u64>> {
+    /// [`Error::Fenced`] naming the manifest version of a newer writer that
+    /// claimed the shard, if one did; otherwise records that this writer
+    /// owned it when the check started.
+    async fn newer_claim(&self) -> Result<Option<Error>> {
         let started = Instant::now();
         let known = self
             .layers
@@ -887,30 +903,20 @@ impl Shared {
             .expect("layers poisoned")
             .manifest
             .clone();
-        let epoch = match self.versions.has_newer(&known).await? {
-            false => known.state.epoch,
-            true => {
-                self.versions
-                    .load_latest(known.version, ShardManifest::decode)
-                    .await?
-                    .state
-                    .epoch
+        if self.versions.has_newer(&known).await? {
+            let claim = manifest::newer_claim(&self.versions, self.epoch).await?;
+            if claim.is_some() {
+                return Ok(claim);
             }
-        };
-        if epoch != self.epoch {
-            return Ok(Some(epoch));
+        } else {
+            // Confirmed as the tip: the next check is one existence check.
+            let mut layers = self.layers.write().expect("layers poisoned");
+            if layers.manifest.version == known.version {
+                layers.manifest = known.confirmed();
+            }
         }
         self.confirm_owned(started);
         Ok(None)
-    }
-
-    /// [`Error::Fenced`] by `by_epoch`, at the shard manifest.
-    fn fenced_by(&self, by_epoch: u64) -> Error {
-        Error::Fenced {
-            path: self.versions.path_of(0).to_string(),
-            epoch: self.epoch,
-            by_epoch,
-        }
     }
 
     /// Whether ownership was confirmed less than `max_age` ago (no I/O).
@@ -1114,10 +1120,17 @@ impl Shared {
             // may have been deleted: after a lease without confirmation,
             // check the manifest first.
             let lease = self.options.lease();
-            if !self.owned_within(lease) {
-                match self.newer_epoch().await {
+            let mut attempt = 0;
+            while !self.owned_within(lease) {
+                match self.newer_claim().await {
                     Ok(None) => {}
-                    Ok(Some(by)) => return self.stop(self.fenced_by(by)),
+                    Ok(Some(fenced)) => return self.stop(fenced),
+                    // Nothing was written: a store error is retried.
+                    Err(e) if attempt < self.options.append_retries => {
+                        attempt += 1;
+                        log::debug!("checking ownership of {} failed: {e}", self.shard_dir);
+                        tokio::time::sleep(self.options.commit.backoff(attempt)).await;
+                    }
                     Err(e) => return self.stop(e),
                 }
             }
@@ -1145,13 +1158,13 @@ impl Shared {
             // counts only if the manifest still names this writer.
             let result = match result {
                 Ok(len) if last_start.expect("set above").elapsed() > lease => {
-                    match self.newer_epoch().await {
+                    match self.newer_claim().await {
                         Ok(None) => Ok(len),
-                        Ok(Some(by)) => Err(Error::CommitOutcomeUnknown {
+                        Ok(Some(fenced)) => Err(Error::CommitOutcomeUnknown {
                             path: self.wal.path_of(*position).to_string(),
                             write: format!(
-                                "the append took longer than {lease:?} and a writer of epoch {by} \
-                                 claimed the shard meanwhile"
+                                "the append took longer than {lease:?} and another writer \
+                                 claimed the shard meanwhile ({fenced})"
                             ),
                             read_back: "the entry exists, but may be out of the new writer's sight"
                                 .into(),

@@ -104,7 +104,11 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
     }
     let mut rng = rand::rng();
     let (mut before, mut after) = (0, 0);
-    for i in 0..8 {
+    // The kill instant adapts until kills land both before and after the
+    // statements' commits (so the test cannot pass by always missing).
+    let mut delay_ms = 300.0_f64;
+    let mut i = 0;
+    while i < 8 || (i < 40 && (before == 0 || after == 0)) {
         let name = ["one", "four"][i % 2];
         let (sql, apply) = statement(i, name);
         let expected_before = {
@@ -117,13 +121,15 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(rng.random_range(20..900))).await;
+        let jitter = rng.random_range(0.5..1.5);
+        tokio::time::sleep(Duration::from_secs_f64(delay_ms * jitter / 1000.0)).await;
         child.kill().unwrap(); // SIGKILL (a no-op if it finished)
         child.wait().unwrap();
 
         let session = MemwalSession::open(&root).await.unwrap();
         let table = session.table(name).await.unwrap();
         let got = shard_rows(&table).await;
+        let (was_before, was_after) = (before, after);
         // Which shard each key of the "after" state belongs to.
         let whole_after = apply(
             &expected_before
@@ -159,6 +165,16 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
             }
         }
         session.close().await.unwrap();
+        if after == was_after {
+            delay_ms = (delay_ms * 1.5).min(10_000.0); // too early
+        } else if before == was_before {
+            delay_ms = (delay_ms / 1.5).max(5.0); // too late
+        }
+        i += 1;
     }
     eprintln!("shards found as before the statement: {before}, as after it: {after}");
+    assert!(
+        before > 0 && after > 0,
+        "{i} kills never split before/after ({before}/{after})"
+    );
 }

@@ -287,6 +287,22 @@ fn help_knows_memwals_functions() {
 }
 
 #[test]
+fn a_piped_script_with_an_error_fails_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (ok, out, err) = memwal_repl(
+        root,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY);\nSELECT * FROM nosuch;\nINSERT INTO t VALUES (1);\n",
+    );
+    assert!(!ok, "{out}");
+    assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
+    // Like an interactive session, it ran on after the error.
+    let (ok, out, err) = memwal(root, &["-q", "--format", "csv", "-c", "SELECT id FROM t"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "id\n1");
+}
+
+#[test]
 fn explain_of_memwal_ddl_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = memwal(
