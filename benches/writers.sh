@@ -13,7 +13,9 @@ cd "$(dirname "$0")/.."
 runs="${RUNS:-3}"
 secs="${SECS:-20}"
 cargo build --quiet --release --example soak
-soak="${CARGO_TARGET_DIR:-target}/release/examples/soak"
+target=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+soak="$target/release/examples/soak"
 
 summary=()
 for interval in 100 0; do
@@ -22,7 +24,7 @@ for interval in 100 0; do
     for run in $(seq 1 "$runs"); do
       sync; sleep 2
       line=$("$soak" --writers "$writers" --readers 0 --kill-every-ms 0 \
-        --interval-ms "$interval" --seconds "$secs" 2>/dev/null)
+        --interval-ms "$interval" --seconds "$secs" 2>>/tmp/memwal-writers-bench.log)
       echo "$line"
       rates+=("$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["statements_per_second"])' "$line")")
     done
