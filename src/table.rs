@@ -162,7 +162,7 @@ impl Table {
     /// [`Table::writer`]; a writer opened to take the shard back from
     /// another one takes a turn (see [`ShardWriter::open_as`]).
     async fn writer_as(&self, shard: u32, taking_back: bool) -> Result<Arc<ShardWriter>> {
-        let slot = &self.shards[shard as usize];
+        let slot = self.slot(shard)?;
         if let Some(w) = self.live_writer(slot) {
             return Ok(w);
         }
@@ -183,6 +183,17 @@ impl Table {
         );
         *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
         Ok(writer)
+    }
+
+    /// The state of `shard`; an error for a shard the table does not have.
+    fn slot(&self, shard: u32) -> Result<&Shard> {
+        self.shards.get(shard as usize).ok_or_else(|| {
+            Error::invalid(format!(
+                "shard {shard} does not exist: the table has {} (0..={})",
+                self.shards.len(),
+                self.shards.len() - 1
+            ))
+        })
     }
 
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
@@ -417,7 +428,7 @@ impl Table {
         if let Some(writer) = self.owning_writer(shard, max_age).await? {
             return Ok(writer.snapshot());
         }
-        let mut reader = self.shards[shard as usize].reader.lock().await;
+        let mut reader = self.slot(shard)?.reader.lock().await;
         let fresh = reader
             .refreshed
             .is_some_and(|at| !max_age.is_zero() && at.elapsed() < max_age);
@@ -487,7 +498,7 @@ impl Table {
         shard: u32,
         max_age: Duration,
     ) -> Result<Option<Arc<ShardWriter>>> {
-        let slot = &self.shards[shard as usize];
+        let slot = self.slot(shard)?;
         let Some(writer) = self.live_writer(slot) else {
             return Ok(None);
         };

@@ -40,16 +40,61 @@ pub struct ColumnOptions {
 
 /// Everything the catalog knows about a table. Valid by construction:
 /// key columns exist and are NOT NULL, every vector column has a dimension in
-/// `1..=65536`, options name existing columns of the right type.
+/// `1..=65536`, options name existing columns of the right type. Made only
+/// by [`TableMeta::new`]; decoding runs the same checks (see
+/// [`TableMeta::from_json`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "StoredTableMeta")]
 pub struct TableMeta {
-    pub schema: Schema,
-    /// Primary-key column names, in key order; empty for append-only tables.
-    pub primary_key: Vec<String>,
-    pub shards: u32,
-    /// Options of the columns that have any, by column name.
+    schema: Schema,
+    primary_key: Vec<String>,
+    shards: u32,
     #[serde(default)]
-    pub columns: BTreeMap<String, ColumnOptions>,
+    columns: BTreeMap<String, ColumnOptions>,
+}
+
+/// [`TableMeta`] as stored, before it is checked.
+#[derive(Deserialize)]
+struct StoredTableMeta {
+    schema: Schema,
+    primary_key: Vec<String>,
+    shards: u32,
+    #[serde(default)]
+    columns: BTreeMap<String, ColumnOptions>,
+}
+
+impl TryFrom<StoredTableMeta> for TableMeta {
+    type Error = Error;
+
+    /// Checks stored metadata as [`TableMeta::new`] checks a declaration:
+    /// it must be what `new` makes of its own schema, key and options.
+    /// Graph parameters an older build accepted are brought into today's
+    /// bounds first (they shape only graphs built from now on).
+    fn try_from(stored: StoredTableMeta) -> Result<Self> {
+        let mut stored = TableMeta {
+            schema: stored.schema,
+            primary_key: stored.primary_key,
+            shards: stored.shards,
+            columns: stored.columns,
+        };
+        for options in stored.columns.values_mut() {
+            if let Some(vector) = options.vector.as_mut() {
+                vector.hnsw = vector.hnsw.clamped();
+            }
+        }
+        let checked = TableMeta::new(
+            &stored.schema,
+            stored.primary_key.clone(),
+            &stored.options(),
+        )?;
+        if checked != stored {
+            return Err(Error::invalid(
+                "the stored options do not match the stored columns \
+                 (an option for a column of another type, or a key column that allows NULL)",
+            ));
+        }
+        Ok(checked)
+    }
 }
 
 impl TableMeta {
@@ -227,17 +272,58 @@ impl TableMeta {
         })
     }
 
+    /// The Arrow schema (key columns NOT NULL).
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
     /// The Arrow schema as a shared reference.
     pub fn schema_ref(&self) -> SchemaRef {
         Arc::new(self.schema.clone())
+    }
+
+    /// Primary-key column names, in key order; empty for append-only
+    /// tables.
+    pub fn primary_key(&self) -> &[String] {
+        &self.primary_key
     }
 
     /// Indices of the key columns in the schema.
     pub fn primary_key_indices(&self) -> Vec<usize> {
         self.primary_key
             .iter()
-            .filter_map(|k| self.schema.index_of(k).ok())
+            .map(|k| self.schema.index_of(k).expect("key columns are checked"))
             .collect()
+    }
+
+    /// The number of shards, in `1..=MAX_SHARDS`.
+    pub fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// Options of the columns that have any, by column name.
+    pub fn columns(&self) -> &BTreeMap<String, ColumnOptions> {
+        &self.columns
+    }
+
+    /// The `WITH` options that make this table with [`TableMeta::new`],
+    /// every one spelled out (defaults included).
+    pub fn options(&self) -> Vec<(String, String)> {
+        let mut options = vec![("shards".to_string(), self.shards.to_string())];
+        for (column, column_options) in &self.columns {
+            if let Some(vector) = &column_options.vector {
+                options.push((format!("{column}.metric"), vector.metric.name().into()));
+                options.push((format!("{column}.m"), vector.hnsw.m.to_string()));
+                options.push((
+                    format!("{column}.ef_construction"),
+                    vector.hnsw.ef_construction.to_string(),
+                ));
+            }
+            if column_options.blob {
+                options.push((format!("{column}.blob"), "true".into()));
+            }
+        }
+        options
     }
 
     /// The stored JSON.
@@ -245,7 +331,8 @@ impl TableMeta {
         serde_json::to_string(self).expect("table metadata serializes")
     }
 
-    /// Parses the stored JSON; `what` names the table in the error.
+    /// Parses the stored JSON and checks it like a declaration (see
+    /// [`TableMeta::new`]); `what` names the table in the error.
     pub fn from_json(json: &str, what: &str) -> Result<Self> {
         serde_json::from_str(json).map_err(|e| Error::Corrupt {
             path: what.to_string(),
@@ -332,11 +419,11 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(meta.shards, 4);
-        assert!(!meta.schema.field_with_name("id").unwrap().is_nullable());
-        let emb = meta.columns["emb"].vector.clone().unwrap();
+        assert_eq!(meta.shards(), 4);
+        assert!(!meta.schema().field_with_name("id").unwrap().is_nullable());
+        let emb = meta.columns()["emb"].vector.clone().unwrap();
         assert_eq!((emb.dim, emb.metric), (4, Metric::Cosine));
-        assert!(meta.columns["raw"].blob);
+        assert!(meta.columns()["raw"].blob);
         assert_eq!(TableMeta::from_json(&meta.to_json(), "t").unwrap(), meta);
         assert_eq!(meta.primary_key_indices(), vec![0]);
     }
@@ -399,6 +486,120 @@ mod tests {
         assert!(err.to_string().contains("not a column"));
         let err = TableMeta::new(&s, vec!["emb".into()], &[]).unwrap_err();
         assert!(err.to_string().contains("cannot be a key"));
+    }
+
+    #[test]
+    fn stored_metadata_is_checked_like_a_declaration() {
+        let good = TableMeta::new(
+            &schema(),
+            vec!["id".into()],
+            &opts(&[("shards", "4"), ("emb.metric", "cosine")]),
+        )
+        .unwrap()
+        .to_json();
+        let decode = |json: &str| TableMeta::from_json(json, "t");
+        assert!(decode(&good).is_ok());
+        for (from, to, needle) in [
+            (r#""shards":4"#, r#""shards":0"#, "shards"),
+            (r#""shards":4"#, r#""shards":99999"#, "shards"),
+            (
+                r#""primary_key":["id"]"#,
+                r#""primary_key":["nope"]"#,
+                "not a column",
+            ),
+            (
+                r#""primary_key":["id"]"#,
+                r#""primary_key":["id","id"]"#,
+                "twice",
+            ),
+            (
+                r#""primary_key":["id"]"#,
+                r#""primary_key":["emb"]"#,
+                "cannot be a key",
+            ),
+            (
+                r#""columns":{"emb""#,
+                r#""columns":{"title""#,
+                "not a FLOAT[n]",
+            ),
+            (r#""dim":4"#, r#""dim":3"#, "do not match"),
+        ] {
+            assert!(good.contains(from), "{from} not in {good}");
+            let err = decode(&good.replacen(from, to, 1)).unwrap_err().to_string();
+            assert!(err.contains("corrupt object t"), "{err}");
+            assert!(err.contains(needle), "{from} -> {to}: {err} lacks {needle}");
+        }
+        // Graph parameters an older build accepted come back in bounds.
+        let old = good.replacen(r#""m":16"#, r#""m":1"#, 1);
+        assert_ne!(old, good);
+        let meta = decode(&old).unwrap();
+        let hnsw = meta.columns()["emb"].vector.as_ref().unwrap().hnsw;
+        assert_eq!(hnsw.m, *HnswParams::M.start());
+    }
+
+    #[test]
+    fn random_stored_metadata_never_panics() {
+        use rand::{Rng, SeedableRng};
+        let good = TableMeta::new(
+            &schema(),
+            vec!["id".into(), "title".into()],
+            &opts(&[("shards", "3"), ("raw.blob", "true"), ("emb.m", "8")]),
+        )
+        .unwrap()
+        .to_json();
+        let pieces = [
+            "0",
+            "1",
+            "-1",
+            "4294967296",
+            "65537",
+            "null",
+            "true",
+            "\"\"",
+            "[]",
+            "{}",
+            "\"id\"",
+            "\"emb\"",
+            "1e309",
+            "\"Float32\"",
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..5000 {
+            let mut json = good.clone();
+            for _ in 0..rng.random_range(1..4) {
+                // Replace a run of digits, a string or a literal with another.
+                let at = rng.random_range(0..json.len());
+                let Some(start) = json[at..]
+                    .find(|c: char| c.is_ascii_digit() || c == '"' || c == 't' || c == 'f')
+                    .map(|i| at + i)
+                else {
+                    continue;
+                };
+                let len = json[start + 1..]
+                    .find([',', '}', ']', ':'])
+                    .map_or(0, |i| i + 1);
+                let piece = pieces[rng.random_range(0..pieces.len())];
+                json.replace_range(start..start + len, piece);
+            }
+            match TableMeta::from_json(&json, "t") {
+                Ok(meta) => {
+                    accepted += 1;
+                    // Whatever decodes is usable.
+                    let table = crate::memtable::TableSchema::new(&meta);
+                    assert!((1..=MAX_SHARDS).contains(&table.shards));
+                    assert_eq!(table.key.len(), meta.primary_key().len());
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+                }
+            }
+        }
+        assert!(
+            accepted > 0 && refused > 0,
+            "{accepted} accepted, {refused} refused"
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub use graph::{Graph, Hit};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Metric {
-    /// Squared Euclidean distance.
+    /// Euclidean distance (searched as its square, see
+    /// [`Metric::reported`]).
     #[default]
     L2,
     /// 1 − cosine similarity (1 when either vector is zero).
@@ -36,6 +37,25 @@ impl Metric {
             "cosine" => Some(Metric::Cosine),
             "dot" => Some(Metric::Dot),
             _ => None,
+        }
+    }
+
+    /// The distance users see for a [`Metric::distance`]: the Euclidean
+    /// distance for `l2` (graphs compare squares, which order alike), the
+    /// distance itself otherwise.
+    pub fn reported(self, distance: f32) -> f32 {
+        match self {
+            Metric::L2 => distance.sqrt(),
+            Metric::Cosine | Metric::Dot => distance,
+        }
+    }
+
+    /// The metric's name, as [`Metric::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::L2 => "l2",
+            Metric::Cosine => "cosine",
+            Metric::Dot => "dot",
         }
     }
 
@@ -89,6 +109,15 @@ impl HnswParams {
     /// list of `2 * m` links, and never below [`HnswParams::EF_CONSTRUCTION`].
     pub fn min_ef_construction(m: usize) -> usize {
         (2 * m).max(*Self::EF_CONSTRUCTION.start())
+    }
+
+    /// The nearest parameters within the bounds above.
+    pub fn clamped(self) -> Self {
+        let m = self.m.clamp(*Self::M.start(), *Self::M.end());
+        let ef_construction = self
+            .ef_construction
+            .clamp(Self::min_ef_construction(m), *Self::EF_CONSTRUCTION.end());
+        Self { m, ef_construction }
     }
 }
 

@@ -47,7 +47,7 @@ impl TableSchema {
     pub fn new(meta: &TableMeta) -> Self {
         let schema = meta.schema_ref();
         let vectors = meta
-            .columns
+            .columns()
             .iter()
             .filter_map(|(name, options)| {
                 let vector = options.vector.as_ref()?;
@@ -63,7 +63,7 @@ impl TableSchema {
             stored: entry_schema(&schema),
             key: meta.primary_key_indices(),
             vectors,
-            shards: meta.shards,
+            shards: meta.shards(),
             schema,
         }
     }

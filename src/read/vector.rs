@@ -112,8 +112,22 @@ impl ShardSnapshot {
     /// serves a layer; the count is not (see the module doc).
     ///
     /// A query vector of another dimension than the column's, or holding
-    /// a non-finite value, is an [`Error::InvalidInput`].
+    /// a non-finite value, is an [`Error::InvalidInput`]. Distances are the
+    /// column metric's [`Metric::reported`] ones (Euclidean for `l2`).
     pub async fn vector_search(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
+        let mut nearest = self.nearest(query).await?;
+        let metric = self.schema.vectors.iter().find(|v| v.index == query.column);
+        if let Some(column) = metric {
+            for n in &mut nearest {
+                n.distance = column.metric.reported(n.distance);
+            }
+        }
+        Ok(nearest)
+    }
+
+    /// [`ShardSnapshot::vector_search`] with the metric's own distances
+    /// (squared for `l2`).
+    async fn nearest(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
         let column = self
             .schema
             .vectors

@@ -25,7 +25,7 @@ use datafusion::sql::sqlparser::keywords::{
 };
 
 use super::{CATALOG_NAME, ddl, namespace_to_schema};
-use crate::catalog::{Catalog, Metric, ObjectPath, TableMeta};
+use crate::catalog::{Catalog, ObjectPath, TableMeta};
 use crate::error::{Error, Result};
 
 /// The answer to `statement` if it is `SHOW CREATE TABLE` or `DESCRIBE` of
@@ -92,35 +92,19 @@ pub(crate) fn create_table_sql(path: &ObjectPath, meta: &TableMeta) -> Result<St
         )
     };
     let mut items = Vec::new();
-    for field in meta.schema.fields() {
+    for field in meta.schema().fields() {
         let mut column = format!("{} {}", ident(field.name()), sql_type(field.data_type())?);
-        if !field.is_nullable() && !meta.primary_key.contains(field.name()) {
+        if !field.is_nullable() && !meta.primary_key().contains(field.name()) {
             column.push_str(" NOT NULL");
         }
         items.push(column);
     }
-    if !meta.primary_key.is_empty() {
-        let key: Vec<String> = meta.primary_key.iter().map(|k| ident(k)).collect();
+    if !meta.primary_key().is_empty() {
+        let key: Vec<String> = meta.primary_key().iter().map(|k| ident(k)).collect();
         items.push(format!("PRIMARY KEY ({})", key.join(", ")));
     }
-    let mut options = vec![("shards".to_string(), meta.shards.to_string())];
-    for (column, column_options) in &meta.columns {
-        if let Some(vector) = &column_options.vector {
-            options.push((
-                format!("{column}.metric"),
-                metric_name(vector.metric).into(),
-            ));
-            options.push((format!("{column}.m"), vector.hnsw.m.to_string()));
-            options.push((
-                format!("{column}.ef_construction"),
-                vector.hnsw.ef_construction.to_string(),
-            ));
-        }
-        if column_options.blob {
-            options.push((format!("{column}.blob"), "true".into()));
-        }
-    }
-    let options: Vec<String> = options
+    let options: Vec<String> = meta
+        .options()
         .iter()
         .map(|(k, v)| format!("{} = {}", quote(k), quote(v)))
         .collect();
@@ -139,7 +123,7 @@ fn describe(meta: &TableMeta) -> Result<RecordBatch> {
         Field::new("primary_key", DataType::UInt32, true),
         Field::new("options", DataType::Utf8, true),
     ]));
-    let fields = meta.schema.fields();
+    let fields = meta.schema().fields();
     let names: StringArray = fields.iter().map(|f| Some(f.name().as_str())).collect();
     let types: StringArray = fields
         .iter()
@@ -152,17 +136,17 @@ fn describe(meta: &TableMeta) -> Result<RecordBatch> {
     let key: UInt32Array = fields
         .iter()
         .map(|f| {
-            let position = meta.primary_key.iter().position(|k| k == f.name())?;
+            let position = meta.primary_key().iter().position(|k| k == f.name())?;
             Some(position as u32 + 1)
         })
         .collect();
     let options: StringArray = fields
         .iter()
         .map(|f| {
-            let options = meta.columns.get(f.name())?;
+            let options = meta.columns().get(f.name())?;
             let mut parts = Vec::new();
             if let Some(vector) = &options.vector {
-                parts.push(format!("metric = {}", metric_name(vector.metric)));
+                parts.push(format!("metric = {}", vector.metric.name()));
                 parts.push(format!("m = {}", vector.hnsw.m));
                 parts.push(format!("ef_construction = {}", vector.hnsw.ef_construction));
             }
@@ -221,14 +205,6 @@ fn sql_type(t: &DataType) -> Result<String> {
             )));
         }
     })
-}
-
-fn metric_name(metric: Metric) -> &'static str {
-    match metric {
-        Metric::L2 => "l2",
-        Metric::Cosine => "cosine",
-        Metric::Dot => "dot",
-    }
 }
 
 /// `name` as an SQL identifier: bare if DataFusion reads it back unchanged

@@ -95,7 +95,7 @@ impl TableFunctionImpl for VectorSearchFunction {
         let name = text(value(0)?, "table")?;
         let column = text(value(1)?, "column")?;
         let (meta, table) = self.table(&name)?;
-        let index = meta.schema.index_of(&column).map_err(|_| {
+        let index = meta.schema().index_of(&column).map_err(|_| {
             DataFusionError::Plan(format!(
                 "vector_search: table '{name}' has no column '{column}'"
             ))
@@ -111,7 +111,7 @@ impl TableFunctionImpl for VectorSearchFunction {
             5 => count(value(4)?, "ef")?,
             _ => DEFAULT_EF,
         };
-        let mut fields = meta.schema.fields().to_vec();
+        let mut fields = meta.schema().fields().to_vec();
         fields.push(Arc::new(Field::new(
             DISTANCE_COLUMN,
             DataType::Float32,
@@ -415,7 +415,7 @@ pub fn distance_functions() -> Vec<ScalarUDF> {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
-    /// Squared Euclidean distance (the `_distance` of an `l2` column).
+    /// Euclidean distance (the `_distance` of an `l2` column).
     L2,
     /// 1 − cosine similarity (the `_distance` of a `cosine` column).
     Cosine,
@@ -501,7 +501,7 @@ impl ScalarUDFImpl for DistanceFunction {
                 );
             }
             out.push(Some(match self.kind {
-                Kind::L2 => Metric::L2.distance(x, y),
+                Kind::L2 => Metric::L2.reported(Metric::L2.distance(x, y)),
                 Kind::Cosine => Metric::Cosine.distance(x, y),
                 Kind::InnerProduct => -Metric::Dot.distance(x, y),
             }));

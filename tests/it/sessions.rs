@@ -1,8 +1,7 @@
 //! Sessions on one root. Made with `MemwalSession::new` they act like two
 //! shells (each has its own table handles and writers): each sees the
-//! other's durable rows, and when both write one table the loser of the
-//! shard fails one statement with `Fenced`, then re-opens and keeps
-//! working. Opened with `MemwalSession::open` in one process they share one
+//! other's durable rows, and when both write one table a statement whose
+//! writer was fenced re-opens it and succeeds. Opened with `MemwalSession::open` in one process they share one
 //! writer per shard.
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
@@ -104,4 +103,30 @@ async fn drop_table_stops_its_writers_and_a_new_table_of_that_name_starts_empty(
     assert!(count(&a, "t").await.contains("| 0 |"));
     query(&a, "INSERT INTO t VALUES (2, 2)").await;
     assert!(count(&a, "t").await.contains("| 1 | 2 |"));
+}
+
+#[tokio::test]
+async fn a_shard_the_table_does_not_have_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = MemwalSession::open(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    query(
+        &session,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')",
+    )
+    .await;
+    let table = session.table("t").await.unwrap();
+    let needle = "shard 2 does not exist: the table has 2";
+    let err = table.writer(2).await.unwrap_err().to_string();
+    assert!(err.contains(needle), "{err}");
+    let err = table.scan_shard(2).await.unwrap_err().to_string();
+    assert!(err.contains(needle), "{err}");
+    let err = table
+        .snapshot(u32::MAX, std::time::Duration::ZERO)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(table.writer(1).await.is_ok());
 }

@@ -205,7 +205,12 @@ async fn check(
     let mut exact: Vec<(f32, i64)> = model
         .iter()
         .filter(|(id, (grp, _))| admits(**id, *grp))
-        .filter_map(|(id, (_, v))| Some((metric.distance(&query.vector, v.as_ref()?), *id)))
+        .filter_map(|(id, (_, v))| {
+            Some((
+                metric.reported(metric.distance(&query.vector, v.as_ref()?)),
+                *id,
+            ))
+        })
         .collect();
     exact.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let (k, ef) = (query.k, query.ef);
@@ -240,7 +245,7 @@ async fn check(
             admits(id, grp),
             "{label}: row {id} does not match the filter"
         );
-        let distance = metric.distance(&query.vector, vector);
+        let distance = metric.reported(metric.distance(&query.vector, vector));
         assert!(
             close(hit.distance, distance),
             "{label}: row {id} at {} but exactly {distance}",
@@ -312,31 +317,24 @@ async fn search_returns_min_k_live_rows_whatever_the_graph() {
                 ef_construction.to_string(),
             ),
         ];
-        let meta = match TableMeta::new(&schema(), vec!["id".into()], &options) {
+        let table = match TableMeta::new(&schema(), vec!["id".into()], &options) {
             Ok(meta) => {
                 assert!(
                     accepted,
                     "m = {m}, ef_construction = {ef_construction} accepted"
                 );
-                meta
+                Arc::new(TableSchema::new(&meta))
             }
             Err(e) => {
                 assert!(!accepted, "{e}");
-                // As an older build stored it.
-                let mut meta = TableMeta::new(&schema(), vec!["id".into()], &options[..1])
+                // As an older build, which accepted them, built graphs.
+                let meta = TableMeta::new(&schema(), vec!["id".into()], &options[..1])
                     .expect("valid without the HNSW options");
-                let vector = meta
-                    .columns
-                    .get_mut("emb")
-                    .unwrap()
-                    .vector
-                    .as_mut()
-                    .unwrap();
-                vector.hnsw = HnswParams { m, ef_construction };
-                meta
+                let mut table = TableSchema::new(&meta);
+                table.vectors[0].params = HnswParams { m, ef_construction };
+                Arc::new(table)
             }
         };
-        let table = Arc::new(TableSchema::new(&meta));
         let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
         let mut model = Model::new();
         let writer = build(&store, &table, &mut model).await;

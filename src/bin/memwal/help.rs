@@ -56,7 +56,10 @@ FROM vector_search('shop.items', 'emb', [0.1, 0.2, 0.3], 10)
 WHERE title <> 'lamp';
 "
         ),
-        "l2_distance" => distance("squared Euclidean distance between two vectors", "l2"),
+        "l2_distance" => distance(
+            "Euclidean distance between two vectors (pgvector's <->)",
+            "l2",
+        ),
         "cosine_distance" => distance(
             "1 - cosine similarity of two vectors (1 when either is all zeros)",
             "cosine",
