@@ -1,5 +1,6 @@
 //! Integration tests, compiled as one binary.
 
+mod api_inputs;
 mod atomic;
 mod catalog_faults;
 mod catalog_processes;
