@@ -1,6 +1,7 @@
 //! A fault-injecting [`ObjectStore`] wrapper for tests: fail the Nth call of
 //! a kind (before the operation, or after it took effect so the caller sees
-//! an ambiguous failure), and add latency to every call.
+//! an ambiguous failure), hold calls at a [`Gate`] until a test opens it, and
+//! add latency to every call.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -85,9 +86,45 @@ impl Fault {
     }
 }
 
+/// Calls of one kind on matching paths wait here until [`Gate::open`]; a
+/// test sees how many arrived, so it can act while they are held instead of
+/// sleeping and hoping. Made by [`FaultyStore::gate`].
+#[derive(Debug)]
+pub struct Gate {
+    open: tokio::sync::watch::Sender<bool>,
+    arrived: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Gate {
+    /// Waits until `calls` calls have arrived at the gate (held, or passed
+    /// once it is open).
+    pub async fn arrived(&self, calls: u64) {
+        let mut arrived = self.arrived.clone();
+        arrived
+            .wait_for(|n| *n >= calls)
+            .await
+            .expect("the store outlives its gates");
+    }
+
+    /// Lets the held calls, and every later one, through.
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// The store's side of a [`Gate`].
+#[derive(Debug)]
+struct GateRule {
+    kind: OpKind,
+    path_contains: String,
+    open: tokio::sync::watch::Receiver<bool>,
+    arrived: tokio::sync::watch::Sender<u64>,
+}
+
 #[derive(Debug, Default)]
 struct State {
     faults: Vec<(Fault, u64)>,
+    gates: Vec<GateRule>,
     latency: Duration,
     calls: Vec<(OpKind, u64)>,
     injected: u64,
@@ -144,9 +181,29 @@ impl FaultyStore {
         self.lock().faults.push((fault, 0));
     }
 
-    /// Removes every rule (latency stays).
+    /// Removes every rule and gate (calls already held stay held until their
+    /// gate opens; latency stays).
     pub fn clear(&self) {
-        self.lock().faults.clear();
+        let mut state = self.lock();
+        state.faults.clear();
+        state.gates.clear();
+    }
+
+    /// Holds calls of `kind` whose path contains `path_contains` until the
+    /// returned gate is opened or dropped.
+    pub fn gate(&self, kind: OpKind, path_contains: impl Into<String>) -> Gate {
+        let (open_tx, open_rx) = tokio::sync::watch::channel(false);
+        let (arrived_tx, arrived_rx) = tokio::sync::watch::channel(0);
+        self.lock().gates.push(GateRule {
+            kind,
+            path_contains: path_contains.into(),
+            open: open_rx,
+            arrived: arrived_tx,
+        });
+        Gate {
+            open: open_tx,
+            arrived: arrived_rx,
+        }
     }
 
     /// Adds `latency` before every call.
@@ -181,10 +238,23 @@ impl FaultyStore {
     }
 
     async fn enter(&self, kind: OpKind, path: &Path) -> Option<FaultMode> {
-        let (latency, mode) = {
+        let (latency, mode, gates) = {
             let mut state = self.lock();
-            (state.latency, state.on_call(kind, path.as_ref()))
+            let gates: Vec<_> = state
+                .gates
+                .iter()
+                .filter(|g| g.kind == kind && path.as_ref().contains(&g.path_contains))
+                .map(|g| {
+                    g.arrived.send_modify(|n| *n += 1);
+                    g.open.clone()
+                })
+                .collect();
+            (state.latency, state.on_call(kind, path.as_ref()), gates)
         };
+        for mut open in gates {
+            // A dropped gate (or cleared rules) lets the call through.
+            let _ = open.wait_for(|open| *open).await;
+        }
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }

@@ -6,7 +6,7 @@ pub mod paths;
 mod root;
 mod versioned;
 
-pub use faulty::{Fault, FaultMode, FaultyStore, OpKind};
+pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
 pub use root::ObjectRoot;
 pub use versioned::{CommitOptions, PutOutcome, Versioned, VersionedObjects};
 

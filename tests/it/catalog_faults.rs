@@ -217,22 +217,25 @@ async fn stale_writer_cannot_reuse_a_collected_version() {
 /// A caller cancelled in the middle of a commit (a Ctrl-C in the shell, a
 /// dropped query) neither aborts that commit nor strands the mutations that
 /// were batched with its own.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test]
 async fn cancelled_caller_does_not_abort_the_group_commit() {
     let (store, catalog) = setup().await;
-    store.set_latency(std::time::Duration::from_millis(30));
+    let versions = store.gate(OpKind::Put, "__manifest/v");
     let first = tokio::spawn({
         let catalog = Arc::clone(&catalog);
         async move { catalog.create_namespace(ns("a"), false).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    // The commit of "a" is writing its version, held at the gate.
+    versions.arrived(1).await;
     let second = tokio::spawn({
         let catalog = Arc::clone(&catalog);
         async move { catalog.create_namespace(ns("b"), false).await }
     });
-    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    // On this one-thread runtime the yield runs the second caller until it
+    // waits: "b" is queued behind the commit in flight.
+    tokio::task::yield_now().await;
     first.abort();
+    versions.open();
     assert_eq!(second.await.unwrap().unwrap(), Outcome::Created);
-    store.set_latency(std::time::Duration::ZERO);
     assert_eq!(ids(&*reopen(&store).await), ["a", "b"]);
 }

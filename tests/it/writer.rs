@@ -381,20 +381,23 @@ async fn puts_wait_while_too_much_is_not_durable() {
         .unwrap(),
     );
     let schema = Arc::clone(&writer.schema().schema);
-    faulty.set_latency(Duration::from_millis(300));
+    let appends = faulty.gate(OpKind::Put, "/wal/");
     let first = writer.put_nowait(&[rows(&schema, 0..10, 1)]).await.unwrap();
-    // The first put is pending in a slow append: the second waits for it.
+    // The first put's append is held: the second put waits for it.
+    appends.arrived(1).await;
     let second = {
         let writer = Arc::clone(&writer);
         let batch = rows(&schema, 10..20, 2);
         tokio::spawn(async move { writer.put_nowait(&[batch]).await.map(|_| ()) })
     };
+    // However long it is given (the append cannot finish meanwhile).
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         !second.is_finished(),
         "a put went past the unflushed-bytes ceiling"
     );
     assert_eq!(writer.stats().pending_batches, 1);
+    appends.open();
     first.wait().await.unwrap();
     second.await.unwrap().unwrap();
 }
