@@ -11,6 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// caller can tell "someone else won" from "we do not know whether our write
 /// landed" from "the input is wrong".
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The input is not acceptable (bad name, option, type, URL, ...).
     /// Nothing was written.

@@ -305,8 +305,7 @@ pub async fn write_graph(
 /// objects already gone are no error.
 pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
     use futures::TryStreamExt;
-    // Only a name of `paths::new_sstable_file` has a directory of its own.
-    let objects: Vec<Path> = match path.strip_suffix("/data.parquet") {
+    let objects: Vec<Path> = match paths::own_sstable_dir(path) {
         Some(dir) => {
             store
                 .list(Some(&paths::stored(dir)?))

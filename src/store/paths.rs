@@ -90,14 +90,17 @@ pub fn shard_manifest_dir(shard_dir: &Path) -> Path {
     shard_dir.clone().join("manifest")
 }
 
+/// `<shard dir>/sst`: the shard's SSTables.
+pub fn sstables_dir(shard_dir: &Path) -> Path {
+    shard_dir.clone().join("sst")
+}
+
 /// `<shard dir>/sst/<20-digit generation>-<20-digit epoch>-<16 hex>/data.parquet`:
 /// a fresh name for an SSTable of `generation` written by the writer of
 /// `epoch` (random, so a retried or raced flush never overwrites one a
 /// manifest may already name).
 pub fn new_sstable_file(shard_dir: &Path, generation: u64, epoch: u64) -> Path {
-    shard_dir
-        .clone()
-        .join("sst")
+    sstables_dir(shard_dir)
         .join(
             format!(
                 "{generation:020}-{epoch:020}-{:016x}",
@@ -105,7 +108,16 @@ pub fn new_sstable_file(shard_dir: &Path, generation: u64, epoch: u64) -> Path {
             )
             .as_str(),
         )
-        .join("data.parquet")
+        .join(SSTABLE_DATA)
+}
+
+/// The data object's name inside an SSTable directory.
+const SSTABLE_DATA: &str = "data.parquet";
+
+/// The directory an SSTable of [`new_sstable_file`] has to itself; `None`
+/// for an SSTable named otherwise (by an older build), which has none.
+pub fn own_sstable_dir(path: &str) -> Option<&str> {
+    path.strip_suffix(SSTABLE_DATA)?.strip_suffix('/')
 }
 
 /// The epoch of the writer that made an SSTable path of

@@ -363,7 +363,7 @@ impl Shared {
             .collect();
         let listed: Vec<Path> = self
             .store
-            .list(Some(&self.shard_dir.clone().join("sst")))
+            .list(Some(&paths::sstables_dir(&self.shard_dir)))
             .map_ok(|meta| meta.location)
             .try_collect()
             .await?;

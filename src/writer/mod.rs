@@ -158,6 +158,7 @@ const SEAL_REPLAYED_ENTRIES: u64 = 256;
 
 /// Counters of one writer, read with [`ShardWriter::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WriterStats {
     pub epoch: u64,
     /// Puts and deletes accepted since open (replay not counted).
