@@ -16,6 +16,13 @@ fn memwal(root: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The CSV output of `sql` run with `-c`, which must succeed.
+fn csv(root: &str, sql: &str) -> String {
+    let (ok, out, err) = memwal(root, &["-q", "--format", "csv", "-c", sql]);
+    assert!(ok, "{err}");
+    out
+}
+
 /// The interactive shell fed `input` on stdin (in a directory of its own,
 /// where it keeps its `.history`).
 fn memwal_repl(root: &str, input: &str) -> (bool, String, String) {
@@ -76,17 +83,10 @@ fn catalog_survives_between_shell_runs() {
         ],
     );
     assert!(ok, "{err}");
-    let (ok, out, err) = memwal(
+    let out = csv(
         root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = 'shop'",
-        ],
+        "SELECT table_schema, table_name FROM information_schema.tables WHERE table_schema = 'shop'",
     );
-    assert!(ok, "{err}");
     assert_eq!(out.trim(), "table_schema,table_name\nshop,items");
 }
 
@@ -112,17 +112,10 @@ fn a_file_stops_at_its_first_error_and_fails_the_process() {
         "{err}"
     );
     // Nothing after the failing statement ran.
-    let (ok, out, err) = memwal(
+    let out = csv(
         root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'a'",
-        ],
+        "SELECT count(*) AS n FROM information_schema.tables WHERE table_schema = 'a'",
     );
-    assert!(ok, "{err}");
     assert_eq!(out.trim(), "n\n0");
 }
 
@@ -199,28 +192,14 @@ fn show_create_table_and_describe_show_the_key_and_options() {
     let root = dir.path().to_str().unwrap();
     let definition = "CREATE TABLE shop.items (id BIGINT, title TEXT, emb FLOAT[3], PRIMARY KEY (id)) \
                       WITH ('shards' = '2', 'emb.metric' = 'cosine', 'emb.m' = '16', 'emb.ef_construction' = '100')";
-    let (ok, out, err) = memwal(
-        root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            "SHOW CREATE TABLE shop.items",
-        ],
-    );
-    assert!(ok, "{err}");
+    let out = csv(root, "SHOW CREATE TABLE shop.items");
     assert_eq!(
         out.trim(),
         format!(
             "table_catalog,table_schema,table_name,definition\nmemwal,shop,items,\"{definition}\""
         )
     );
-    let (ok, out, err) = memwal(
-        root,
-        &["-q", "--format", "csv", "-c", "DESCRIBE shop.items"],
-    );
-    assert!(ok, "{err}");
+    let out = csv(root, "DESCRIBE shop.items");
     assert_eq!(
         out.trim(),
         "column_name,data_type,is_nullable,primary_key,options\n\
@@ -244,17 +223,7 @@ fn show_create_table_and_describe_show_the_key_and_options() {
         &["-q", "-c", "DROP TABLE shop.items", "-c", definition],
     );
     assert!(ok, "{err}");
-    let (ok, out, err) = memwal(
-        root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            "SHOW CREATE TABLE shop.items",
-        ],
-    );
-    assert!(ok, "{err}");
+    let out = csv(root, "SHOW CREATE TABLE shop.items");
     assert!(out.trim().ends_with(&format!("\"{definition}\"")), "{out}");
 }
 
@@ -297,8 +266,7 @@ fn a_piped_script_with_an_error_fails_the_process() {
     assert!(!ok, "{out}");
     assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
     // Like an interactive session, it ran on after the error.
-    let (ok, out, err) = memwal(root, &["-q", "--format", "csv", "-c", "SELECT id FROM t"]);
-    assert!(ok, "{err}");
+    let out = csv(root, "SELECT id FROM t");
     assert_eq!(out.trim(), "id\n1");
 }
 
@@ -346,17 +314,10 @@ fn the_shell_reads_and_writes_files_but_not_inside_the_root() {
         ],
     );
     assert!(ok, "{err}");
-    let (ok, stdout, err) = memwal(
+    let stdout = csv(
         root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            &format!("SELECT count(*) AS n FROM '{}'", out.display()),
-        ],
+        &format!("SELECT count(*) AS n FROM '{}'", out.display()),
     );
-    assert!(ok, "{err}");
     assert_eq!(stdout.trim(), "n\n2");
 
     let (ok, _, err) = memwal(
@@ -372,17 +333,7 @@ fn the_shell_reads_and_writes_files_but_not_inside_the_root() {
     assert!(!ok);
     assert!(err.contains("would write inside the memwal root"), "{err}");
     // Every later statement still works.
-    let (ok, stdout, err) = memwal(
-        root,
-        &[
-            "-q",
-            "--format",
-            "csv",
-            "-c",
-            "SELECT count(*) AS n FROM shop.items",
-        ],
-    );
-    assert!(ok, "{err}");
+    let stdout = csv(root, "SELECT count(*) AS n FROM shop.items");
     assert_eq!(stdout.trim(), "n\n2");
 }
 
