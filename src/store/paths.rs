@@ -47,12 +47,16 @@ pub fn hint_file(dir: &Path) -> Path {
 /// Longest user-derived part of an object name, in bytes.
 const MAX_PART: usize = 48;
 
+/// A character every store takes as it is in a name.
+fn plain(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
 /// `name` as one part of an object name: itself if it is short plain ASCII
 /// (letters, digits, `_`, `-`), otherwise its first such characters (others
 /// become `_`) followed by `-` and 16 hex digits of a hash of the whole
 /// name, so different names stay different parts. At most 48 bytes.
 pub fn safe_part(name: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if !name.is_empty() && name.len() <= MAX_PART && name.chars().all(plain) {
         return name.to_string();
     }
@@ -176,9 +180,7 @@ pub fn is_table_location(location: &str) -> bool {
         && random.bytes().all(|b| b.is_ascii_hexdigit())
         && !part.is_empty()
         && part.len() <= MAX_PART
-        && part
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && part.chars().all(plain)
 }
 
 /// A fresh, unique location for a table's data: `tables/<name>-<16 hex>`
