@@ -35,13 +35,14 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 
 use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, TableSchema, key};
 use crate::read::{ShardSnapshot, WalTail};
-use crate::sstable::SstableReader;
+use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions};
@@ -52,6 +53,52 @@ pub const TAKEOVER_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Manifest reads a snapshot retries when the WAL moved under it.
 const SNAPSHOT_ATTEMPTS: usize = 10;
+
+/// Shards a bulk load sorts and writes at once.
+const LOAD_CONCURRENCY: usize = 2;
+
+/// A bulk load in progress (see [`Table::put_stream`]), by shard.
+struct Load {
+    /// Rows not yet in a run, and their bytes over all shards.
+    pending: Vec<Vec<RecordBatch>>,
+    bytes: usize,
+    /// Runs written, and through which writer.
+    runs: Vec<Vec<SstableFile>>,
+    writers: Vec<Option<Arc<ShardWriter>>>,
+    runs_written: u64,
+}
+
+impl Load {
+    fn new(shards: usize) -> Self {
+        Self {
+            pending: vec![Vec::new(); shards],
+            bytes: 0,
+            runs: vec![Vec::new(); shards],
+            writers: vec![None; shards],
+            runs_written: 0,
+        }
+    }
+
+    fn add(&mut self, parts: Vec<Part>) {
+        for part in parts {
+            self.bytes += part
+                .batches
+                .iter()
+                .map(|b| b.get_array_memory_size())
+                .sum::<usize>();
+            self.pending[part.shard as usize].extend(part.batches);
+        }
+    }
+
+    /// Deletes the runs of a load that failed before their commit.
+    async fn discard(&self) {
+        for (writer, runs) in self.writers.iter().zip(&self.runs) {
+            if let Some(writer) = writer {
+                writer.discard_runs(runs).await;
+            }
+        }
+    }
+}
 
 /// One shard as seen by this process.
 struct Shard {
@@ -220,6 +267,128 @@ impl Table {
             .map(|b| self.schema.to_stored(b))
             .collect::<Result<Vec<_>>>()?;
         self.write(stored).await
+    }
+
+    /// Puts the rows of a stream of batches as one write, like
+    /// [`Table::put_all`] (all or none per shard, across crashes; the same
+    /// count), holding at most about [`WriterOptions::load_memory_bytes`]
+    /// of rows in memory whatever the stream's size. A write within that
+    /// bound is one put per shard; a larger one is a bulk load: each
+    /// shard's rows are sorted and written to SSTables in runs of bounded
+    /// size, the runs of a shard merged into one, and that SSTable added to
+    /// the shard in one manifest commit (puts to the shard wait meanwhile;
+    /// see [`ShardWriter`]'s `load` module). Nothing is visible before a
+    /// shard's commit. Unlike a small write, a shard whose writer another
+    /// process takes over during the load fails with [`Error::Fenced`]
+    /// (the shard's part is not written; other shards may be).
+    pub async fn put_stream<S>(&self, mut batches: S) -> Result<u64>
+    where
+        S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        let budget = self.options.load_memory_bytes;
+        let (mut stored, mut bytes) = (Vec::new(), 0);
+        while let Some(batch) = batches.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let batch = self.schema.to_stored(&batch)?;
+            bytes += batch.get_array_memory_size();
+            stored.push(batch);
+            if bytes > budget {
+                let mut load = Load::new(self.shards.len());
+                let loaded = self.load(&mut load, stored, batches).await;
+                if loaded.is_err() {
+                    load.discard().await;
+                }
+                return loaded;
+            }
+        }
+        match stored.is_empty() {
+            true => Ok(0),
+            false => self.write(stored).await,
+        }
+    }
+
+    /// The bulk load of [`Table::put_stream`]: `first`, then `rest`.
+    async fn load<S>(&self, load: &mut Load, first: Vec<RecordBatch>, mut rest: S) -> Result<u64>
+    where
+        S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        for batch in first {
+            load.add(self.route(vec![batch])?.0);
+        }
+        self.spill(load).await?;
+        while let Some(batch) = rest.next().await {
+            let batch = batch?;
+            if batch.num_rows() > 0 {
+                load.add(self.route(vec![self.schema.to_stored(&batch)?])?.0);
+            }
+            if load.bytes > self.options.load_memory_bytes {
+                self.spill(load).await?;
+            }
+        }
+        self.spill(load).await?;
+        // Each shard's runs become one SSTable, committed on its own.
+        let shards: Vec<(Arc<ShardWriter>, Vec<SstableFile>)> = load
+            .writers
+            .iter()
+            .zip(std::mem::take(&mut load.runs))
+            .filter_map(|(writer, runs)| Some((Arc::clone(writer.as_ref()?), runs)))
+            .collect();
+        let rows = futures::stream::iter(shards)
+            .map(|(writer, runs)| async move {
+                let file = match writer.finish_runs(runs.clone()).await {
+                    Ok(file) => file,
+                    Err(e) => {
+                        writer.discard_runs(&runs).await;
+                        return Err(e);
+                    }
+                };
+                // From here the commit's outcome decides: a failed one is
+                // left to the shard's next writer to clean up.
+                let rows = file.rows;
+                writer.ingest(file).await.map(|()| rows)
+            })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
+            .await?;
+        Ok(rows)
+    }
+
+    /// Writes every shard's pending rows of `load` as a run.
+    async fn spill(&self, load: &mut Load) -> Result<()> {
+        let seq = load.runs_written + 1;
+        let mut jobs = Vec::new();
+        for (shard, pending) in load.pending.iter_mut().enumerate() {
+            if pending.is_empty() {
+                continue;
+            }
+            let writer = match &load.writers[shard] {
+                Some(w) => Arc::clone(w),
+                None => {
+                    let w = self.writer(shard as u32).await?;
+                    load.writers[shard] = Some(Arc::clone(&w));
+                    w
+                }
+            };
+            jobs.push((shard, writer, std::mem::take(pending)));
+        }
+        load.bytes = 0;
+        load.runs_written = seq;
+        let written: Vec<(usize, Result<SstableFile>)> = futures::stream::iter(jobs)
+            .map(|(shard, writer, rows)| async move { (shard, writer.write_run(rows, seq).await) })
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .collect()
+            .await;
+        let mut failed = None;
+        for (shard, run) in written {
+            match run {
+                Ok(run) => load.runs[shard].push(run),
+                Err(e) => failed = Some(e),
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Deletes the keys in `keys` (exactly the key columns, in key order),

@@ -25,7 +25,7 @@ use datafusion_cli::helper::CliHelper;
 use datafusion_cli::object_storage::instrumented::InstrumentedObjectStoreRegistry;
 use datafusion_cli::print_format::PrintFormat;
 use datafusion_cli::print_options::{MaxRows, PrintOptions};
-use memwal::MemwalSession;
+use memwal::{MemwalSession, WriterOptions};
 use rustyline::error::ReadlineError;
 
 #[derive(Debug, Parser)]
@@ -62,6 +62,12 @@ struct Args {
     /// Enables console syntax highlighting
     #[arg(long)]
     color: bool,
+
+    /// Set a writer option, NAME=VALUE (repeatable): durable,
+    /// wal_flush_interval, memtable_bytes, load_memory_bytes, ... (see
+    /// WriterOptions); sizes take KiB/MiB/GiB, durations ms/s/min
+    #[arg(long = "option", value_name = "NAME=VALUE")]
+    options: Vec<String>,
 }
 
 /// datafusion-cli's format names, plus `ndjson` for `nd-json`.
@@ -93,11 +99,27 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> ShellResult {
     // The shell's user owns the machine's files: URL tables and COPY TO are
     // on (writes inside the root are refused all the same).
-    let session = MemwalSession::builder(&args.root)
+    let mut options = WriterOptions::default();
+    for option in &args.options {
+        let (name, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("--option takes NAME=VALUE, not '{option}'"))?;
+        options.set(name.trim(), value).map_err(|e| e.to_string())?;
+    }
+    let mut session = MemwalSession::builder(&args.root)
         .allow_file_access(true)
-        .open()
-        .await
-        .map_err(|e| e.to_string())?;
+        .writer_options(options);
+    if !args.quiet {
+        // A long INSERT says how far it got, once a second.
+        session = session.on_insert_progress(|rows, elapsed| {
+            let rate = rows as f64 / elapsed.as_secs_f64().max(1e-3);
+            eprintln!(
+                "INSERT: {rows} rows in {:.0} s ({rate:.0} rows/s)",
+                elapsed.as_secs_f64()
+            );
+        });
+    }
+    let session = session.open().await.map_err(|e| e.to_string())?;
     let mut print_options = PrintOptions {
         format: args.format,
         quiet: args.quiet,

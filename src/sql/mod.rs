@@ -17,7 +17,7 @@ mod vector;
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
 pub use exec::{DeleteExec, ScanExec, ScanMode};
 pub use session::{MemwalSession, SessionBuilder};
-pub use table::{InsertSink, MemwalTable};
+pub use table::{InsertProgress, InsertSink, MemwalTable};
 pub use vector::{
     DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchExec, VectorSearchFunction, distance_functions,
 };

@@ -25,7 +25,7 @@ use tokio::sync::OnceCell;
 use super::catalog_provider::MemwalCatalogProvider;
 use super::exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
-use super::table::MemwalTable;
+use super::table::{InsertProgress, MemwalTable};
 use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, not_null};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
@@ -72,6 +72,7 @@ pub struct SessionBuilder {
     location: String,
     writer: WriterOptions,
     file_access: bool,
+    progress: Option<Arc<InsertProgress>>,
 }
 
 impl SessionBuilder {
@@ -93,6 +94,16 @@ impl SessionBuilder {
         self
     }
 
+    /// Calls `report(rows, elapsed)` about once a second while an `INSERT`
+    /// of this session runs longer than a second (the shell prints it).
+    pub fn on_insert_progress(
+        mut self,
+        report: impl Fn(u64, std::time::Duration) + Send + Sync + 'static,
+    ) -> Self {
+        self.progress = Some(Arc::new(InsertProgress(Box::new(report))));
+        self
+    }
+
     /// Opens the root (see [`ObjectRoot::open`]) and starts the session.
     /// Sessions opened on the same root with the same writer options in one
     /// process share their table handles, so a table has one writer per
@@ -102,7 +113,7 @@ impl SessionBuilder {
     pub async fn open(self) -> Result<MemwalSession> {
         let root = open_root(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
-        let session = MemwalSession::with_tables(root, tables, self.file_access);
+        let session = MemwalSession::with_tables(root, tables, self.file_access, self.progress);
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -137,6 +148,7 @@ impl MemwalSession {
             location: location.to_string(),
             writer: WriterOptions::default(),
             file_access: false,
+            progress: None,
         }
     }
 
@@ -159,6 +171,7 @@ impl MemwalSession {
             catalog.root().clone(),
             Arc::new(TableCache::new(options)),
             false,
+            None,
         );
         session.register(&catalog);
         session
@@ -168,11 +181,19 @@ impl MemwalSession {
         session
     }
 
-    fn with_tables(root: ObjectRoot, tables: Arc<TableCache>, file_access: bool) -> Self {
-        let config = SessionConfig::new()
+    fn with_tables(
+        root: ObjectRoot,
+        tables: Arc<TableCache>,
+        file_access: bool,
+        progress: Option<Arc<InsertProgress>>,
+    ) -> Self {
+        let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
+        if let Some(progress) = progress {
+            config = config.with_extension(progress);
+        }
         let mut ctx = SessionContext::new_with_config(config);
         for function in distance_functions() {
             ctx.register_udf(function);

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
@@ -353,10 +354,25 @@ impl MemwalTable {
     }
 }
 
-/// Routes inserted rows to the shard writers; reports the count once every
-/// row is durable (at once in non-durable mode). A statement is checked
-/// whole before anything is written and is one put per shard, so within a
-/// shard it becomes visible and durable all at once. The count is the rows
+/// How often [`InsertProgress`] hears of a running INSERT.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Told how far a running `INSERT` got (rows read from its input so far,
+/// time since it started) about once a second, from its first second on.
+/// Install it with [`crate::SessionBuilder::on_insert_progress`].
+pub struct InsertProgress(pub Box<dyn Fn(u64, Duration) + Send + Sync>);
+
+impl fmt::Debug for InsertProgress {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("InsertProgress")
+    }
+}
+
+/// Routes inserted rows to the shard writers (see [`Table::put_stream`]);
+/// reports the count once every row is durable (at once in non-durable
+/// mode). Within a shard a statement becomes visible and durable all at
+/// once, also across a crash; a statement that fails (bad input, say)
+/// writes nothing. Memory stays bounded however large the input. The count is the rows
 /// the statement leaves in the table: one per distinct primary key (the
 /// statement's last row of a key wins; an insert of an existing key is an
 /// update and counts), every row for a table without a key.
@@ -379,21 +395,24 @@ impl DataSink for InsertSink {
 
     async fn write_all(
         &self,
-        mut data: SendableRecordBatchStream,
-        _context: &Arc<TaskContext>,
+        data: SendableRecordBatchStream,
+        context: &Arc<TaskContext>,
     ) -> Result<u64> {
-        // The whole statement is checked before anything is written, and
-        // goes in as one put per shard.
-        let mut batches = Vec::new();
-        while let Some(batch) = data.next().await {
+        let progress = context.session_config().get_extension::<InsertProgress>();
+        let started = Instant::now();
+        let (mut rows, mut reported) = (0u64, Duration::ZERO);
+        let data = data.map(|batch| {
             let batch = batch?;
-            if batch.num_rows() > 0 {
-                batches.push(batch);
+            rows += batch.num_rows() as u64;
+            let elapsed = started.elapsed();
+            if let Some(progress) = &progress
+                && elapsed >= reported + PROGRESS_EVERY
+            {
+                reported = elapsed;
+                (progress.0)(rows, elapsed);
             }
-        }
-        if batches.is_empty() {
-            return Ok(0);
-        }
-        Ok(self.table.put_all(&batches).await?)
+            Ok::<_, crate::Error>(batch)
+        });
+        Ok(self.table.put_stream(data).await?)
     }
 }

@@ -182,6 +182,9 @@ impl Shared {
     /// deleted.
     async fn flush(&self, generation: &Arc<Generation>) -> Result<()> {
         let memtable = &generation.memtable;
+        if memtable.written_batches() == 0 {
+            return self.flush_load(generation).await;
+        }
         let (encoded, graphs) = {
             let memtable = Arc::clone(memtable);
             let schema = Arc::clone(&self.schema);
@@ -258,8 +261,10 @@ impl Shared {
             },
         )
         .await?;
-        self.progress
-            .send_modify(|p| p.flushed_bytes += memtable.bytes() as u64);
+        self.progress.send_modify(|p| {
+            p.flushed_bytes += memtable.bytes() as u64;
+            p.flushed_generation = generation.number + 1;
+        });
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         log::debug!(
             "flushed generation {} ({} rows) to {}",
@@ -268,6 +273,38 @@ impl Shared {
             file.path
         );
         self.delete_wal_below_cursor().await
+    }
+
+    /// "Flushes" an empty generation: commits the SSTable a load left in it
+    /// (see [`super::ShardWriter::ingest`]) as that generation.
+    async fn flush_load(&self, generation: &Arc<Generation>) -> Result<()> {
+        let file = generation
+            .ingested
+            .lock()
+            .expect("ingest slot poisoned")
+            .clone();
+        let flushed = Arc::clone(generation);
+        self.commit(
+            "shard manifest commit of a load",
+            |m| {
+                if let Some(file) = &file {
+                    if m.sstables.iter().any(|f| f.path == file.path) {
+                        return false;
+                    }
+                    m.sstables.push(file.clone());
+                }
+                m.generation = m.generation.max(generation.number + 1);
+                true
+            },
+            |layers| {
+                let first = layers.generations.remove(0);
+                debug_assert!(Arc::ptr_eq(&first, &flushed));
+            },
+        )
+        .await?;
+        self.progress
+            .send_modify(|p| p.flushed_generation = generation.number + 1);
+        Ok(())
     }
 
     /// Deletes the WAL data entries at or below the manifest's cursor that
@@ -457,7 +494,7 @@ impl Shared {
 
     /// Writes the merge of `inputs` (consecutive, oldest first) as one
     /// SSTable; tombstones are dropped when nothing older exists.
-    async fn merge(&self, inputs: &[SstableFile], oldest: bool) -> Result<SstableFile> {
+    pub(super) async fn merge(&self, inputs: &[SstableFile], oldest: bool) -> Result<SstableFile> {
         let schema = &self.schema;
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
         let mut streams = Vec::with_capacity(inputs.len());
@@ -499,7 +536,7 @@ impl Shared {
 
     /// Builds and writes the graph of every vector column of `file` (a
     /// compaction's output, not yet committed) and caches it for searches.
-    async fn build_graphs(&self, file: &mut SstableFile) -> Result<()> {
+    pub(super) async fn build_graphs(&self, file: &mut SstableFile) -> Result<()> {
         for v in &self.schema.vectors {
             let mut data = self.reader.read_vectors(file, v.index).await?;
             if data.live_rows == 0 {

@@ -33,7 +33,9 @@
 //!   is never acknowledged.
 
 mod flush;
+mod load;
 mod manifest;
+mod options;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,107 +49,14 @@ use tokio::task::JoinHandle;
 
 pub(crate) use manifest::versions as manifest_versions;
 pub use manifest::{Fence, RetiredFile, ShardManifest};
+pub use options::WriterOptions;
 
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, MemTable, TableSchema};
 use crate::read::{MemLayer, ShardSnapshot};
 use crate::sstable::{SstableFile, SstableReader};
-use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
+use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::{EntryKind, WalEntry, WalLog};
-
-/// How a [`ShardWriter`] makes puts durable.
-#[derive(Debug, Clone)]
-pub struct WriterOptions {
-    /// `true` (default): a put returns once its WAL entry exists and its
-    /// vectors are indexed, and rows become visible then. `false`: a put
-    /// returns once its vectors are indexed (and is visible then); the WAL
-    /// catches up in the background.
-    pub durable: bool,
-    /// The group-commit cadence: at most one WAL append starts per interval
-    /// while puts keep coming (default 100 ms); a put arriving after a whole
-    /// idle interval starts one at once. Zero is latency mode: the next
-    /// append starts as soon as the previous one finishes.
-    pub wal_flush_interval: Duration,
-    /// An append starts early once this many bytes are pending (default
-    /// 8 MiB).
-    pub wal_flush_bytes: usize,
-    /// Puts wait while more than this many bytes of rows are in memory and
-    /// not yet in SSTables (default 256 MiB; at least `memtable_bytes`).
-    pub max_unflushed_bytes: usize,
-    /// A MemTable freezes (and is flushed to an SSTable) once its rows take
-    /// this many bytes (default 64 MiB).
-    pub memtable_bytes: usize,
-    /// Compaction merges SSTables whenever a shard has more than this many
-    /// (default 8).
-    pub max_sstables: usize,
-    /// SSTables a compaction replaced are deleted this long afterwards, so
-    /// queries that started before can finish reading them (default 60 s).
-    pub sstable_grace: Duration,
-    /// Attempts at one WAL position after the first fails (default 5).
-    pub append_retries: u32,
-    /// Commit behaviour of the shard manifest (and the retry backoff).
-    /// Shard manifests are committed a few times per writer, and writers
-    /// may be short-lived, so by default their collected versions'
-    /// tombstones last 60 s and a sweep runs every 64 versions: a shard's
-    /// manifest directory stays small however many writers come and go.
-    pub commit: CommitOptions,
-    /// [`crate::Table::get`] trusts that this process's writer still owns
-    /// its shard for this long after it last confirmed it (by an append or
-    /// a check), and reads its MemTable without any store request; a write
-    /// another process made to the shard within that window may be missed.
-    /// Scans always check. Default 100 ms; zero checks on every read.
-    pub owner_check_interval: Duration,
-    /// Threads that insert a MemTable's vectors into its graphs (default:
-    /// the available parallelism, at most 4).
-    pub index_threads: usize,
-    /// WAL fences are deleted this long after they were written (default
-    /// 2 min); a writer re-confirms its ownership of the shard after a
-    /// quarter of this without an append, and confirms an append that took
-    /// longer than a quarter of this before acknowledging it. The protocol
-    /// assumes clocks of writers of one shard differ by less than half of
-    /// it, and that a writer's host is not suspended for more than a quarter
-    /// of it between a confirmation and an append (the monotonic clock that
-    /// measures the lease stops while a machine sleeps).
-    pub fence_grace: Duration,
-}
-
-impl Default for WriterOptions {
-    fn default() -> Self {
-        Self {
-            durable: true,
-            wal_flush_interval: Duration::from_millis(100),
-            wal_flush_bytes: 8 << 20,
-            max_unflushed_bytes: 256 << 20,
-            memtable_bytes: 64 << 20,
-            max_sstables: 8,
-            sstable_grace: Duration::from_secs(60),
-            append_retries: 5,
-            commit: CommitOptions {
-                tombstone_ttl: Duration::from_secs(60),
-                sweep_every: 64,
-                ..CommitOptions::default()
-            },
-            owner_check_interval: Duration::from_millis(100),
-            index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
-            fence_grace: Duration::from_secs(120),
-        }
-    }
-}
-
-impl WriterOptions {
-    /// How long a confirmation of ownership lets the writer append (and
-    /// how long an append may take unconfirmed): a quarter of
-    /// [`WriterOptions::fence_grace`].
-    fn lease(&self) -> Duration {
-        self.fence_grace / 4
-    }
-
-    /// The turn a writer that took a shard back from another one holds it
-    /// before others take it again: three WAL intervals, at least 250 ms.
-    pub fn turn(&self) -> Duration {
-        (3 * self.wal_flush_interval).max(Duration::from_millis(250))
-    }
-}
 
 /// The longest a claim waits for other writers' turns to end.
 const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
@@ -203,6 +112,8 @@ struct Progress {
     /// Bytes of durable rows, and of rows in flushed generations.
     bytes: u64,
     flushed_bytes: u64,
+    /// Every generation below this one is in SSTables (once one flushed).
+    flushed_generation: u64,
     error: Option<Arc<Error>>,
 }
 
@@ -244,6 +155,9 @@ struct Generation {
     last_position: AtomicU64,
     /// Set once it is frozen and every batch is durable: it may be flushed.
     sealed: AtomicBool,
+    /// A bulk load's SSTable: the content of an empty generation (see
+    /// [`load`]).
+    ingested: Mutex<Option<SstableFile>>,
 }
 
 impl Generation {
@@ -253,6 +167,7 @@ impl Generation {
             memtable: Arc::new(MemTable::indexed(Arc::clone(schema))),
             last_position: AtomicU64::new(0),
             sealed: AtomicBool::new(false),
+            ingested: Mutex::new(None),
         })
     }
 }
@@ -310,6 +225,9 @@ struct Shared {
     wal_deleted_through: AtomicU64,
     /// Held while flushing or compacting: one manifest change at a time.
     maintenance: tokio::sync::Mutex<()>,
+    /// Puts hold it shared while they enter the MemTable; a bulk load
+    /// holds it alone while it commits (see [`load`]).
+    ingest_gate: tokio::sync::RwLock<()>,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
@@ -559,6 +477,7 @@ impl ShardWriter {
             rows,
             bytes,
             flushed_bytes: 0,
+            flushed_generation: 0,
             error: None,
         });
         let sstables = Arc::new(claimed.state.sstables.clone());
@@ -596,6 +515,7 @@ impl ShardWriter {
             fences_deleted: Mutex::default(),
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
             maintenance: tokio::sync::Mutex::new(()),
+            ingest_gate: tokio::sync::RwLock::new(()),
         });
         // The claim made this writer the owner.
         shared.confirm_owned(claimed_at);
@@ -728,6 +648,7 @@ impl ShardWriter {
             .iter()
             .map(|(b, _)| b.get_array_memory_size() as u64)
             .sum::<u64>();
+        let _no_load_committing = shared.ingest_gate.read().await;
         let (generation, end) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
             if let Some(e) = &shared.progress.borrow().error {

@@ -1,7 +1,9 @@
 //! A statement is all or nothing per shard, across crashes: `memwal`
 //! shell processes run large DELETEs and INSERT ... SELECTs and are
-//! SIGKILLed at random instants; afterwards every shard holds exactly its
-//! rows from before the statement or exactly its rows from after it.
+//! SIGKILLed at random instants; afterwards every shard holds exactly its rows from before the
+//! statement or exactly its rows from after it. The same holds for bulk
+//! loads (INSERTs larger than `load_memory_bytes`, which go through
+//! SSTables).
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -173,6 +175,82 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
         i += 1;
     }
     eprintln!("shards found as before the statement: {before}, as after it: {after}");
+    assert!(
+        before > 0 && after > 0,
+        "{i} kills never split before/after ({before}/{after})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_loads_killed_at_random_instants_are_all_or_none_per_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let rows: i64 = 300_000;
+    let shell = |sql: &str| {
+        // A 1 MiB budget: several sorted runs per shard, merged, committed.
+        Command::new(env!("CARGO_BIN_EXE_memwal"))
+            .args(["--root", &root, "-q", "--option", "load_memory_bytes=1MiB"])
+            .args(["-c", sql])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')";
+    assert!(shell(create).wait().unwrap().success());
+    let load =
+        |v: usize| format!("INSERT INTO t SELECT value, {v} FROM generate_series(1, {rows})");
+    assert!(shell(&load(0)).wait().unwrap().success());
+    let mut rng = rand::rng();
+    let (mut before, mut after, mut version) = (0, 0, 0);
+    let mut delay_ms = 300.0_f64;
+    let mut i = 0;
+    while i < 6 || (i < 40 && (before == 0 || after == 0)) {
+        let mut child = shell(&load(version + 1));
+        let jitter = rng.random_range(0.5..1.5);
+        tokio::time::sleep(Duration::from_secs_f64(delay_ms * jitter / 1000.0)).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+
+        // Every shard holds all its rows, each of one version: the one
+        // before the load or the load's.
+        let session = MemwalSession::open(&root).await.unwrap();
+        let table = session.table("t").await.unwrap();
+        let (was_before, was_after) = (before, after);
+        let mut total = 0;
+        for (shard, got) in shard_rows(&table).await.iter().enumerate() {
+            total += got.len() as i64;
+            let versions: std::collections::BTreeSet<i64> = got.values().copied().collect();
+            match versions.into_iter().collect::<Vec<_>>()[..] {
+                [v] if v == version as i64 => before += 1,
+                [v] if v == version as i64 + 1 => after += 1,
+                ref other => panic!("load {i}, shard {shard}: versions {other:?}"),
+            }
+        }
+        assert_eq!(total, rows, "load {i}");
+        session.close().await.unwrap();
+        if after > was_after {
+            // Bring every shard to the load's version; the next load is
+            // one newer.
+            version += 1;
+            let session = MemwalSession::open(&root).await.unwrap();
+            session
+                .sql(&load(version))
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            session.close().await.unwrap();
+        }
+        if after == was_after {
+            delay_ms = (delay_ms * 1.5).min(10_000.0); // too early
+        } else if before == was_before {
+            delay_ms = (delay_ms / 1.5).max(5.0); // too late
+        }
+        i += 1;
+    }
+    eprintln!("shards found as before the load: {before}, as after it: {after}");
     assert!(
         before > 0 && after > 0,
         "{i} kills never split before/after ({before}/{after})"

@@ -1,0 +1,139 @@
+//! Bulk load: one `INSERT INTO t SELECT ...` of `--rows` rows (an `id`
+//! key and a ~90-character string, ~100 bytes of Arrow a row) into a
+//! memwal table of `--shards` shards on a local directory, against
+//! DataFusion writing the same rows to Parquet
+//! (`COPY (SELECT ...) TO 'x.parquet'`, DataFusion's defaults: parallel
+//! single-file writer, zstd). Each engine runs `--runs` times, alternating;
+//! every run starts on an empty directory. memwal's load is durable when
+//! the statement returns: sorted, de-duplicated SSTables (bloom filters,
+//! page index) committed per shard; its peak memory is bounded by
+//! `--load-memory-mib` (the default `load_memory_bytes`, 256 MiB). Prints
+//! one JSON object: rows/s per engine (median, min, max) and the ratio of
+//! the medians.
+//!
+//! ```text
+//! cargo run --release --example bulk_bench -- --rows 10000000
+//! ```
+
+use std::time::Instant;
+
+use clap::Parser;
+use datafusion::prelude::SessionContext;
+use memwal::{MemwalSession, WriterOptions};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: u64,
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value_t = 256)]
+    load_memory_mib: usize,
+    /// Where the runs write (a fresh temporary directory by default).
+    #[arg(long)]
+    dir: Option<String>,
+}
+
+/// The rows both engines write.
+fn source(rows: u64) -> String {
+    format!(
+        "SELECT value AS id, concat(repeat('x', 84), CAST(value AS VARCHAR)) AS v \
+         FROM generate_series(1, {rows})"
+    )
+}
+
+async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
+    let options = WriterOptions {
+        load_memory_bytes: args.load_memory_mib << 20,
+        ..WriterOptions::default()
+    };
+    let session = MemwalSession::open_with(dir.to_str().unwrap(), options)
+        .await
+        .unwrap();
+    session
+        .sql(&format!(
+            "CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR NOT NULL) WITH ('shards' = '{}')",
+            args.shards
+        ))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let out = session
+        .sql(&format!("INSERT INTO t {}", source(args.rows)))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    let count = datafusion::arrow::array::AsArray::as_primitive::<
+        datafusion::arrow::datatypes::UInt64Type,
+    >(out[0].column(0))
+    .value(0);
+    assert_eq!(count, args.rows);
+    session.close().await.unwrap();
+    seconds
+}
+
+async fn datafusion_write(args: &Args, dir: &std::path::Path) -> f64 {
+    let ctx = SessionContext::new();
+    let file = dir.join("rows.parquet");
+    let started = Instant::now();
+    ctx.sql(&format!(
+        "COPY ({}) TO '{}' STORED AS PARQUET",
+        source(args.rows),
+        file.display()
+    ))
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    started.elapsed().as_secs_f64()
+}
+
+/// Median, min and max of rows/s over the runs' seconds.
+fn summary(rows: u64, seconds: &[f64]) -> serde_json::Value {
+    let mut rates: Vec<f64> = seconds.iter().map(|s| rows as f64 / s).collect();
+    rates.sort_by(f64::total_cmp);
+    serde_json::json!({
+        "rows_per_s_median": rates[rates.len() / 2].round(),
+        "rows_per_s_min": rates[0].round(),
+        "rows_per_s_max": rates[rates.len() - 1].round(),
+    })
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let base = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let (mut memwal, mut datafusion) = (Vec::new(), Vec::new());
+    for run in 0..args.runs {
+        let dir = base.path().join(format!("memwal-{run}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        memwal.push(memwal_load(&args, &dir).await);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let dir = base.path().join(format!("datafusion-{run}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        datafusion.push(datafusion_write(&args, &dir).await);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    let (m, d) = (summary(args.rows, &memwal), summary(args.rows, &datafusion));
+    let ratio = m["rows_per_s_median"].as_f64().unwrap() / d["rows_per_s_median"].as_f64().unwrap();
+    let report = serde_json::json!({
+        "bench": "bulk_load",
+        "rows": args.rows,
+        "shards": args.shards,
+        "runs": args.runs,
+        "load_memory_mib": args.load_memory_mib,
+        "memwal_insert_select": m,
+        "datafusion_copy_to_parquet": d,
+        "memwal_over_datafusion": (ratio * 100.0).round() / 100.0,
+    });
+    println!("{report}");
+}

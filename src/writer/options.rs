@@ -1,0 +1,264 @@
+//! [`WriterOptions`]: how a [`super::ShardWriter`] writes, field by field,
+//! and [`WriterOptions::set`], which sets one by name from text (the
+//! shell's `--option name=value`).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::store::CommitOptions;
+
+/// How a [`ShardWriter`] makes puts durable.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// `true` (default): a put returns once its WAL entry exists and its
+    /// vectors are indexed, and rows become visible then. `false`: a put
+    /// returns once its vectors are indexed (and is visible then); the WAL
+    /// catches up in the background.
+    pub durable: bool,
+    /// The group-commit cadence: at most one WAL append starts per interval
+    /// while puts keep coming (default 100 ms); a put arriving after a whole
+    /// idle interval starts one at once. Zero is latency mode: the next
+    /// append starts as soon as the previous one finishes.
+    pub wal_flush_interval: Duration,
+    /// An append starts early once this many bytes are pending (default
+    /// 8 MiB).
+    pub wal_flush_bytes: usize,
+    /// Puts wait while more than this many bytes of rows are in memory and
+    /// not yet in SSTables (default 256 MiB; at least `memtable_bytes`).
+    pub max_unflushed_bytes: usize,
+    /// A MemTable freezes (and is flushed to an SSTable) once its rows take
+    /// this many bytes (default 64 MiB).
+    pub memtable_bytes: usize,
+    /// Compaction merges SSTables whenever a shard has more than this many
+    /// (default 8).
+    pub max_sstables: usize,
+    /// SSTables a compaction replaced are deleted this long afterwards, so
+    /// queries that started before can finish reading them (default 60 s).
+    pub sstable_grace: Duration,
+    /// Attempts at one WAL position after the first fails (default 5).
+    pub append_retries: u32,
+    /// Commit behaviour of the shard manifest (and the retry backoff).
+    /// Shard manifests are committed a few times per writer, and writers
+    /// may be short-lived, so by default their collected versions'
+    /// tombstones last 60 s and a sweep runs every 64 versions: a shard's
+    /// manifest directory stays small however many writers come and go.
+    pub commit: CommitOptions,
+    /// [`crate::Table::get`] trusts that this process's writer still owns
+    /// its shard for this long after it last confirmed it (by an append or
+    /// a check), and reads its MemTable without any store request; a write
+    /// another process made to the shard within that window may be missed.
+    /// Scans always check. Default 100 ms; zero checks on every read.
+    pub owner_check_interval: Duration,
+    /// Threads that insert a MemTable's vectors into its graphs (default:
+    /// the available parallelism, at most 4).
+    pub index_threads: usize,
+    /// WAL fences are deleted this long after they were written (default
+    /// 2 min); a writer re-confirms its ownership of the shard after a
+    /// quarter of this without an append, and confirms an append that took
+    /// longer than a quarter of this before acknowledging it. The protocol
+    /// assumes clocks of writers of one shard differ by less than half of
+    /// it, and that a writer's host is not suspended for more than a quarter
+    /// of it between a confirmation and an append (the monotonic clock that
+    /// measures the lease stops while a machine sleeps).
+    pub fence_grace: Duration,
+    /// A write given as a stream ([`crate::Table::put_stream`], SQL
+    /// `INSERT`) holds at most about this many bytes of rows in memory; a
+    /// larger one is loaded through SSTables (default 256 MiB).
+    pub load_memory_bytes: usize,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        Self {
+            durable: true,
+            wal_flush_interval: Duration::from_millis(100),
+            wal_flush_bytes: 8 << 20,
+            max_unflushed_bytes: 256 << 20,
+            memtable_bytes: 64 << 20,
+            max_sstables: 8,
+            sstable_grace: Duration::from_secs(60),
+            append_retries: 5,
+            commit: CommitOptions {
+                tombstone_ttl: Duration::from_secs(60),
+                sweep_every: 64,
+                ..CommitOptions::default()
+            },
+            owner_check_interval: Duration::from_millis(100),
+            index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            fence_grace: Duration::from_secs(120),
+            load_memory_bytes: 256 << 20,
+        }
+    }
+}
+
+impl WriterOptions {
+    /// How long a confirmation of ownership lets the writer append (and
+    /// how long an append may take unconfirmed): a quarter of
+    /// [`WriterOptions::fence_grace`].
+    pub(super) fn lease(&self) -> Duration {
+        self.fence_grace / 4
+    }
+
+    /// The turn a writer that took a shard back from another one holds it
+    /// before others take it again: three WAL intervals, at least 250 ms.
+    pub fn turn(&self) -> Duration {
+        (3 * self.wal_flush_interval).max(Duration::from_millis(250))
+    }
+
+    /// The names [`WriterOptions::set`] takes.
+    pub const NAMES: &'static [&'static str] = &[
+        "durable",
+        "wal_flush_interval",
+        "wal_flush_bytes",
+        "max_unflushed_bytes",
+        "memtable_bytes",
+        "max_sstables",
+        "sstable_grace",
+        "append_retries",
+        "owner_check_interval",
+        "index_threads",
+        "fence_grace",
+        "load_memory_bytes",
+    ];
+
+    /// Sets the option `name` (a field name, see [`WriterOptions::NAMES`])
+    /// from `value`: `true`/`false`, a count, a size in bytes (`65536`,
+    /// `64KiB`, `64MiB`, `1GiB`) or a duration (`100ms`, `2s`, `5min`; a bare
+    /// number is milliseconds). An unknown name or a value that does not
+    /// parse is [`Error::InvalidInput`] naming what was expected; nothing
+    /// changes then. Whether the options fit together is checked when a
+    /// writer opens.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<()> {
+        let value = value.trim();
+        match name {
+            "durable" => self.durable = parse_bool(name, value)?,
+            "wal_flush_interval" => self.wal_flush_interval = parse_duration(name, value)?,
+            "wal_flush_bytes" => self.wal_flush_bytes = parse_bytes(name, value)?,
+            "max_unflushed_bytes" => self.max_unflushed_bytes = parse_bytes(name, value)?,
+            "memtable_bytes" => self.memtable_bytes = parse_bytes(name, value)?,
+            "max_sstables" => self.max_sstables = parse_count(name, value)?,
+            "sstable_grace" => self.sstable_grace = parse_duration(name, value)?,
+            "append_retries" => self.append_retries = parse_count(name, value)?,
+            "owner_check_interval" => self.owner_check_interval = parse_duration(name, value)?,
+            "index_threads" => self.index_threads = parse_count::<usize>(name, value)?.max(1),
+            "fence_grace" => self.fence_grace = parse_duration(name, value)?,
+            "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
+            _ => {
+                return Err(Error::invalid(format!(
+                    "unknown writer option '{name}'; the options are: {}",
+                    Self::NAMES.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bad(name: &str, value: &str, expected: &str) -> Error {
+    Error::invalid(format!("option {name}: '{value}' is not {expected}"))
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" => Ok(true),
+        "false" | "off" | "0" => Ok(false),
+        _ => Err(bad(name, value, "true or false")),
+    }
+}
+
+fn parse_count<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {
+    value
+        .parse()
+        .map_err(|_| bad(name, value, "a whole number in range"))
+}
+
+/// A number with an optional unit, split: `64MiB` is (64, "mib").
+fn split_unit(value: &str) -> Option<(u64, String)> {
+    let digits = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let number = value[..digits].parse().ok()?;
+    Some((number, value[digits..].trim().to_ascii_lowercase()))
+}
+
+fn parse_bytes(name: &str, value: &str) -> Result<usize> {
+    let expected = "a size in bytes (65536, 64KiB, 64MiB, 1GiB)";
+    let (number, unit) = split_unit(value).ok_or_else(|| bad(name, value, expected))?;
+    let scale: u64 = match unit.as_str() {
+        "" | "b" => 1,
+        "kib" | "k" => 1 << 10,
+        "mib" | "m" => 1 << 20,
+        "gib" | "g" => 1 << 30,
+        _ => return Err(bad(name, value, expected)),
+    };
+    number
+        .checked_mul(scale)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| bad(name, value, expected))
+}
+
+fn parse_duration(name: &str, value: &str) -> Result<Duration> {
+    let expected = "a duration (100ms, 2s, 5min; a bare number is milliseconds)";
+    let (number, unit) = split_unit(value).ok_or_else(|| bad(name, value, expected))?;
+    let millis = match unit.as_str() {
+        "" | "ms" => Some(number),
+        "s" => number.checked_mul(1_000),
+        "min" => number.checked_mul(60_000),
+        _ => None,
+    };
+    millis
+        .map(Duration::from_millis)
+        .ok_or_else(|| bad(name, value, expected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_every_named_option_and_refuses_what_does_not_parse() {
+        let mut o = WriterOptions::default();
+        o.set("durable", "false").unwrap();
+        o.set("wal_flush_interval", "250ms").unwrap();
+        o.set("fence_grace", "2min").unwrap();
+        o.set("sstable_grace", "5s").unwrap();
+        o.set("owner_check_interval", "0").unwrap();
+        o.set("memtable_bytes", "8MiB").unwrap();
+        o.set("load_memory_bytes", "1GiB").unwrap();
+        o.set("wal_flush_bytes", "65536").unwrap();
+        o.set("max_sstables", "3").unwrap();
+        assert!(!o.durable);
+        assert_eq!(o.wal_flush_interval, Duration::from_millis(250));
+        assert_eq!(o.fence_grace, Duration::from_secs(120));
+        assert_eq!(o.sstable_grace, Duration::from_secs(5));
+        assert_eq!(o.owner_check_interval, Duration::ZERO);
+        assert_eq!(o.memtable_bytes, 8 << 20);
+        assert_eq!(o.load_memory_bytes, 1 << 30);
+        assert_eq!(o.wal_flush_bytes, 65536);
+        assert_eq!(o.max_sstables, 3);
+        for name in WriterOptions::NAMES {
+            let mut o = WriterOptions::default();
+            assert!(o.set(name, "x").is_err(), "{name}");
+            assert!(o.set(name, "").is_err(), "{name}");
+        }
+        let before = format!("{:?}", WriterOptions::default());
+        let mut o = WriterOptions::default();
+        for (name, value) in [
+            ("memtable_bytes", "64TB"),
+            ("memtable_bytes", "-1"),
+            ("wal_flush_interval", "1h"),
+            ("wal_flush_interval", "99999999999999999999"),
+            ("max_sstables", "1.5"),
+            ("durable", "yes please"),
+        ] {
+            assert!(o.set(name, value).is_err(), "{name}={value}");
+        }
+        assert_eq!(format!("{o:?}"), before, "a refused value changes nothing");
+        let unknown = o.set("memtable_size", "1").unwrap_err().to_string();
+        assert!(
+            unknown.contains("unknown writer option 'memtable_size'"),
+            "{unknown}"
+        );
+        assert!(unknown.contains("memtable_bytes"), "{unknown}");
+    }
+}

@@ -1,0 +1,288 @@
+//! Bulk loads (`Table::put_stream`, SQL `INSERT ... SELECT`): a write larger
+//! than `load_memory_bytes` goes to SSTables in runs and is committed per
+//! shard at once. It upserts exactly like a small write, orders with the
+//! puts around it, writes nothing when it fails, and keeps memory bounded
+//! whatever its size (20 M rows through a `memwal` process under 1 GB).
+//! Crashes in the middle of a load are in `atomic.rs`.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{
+    AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, SchemaRef};
+use memwal::{MemwalSession, Table, WriterOptions};
+
+const DIM: i32 = 4;
+
+fn options() -> WriterOptions {
+    WriterOptions {
+        wal_flush_interval: Duration::ZERO,
+        load_memory_bytes: 64 << 10,
+        ..WriterOptions::default()
+    }
+}
+
+/// Rows `(id, v, [id, v, 0, 0])` for every id.
+fn batch(schema: &SchemaRef, ids: impl IntoIterator<Item = i64>, v: i64) -> RecordBatch {
+    let ids: Vec<i64> = ids.into_iter().collect();
+    let values: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| [id as f32, v as f32, 0.0, 0.0])
+        .collect();
+    let emb = FixedSizeListArray::new(
+        Arc::new(Field::new("item", DataType::Float32, true)),
+        DIM,
+        Arc::new(Float32Array::from(values)),
+        None,
+    );
+    RecordBatch::try_new(
+        Arc::clone(schema),
+        vec![
+            Arc::new(Int64Array::from(ids.clone())),
+            Arc::new(Int64Array::from(vec![v; ids.len()])),
+            Arc::new(emb),
+        ],
+    )
+    .unwrap()
+}
+
+/// id → v of every live row, checking each vector against its row.
+async fn rows(table: &Table) -> BTreeMap<i64, i64> {
+    let mut out = BTreeMap::new();
+    for b in table.scan().await.unwrap() {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let vs = b.column(1).as_primitive::<Int64Type>();
+        let emb = b.column(2).as_fixed_size_list();
+        for i in 0..b.num_rows() {
+            let e = emb.value(i);
+            let e = e.as_primitive::<Float32Type>();
+            assert_eq!(
+                (e.value(0), e.value(1)),
+                (ids.value(i) as f32, vs.value(i) as f32)
+            );
+            assert!(out.insert(ids.value(i), vs.value(i)).is_none());
+        }
+    }
+    out
+}
+
+async fn create(session: &MemwalSession, name: &str, key: bool) -> Arc<Table> {
+    let key = if key { ", PRIMARY KEY (id)" } else { "" };
+    session
+        .sql(&format!(
+            "CREATE TABLE {name} (id BIGINT NOT NULL, v BIGINT NOT NULL, emb FLOAT[{DIM}]{key}) \
+             WITH ('shards' = '4')"
+        ))
+        .await
+        .unwrap();
+    session.table(name).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let session = MemwalSession::builder(root)
+        .writer_options(options())
+        .open()
+        .await
+        .unwrap();
+    let table = create(&session, "t", true).await;
+    let schema = Arc::clone(&table.schema().schema);
+    // Rows in MemTables before the load, which the load overwrites.
+    assert_eq!(table.put(&batch(&schema, 0..500, -1)).await.unwrap(), 500);
+    // 40 batches of 1,000 rows over 25,000 keys: keys repeat across the
+    // runs the 64 KiB budget cuts, and the last batch of a key wins.
+    let mut model: BTreeMap<i64, i64> = (0..500).map(|id| (id, -1)).collect();
+    let batches: Vec<RecordBatch> = (0..40)
+        .map(|i| {
+            let ids: Vec<i64> = (0..1000).map(|j| (i * 617 + j * 7) % 25_000).collect();
+            for &id in &ids {
+                model.insert(id, i);
+            }
+            batch(&schema, ids, i)
+        })
+        .collect();
+    let distinct = {
+        let mut ids: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len() as u64
+    };
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    assert_eq!(table.put_stream(stream).await.unwrap(), distinct);
+    let mut loaded = 0;
+    for shard in 0..4 {
+        loaded += table.writer(shard).await.unwrap().stats().sstables;
+    }
+    assert!(loaded >= 4, "the load went to SSTables ({loaded})");
+    // A put after the load overwrites it.
+    table.put(&batch(&schema, [7, 30_000], 99)).await.unwrap();
+    model.insert(7, 99);
+    model.insert(30_000, 99);
+    assert_eq!(rows(&table).await, model);
+
+    // Vector search finds loaded rows through their SSTables' graphs.
+    let query = format!(
+        "SELECT id FROM vector_search('t', 'emb', [123.0, {}.0, 0.0, 0.0], 3) \
+         WHERE v >= 0 ORDER BY _distance",
+        model[&123]
+    );
+    let hits = session.sql(&query).await.unwrap().collect().await.unwrap();
+    let first = hits[0].column(0).as_primitive::<Int64Type>().value(0);
+    assert_eq!(
+        first, 123,
+        "row 123 is nearest to its own vector ({hits:?})"
+    );
+
+    // Another process sees the same rows.
+    session.close().await.unwrap();
+    let other = MemwalSession::open(root).await.unwrap();
+    assert_eq!(rows(&other.table("t").await.unwrap()).await, model);
+    other.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_without_a_key_appends_every_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let session = MemwalSession::builder(root)
+        .writer_options(options())
+        .open()
+        .await
+        .unwrap();
+    let table = create(&session, "log", false).await;
+    let schema = Arc::clone(&table.schema().schema);
+    let stream = futures::stream::iter((0..30).map(|i| Ok(batch(&schema, 0..1000, i))));
+    assert_eq!(table.put_stream(stream).await.unwrap(), 30_000);
+    let count = session
+        .sql("SELECT count(*), count(DISTINCT v) FROM log")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        count[0].column(0).as_primitive::<Int64Type>().value(0),
+        30_000
+    );
+    assert_eq!(count[0].column(1).as_primitive::<Int64Type>().value(0), 30);
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let session = MemwalSession::builder(root)
+        .writer_options(options())
+        .open()
+        .await
+        .unwrap();
+    let table = create(&session, "t", true).await;
+    let schema = Arc::clone(&table.schema().schema);
+    table.put(&batch(&schema, 0..10, 1)).await.unwrap();
+    let before = rows(&table).await;
+    let objects = || {
+        walk(dir.path())
+            .into_iter()
+            .filter(|p| p.contains("/sst/"))
+            .count()
+    };
+    let sstables_before = objects();
+    // Many runs are written before the bad batch arrives.
+    let good = (0..30).map(|i| Ok(batch(&schema, i * 1000..(i + 1) * 1000, 2)));
+    // A batch without the vector column.
+    let bad = batch(&schema, [1, 2], 3).project(&[0, 1]).unwrap();
+    let stream = futures::stream::iter(good.chain([Ok(bad)]));
+    let err = table.put_stream(stream).await.unwrap_err();
+    assert!(matches!(err, memwal::Error::InvalidInput(_)), "{err}");
+    // A failure in the input stream itself.
+    let failing = (0..30)
+        .map(|i| Ok(batch(&schema, 0..1000, i)))
+        .chain([Err(memwal::Error::invalid("the source broke"))]);
+    let err = table
+        .put_stream(futures::stream::iter(failing))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("the source broke"), "{err}");
+    assert_eq!(rows(&table).await, before);
+    assert_eq!(
+        objects(),
+        sstables_before,
+        "runs of failed loads are deleted"
+    );
+    session.close().await.unwrap();
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path.to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
+/// Runs `memwal` with `args`, returning its stdout and peak RSS in bytes.
+fn run_measured(args: &[&str]) -> (String, u64) {
+    // Reaped below by wait4, which std's wait cannot stand in for.
+    #[allow(clippy::zombie_processes)]
+    let child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as libc::pid_t;
+    let mut stdout = child.stdout.unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut out).unwrap();
+    let (mut status, mut usage) = (0, unsafe { std::mem::zeroed::<libc::rusage>() });
+    // wait4: this child's own peak RSS (ru_maxrss is in KiB on Linux).
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "memwal {args:?} failed: {out}"
+    );
+    (out, usage.ru_maxrss as u64 * 1024)
+}
+
+#[test]
+fn twenty_million_rows_load_with_one_insert_in_bounded_memory() {
+    const ROWS: u64 = 20_000_000;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let create =
+        "CREATE TABLE big (id BIGINT PRIMARY KEY, v VARCHAR NOT NULL) WITH ('shards' = '4')";
+    run_measured(&["--root", root, "-q", "-c", create]);
+    // About 100 bytes a row: 2 GB of Arrow.
+    let insert = format!(
+        "INSERT INTO big SELECT value, concat(repeat('x', 84), CAST(value AS VARCHAR)) \
+         FROM generate_series(1, {ROWS})"
+    );
+    let (out, rss) = run_measured(&["--root", root, "-q", "--format", "csv", "-c", &insert]);
+    eprintln!("loaded {ROWS} rows with a peak RSS of {} MiB", rss >> 20);
+    assert_eq!(out.trim().lines().last(), Some(ROWS.to_string().as_str()));
+    assert!(rss < 1 << 30, "peak RSS {} MiB", rss >> 20);
+    let check = "SELECT count(*), min(id), max(id), sum(length(v)) FROM big";
+    let (out, _) = run_measured(&["--root", root, "-q", "--format", "csv", "-c", check]);
+    let digits: u64 = (1..=ROWS).map(|i| i.to_string().len() as u64).sum();
+    assert_eq!(
+        out.trim().lines().last().unwrap(),
+        format!("{ROWS},1,{ROWS},{}", 84 * ROWS + digits)
+    );
+}
