@@ -416,3 +416,175 @@ impl DataSink for InsertSink {
         Ok(self.table.put_stream(data).await?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::logical_expr::{col, lit};
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::writer::WriterOptions;
+
+    /// A provider of a table keyed by `id` of type `key`, with a `v` column
+    /// (or keyed by both if `compound`).
+    fn provider(key: DataType, compound: bool) -> MemwalTable {
+        let schema = Schema::new(vec![
+            Field::new("id", key, false),
+            Field::new("v", DataType::Int64, false),
+        ]);
+        let key: Vec<String> = match compound {
+            true => vec!["id".into(), "v".into()],
+            false => vec!["id".into()],
+        };
+        let meta = TableMeta::new(&schema, key, &[]).unwrap();
+        let table = Table::new(
+            Arc::new(InMemory::new()),
+            "tables/t",
+            &meta,
+            WriterOptions::default(),
+        );
+        MemwalTable::new(ObjectPath::new(["t"]).unwrap(), meta, Arc::new(table))
+    }
+
+    fn pushdown(t: &MemwalTable, filter: &Expr) -> TableProviderFilterPushDown {
+        t.supports_filters_pushdown(&[filter]).unwrap().remove(0)
+    }
+
+    fn bounds(t: &MemwalTable, filters: &[Expr]) -> KeyBounds {
+        let mut bounds = KeyBounds::all();
+        for f in filters {
+            t.narrow_key_bounds(f, &mut bounds);
+        }
+        bounds
+    }
+
+    #[test]
+    fn point_filters_on_the_key_become_lookups() {
+        let t = provider(DataType::Int64, false);
+        assert_eq!(
+            t.point_keys(&col("id").eq(lit(7i64))),
+            Some(vec![7i64.into()])
+        );
+        assert_eq!(
+            t.point_keys(&lit(7i64).eq(col("id"))),
+            Some(vec![7i64.into()])
+        );
+        let list = col("id").in_list(vec![lit(1i64), lit(2i64), lit(1i64)], false);
+        assert_eq!(t.point_keys(&list).map(|k| k.len()), Some(3));
+        let or = col("id").eq(lit(1i64)).or(col("id").eq(lit(5i64)));
+        assert_eq!(t.point_keys(&or), Some(vec![1i64.into(), 5i64.into()]));
+        // Repeated keys are looked up once.
+        let keys = t.lookup_keys(&[list]).unwrap().unwrap();
+        assert_eq!(keys.num_rows(), 2);
+
+        // Not a point filter: another column, a negation, an OR with a
+        // non-key term, NULL, a comparison.
+        for f in [
+            col("v").eq(lit(7i64)),
+            col("id").in_list(vec![lit(1i64)], true),
+            col("id").eq(lit(1i64)).or(col("v").eq(lit(2i64))),
+            col("id").eq(lit(ScalarValue::Int64(None))),
+            col("id").gt(lit(3i64)),
+            col("id").eq(col("v")),
+        ] {
+            assert_eq!(t.point_keys(&f), None, "{f}");
+        }
+        assert_eq!(
+            pushdown(&t, &col("v").eq(lit(7i64))),
+            TableProviderFilterPushDown::Unsupported
+        );
+        // Pushed filters are still applied above the scan.
+        assert_eq!(
+            pushdown(&t, &col("id").eq(lit(7i64))),
+            TableProviderFilterPushDown::Inexact
+        );
+        // A literal the key's type cannot hold is no lookup.
+        assert!(
+            t.lookup_keys(&[col("id").eq(lit("seven"))])
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_compound_key_is_never_a_lookup_or_a_range() {
+        let t = provider(DataType::Int64, true);
+        assert_eq!(t.point_keys(&col("id").eq(lit(7i64))), None);
+        assert_eq!(bounds(&t, &[col("id").gt(lit(7i64))]), KeyBounds::all());
+        assert_eq!(
+            pushdown(&t, &col("id").eq(lit(7i64))),
+            TableProviderFilterPushDown::Unsupported
+        );
+    }
+
+    #[test]
+    fn ranges_on_the_key_narrow_the_bounds_exactly() {
+        let t = provider(DataType::Int32, false);
+        let b = bounds(&t, &[col("id").gt(lit(3i32)), col("id").lt_eq(lit(9i32))]);
+        assert_eq!(b.lower, Some((3i32.into(), false)));
+        assert_eq!(b.upper, Some((9i32.into(), true)));
+        // Either way round, the operator swapped.
+        let b = bounds(&t, &[lit(3i32).lt(col("id"))]);
+        assert_eq!(b.lower, Some((3i32.into(), false)));
+        // BETWEEN is inclusive; the tighter of two bounds wins.
+        let b = bounds(
+            &t,
+            &[
+                col("id").between(lit(1i32), lit(100i32)),
+                col("id").gt_eq(lit(5i32)),
+            ],
+        );
+        assert_eq!(b.lower, Some((5i32.into(), true)));
+        assert_eq!(b.upper, Some((100i32.into(), true)));
+        // A literal the key cannot hold exactly narrows nothing: 3.5 is no
+        // Int32, and 2^40 overflows it.
+        assert_eq!(bounds(&t, &[col("id").gt(lit(3.5f64))]), KeyBounds::all());
+        assert_eq!(
+            bounds(&t, &[col("id").lt(lit(1i64 << 40))]),
+            KeyBounds::all()
+        );
+        // A wider literal that converts both ways unchanged does.
+        assert_eq!(
+            bounds(&t, &[col("id").lt(lit(40i64))]).upper,
+            Some((40i32.into(), false))
+        );
+        // Not ranges: NOT BETWEEN, <>, another column.
+        for f in [
+            col("id").not_between(lit(1i32), lit(5i32)),
+            col("id").not_eq(lit(1i32)),
+            col("v").gt(lit(1i64)),
+        ] {
+            assert_eq!(
+                bounds(&t, std::slice::from_ref(&f)),
+                KeyBounds::all(),
+                "{f}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_casts_that_keep_keys_distinct_count_as_the_key() {
+        use DataType::*;
+        for (from, to) in [
+            (Int8, Int64),
+            (Int32, Int64),
+            (UInt32, Int64),
+            (UInt64, UInt64),
+            (Utf8, Utf8View),
+            (FixedSizeBinary(16), Binary),
+        ] {
+            assert!(injective_cast(&from, &to), "{from} -> {to}");
+        }
+        for (from, to) in [
+            (Int64, Int32),
+            (UInt64, Int64),
+            (Int64, Float64),
+            (Int64, Utf8),
+            (Utf8, Binary),
+            (Float64, Int64),
+        ] {
+            assert!(!injective_cast(&from, &to), "{from} -> {to}");
+        }
+    }
+}
