@@ -42,7 +42,7 @@ use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
 use crate::memtable::{KeyedBatch, TableSchema, key};
 use crate::read::{ShardSnapshot, WalTail};
-use crate::sstable::{SstableFile, SstableReader};
+use crate::sstable::{self, SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions};
@@ -62,9 +62,8 @@ struct Load {
     /// Rows not yet in a run, and their bytes over all shards.
     pending: Vec<Vec<RecordBatch>>,
     bytes: usize,
-    /// Runs written, and through which writer.
+    /// Runs written, oldest first.
     runs: Vec<Vec<SstableFile>>,
-    writers: Vec<Option<Arc<ShardWriter>>>,
     runs_written: u64,
 }
 
@@ -74,7 +73,6 @@ impl Load {
             pending: vec![Vec::new(); shards],
             bytes: 0,
             runs: vec![Vec::new(); shards],
-            writers: vec![None; shards],
             runs_written: 0,
         }
     }
@@ -91,11 +89,9 @@ impl Load {
     }
 
     /// Deletes the runs of a load that failed before their commit.
-    async fn discard(&self) {
-        for (writer, runs) in self.writers.iter().zip(&self.runs) {
-            if let Some(writer) = writer {
-                writer.discard_runs(runs).await;
-            }
+    async fn discard(&self, store: &Arc<dyn ObjectStore>) {
+        for run in self.runs.iter().flatten() {
+            sstable::discard(store, &run.path).await;
         }
     }
 }
@@ -275,12 +271,11 @@ impl Table {
     /// of rows in memory whatever the stream's size. A write within that
     /// bound is one put per shard; a larger one is a bulk load: each
     /// shard's rows are sorted and written to SSTables in runs of bounded
-    /// size, the runs of a shard merged into one, and that SSTable added to
-    /// the shard in one manifest commit (puts to the shard wait meanwhile;
+    /// size, which are added to the shard in one manifest commit (puts to
+    /// the shard wait meanwhile; compaction merges them later;
     /// see [`ShardWriter`]'s `load` module). Nothing is visible before a
-    /// shard's commit. Unlike a small write, a shard whose writer another
-    /// process takes over during the load fails with [`Error::Fenced`]
-    /// (the shard's part is not written; other shards may be).
+    /// shard's commit. A shard another process takes over during the load
+    /// is taken back for the commit, like a put's part.
     pub async fn put_stream<S>(&self, mut batches: S) -> Result<u64>
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
@@ -299,7 +294,7 @@ impl Table {
                 let mut load = Load::new(self.shards.len());
                 let loaded = self.load(&mut load, stored, batches).await;
                 if loaded.is_err() {
-                    load.discard().await;
+                    load.discard(&self.store).await;
                 }
                 return loaded;
             }
@@ -329,31 +324,54 @@ impl Table {
             }
         }
         self.spill(load).await?;
-        // Each shard's runs become one SSTable, committed on its own.
-        let shards: Vec<(Arc<ShardWriter>, Vec<SstableFile>)> = load
-            .writers
-            .iter()
-            .zip(std::mem::take(&mut load.runs))
-            .filter_map(|(writer, runs)| Some((Arc::clone(writer.as_ref()?), runs)))
+        // Each shard's runs are committed on their own.
+        let shards: Vec<(u32, Vec<SstableFile>)> = std::mem::take(&mut load.runs)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, runs)| !runs.is_empty())
+            .map(|(shard, runs)| (shard as u32, runs))
             .collect();
         let rows = futures::stream::iter(shards)
-            .map(|(writer, runs)| async move {
-                let file = match writer.finish_runs(runs.clone()).await {
-                    Ok(file) => file,
-                    Err(e) => {
-                        writer.discard_runs(&runs).await;
-                        return Err(e);
-                    }
-                };
-                // From here the commit's outcome decides: a failed one is
-                // left to the shard's next writer to clean up.
-                let rows = file.rows;
-                writer.ingest(file).await.map(|()| rows)
-            })
+            .map(|(shard, runs)| self.commit_runs(shard, runs))
             .buffer_unordered(LOAD_CONCURRENCY)
             .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
             .await?;
         Ok(rows)
+    }
+
+    /// Counts and commits the runs of a load of `shard`; when another
+    /// process took the shard over meanwhile, takes it back and commits
+    /// them again (for up to [`TAKEOVER_PATIENCE`]), like a put. Returns
+    /// the rows the shard holds for them.
+    async fn commit_runs(&self, shard: u32, mut runs: Vec<SstableFile>) -> Result<u64> {
+        let rows = match self.writer(shard).await?.finish_runs(&mut runs).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                for run in &runs {
+                    sstable::discard(&self.store, &run.path).await;
+                }
+                return Err(e);
+            }
+        };
+        // From here the commit's outcome decides: runs of a failed one are
+        // left to a later writer of the shard to delete.
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let writer = self.writer_as(shard, attempt > 0).await?;
+            match writer.ingest(runs.clone()).await {
+                Ok(()) => return Ok(rows),
+                Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
+                    attempt += 1;
+                    log::debug!(
+                        "shard {shard} of {}: {e}; taking it back for a load",
+                        self.location
+                    );
+                    tokio::time::sleep(self.options.commit.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Writes every shard's pending rows of `load` as a run.
@@ -364,14 +382,9 @@ impl Table {
             if pending.is_empty() {
                 continue;
             }
-            let writer = match &load.writers[shard] {
-                Some(w) => Arc::clone(w),
-                None => {
-                    let w = self.writer(shard as u32).await?;
-                    load.writers[shard] = Some(Arc::clone(&w));
-                    w
-                }
-            };
+            // The shard's writer now (another process may have taken the
+            // shard over since the last run: a run is no manifest change).
+            let writer = self.writer(shard as u32).await?;
             jobs.push((shard, writer, std::mem::take(pending)));
         }
         load.bytes = 0;

@@ -106,6 +106,7 @@ async fn run(args: Args) -> ShellResult {
             .ok_or_else(|| format!("--option takes NAME=VALUE, not '{option}'"))?;
         options.set(name.trim(), value).map_err(|e| e.to_string())?;
     }
+    options.check().map_err(|e| e.to_string())?;
     let mut session = MemwalSession::builder(&args.root)
         .allow_file_access(true)
         .writer_options(options);

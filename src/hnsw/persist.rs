@@ -103,6 +103,14 @@ fn write(parts: &Parts) -> Vec<u8> {
     out
 }
 
+/// The checksum a persisted graph ends with (CRC-32 of everything
+/// before it), which tells one graph from another: what a manifest records
+/// (a CRC over the whole file would be the same for every graph).
+pub fn checksum(bytes: &[u8]) -> Option<u32> {
+    let trailer = bytes.get(bytes.len().checked_sub(4)?..)?;
+    Some(u32::from_le_bytes(trailer.try_into().ok()?))
+}
+
 /// A cursor over the bytes of a persisted graph.
 struct Reader<'a> {
     bytes: &'a [u8],
@@ -282,6 +290,14 @@ mod tests {
         let back = Graph::decode(&bytes, buffer(&data)).unwrap();
         assert_eq!(back.export(&Some), graph.export(&Some));
         assert_eq!(back.encode(&Some), bytes);
+        // Graphs are told apart by their trailing checksum; a CRC over a
+        // whole file would be the same residue for every graph.
+        let other = Graph::new(DIM, Metric::Cosine, HnswParams::default(), 5);
+        other.add(&to_array(&data[..100 * DIM], DIM), 0, 1);
+        let other = other.encode(&Some);
+        assert_ne!(checksum(&bytes), checksum(&other));
+        assert_eq!(crc32fast::hash(&bytes), crc32fast::hash(&other));
+        assert_eq!(checksum(&bytes[..3]), None);
         let query = &data[..DIM];
         assert_eq!(
             back.search(query, 10, 64, &|_| true),

@@ -179,6 +179,9 @@ fn properties(schema: &TableSchema, rows: usize) -> WriterProperties {
     props.build()
 }
 
+/// The CRC-32 of any data that ends with its own CRC-32 (little-endian).
+const CRC32_RESIDUE: u32 = 0x2144_DF1C;
+
 /// What a shard manifest records about one SSTable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SstableFile {
@@ -229,6 +232,10 @@ impl GraphFile {
     /// The graph file's CRC-32, if recorded.
     pub fn crc32(&self) -> Option<u32> {
         match self {
+            // Recorded before graphs were told apart by their trailer: the
+            // CRC-32 of any graph file (which ends with its own CRC) is
+            // this residue, so it checks nothing.
+            GraphFile::Checked { crc32, .. } if *crc32 == CRC32_RESIDUE => None,
             GraphFile::Checked { crc32, .. } => Some(*crc32),
             GraphFile::Unchecked(_) => None,
         }
@@ -291,7 +298,8 @@ pub async fn write_graph(
     graph: Bytes,
 ) -> Result<()> {
     let path = paths::graph_file(&file.path, column)?;
-    let crc32 = crc32fast::hash(&graph);
+    let crc32 = crate::hnsw::persist::checksum(&graph)
+        .ok_or_else(|| Error::invalid("an encoded graph has a checksum"))?;
     store.put(&path, PutPayload::from_bytes(graph)).await?;
     file.graphs.retain(|g| g.column() != column);
     file.graphs.push(GraphFile::Checked {
@@ -323,19 +331,18 @@ pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
 
 /// Writes the rows of `rows` (stored form, already in SSTable order: see
 /// [`merge::merge_runs`]) as an SSTable holding generations
-/// `first_generation..=generation`, streaming: memory stays bounded by one
-/// row group whatever the size. Like [`write`], a fresh name.
+/// `first_generation..=generation` at `path` (a fresh name: see
+/// [`paths::new_sstable_file`] and [`paths::new_load_run`]), streaming:
+/// memory stays bounded by one row group whatever the size.
 pub async fn write_stream(
     store: &Arc<dyn ObjectStore>,
-    shard_dir: &Path,
-    epoch: u64,
+    path: Path,
     (first_generation, generation): (u64, u64),
     schema: &TableSchema,
     mut rows: datafusion::execution::SendableRecordBatchStream,
 ) -> Result<SstableFile> {
     use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
-    let path = paths::new_sstable_file(shard_dir, generation, epoch);
     let mut object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
     let mut encoder = checksum::Encoder::new(schema, ROW_GROUP_ROWS)?;
     let (mut count, mut bytes) = (0u64, 0u64);

@@ -264,7 +264,7 @@ impl SstableReader {
             path: path.to_string(),
             reason: format!("HNSW graph: {reason}"),
         };
-        if crc32.is_some_and(|crc| crc != crc32fast::hash(&bytes)) {
+        if crc32.is_some_and(|crc| Some(crc) != crate::hnsw::persist::checksum(&bytes)) {
             return Err(corrupt(
                 "checksum mismatch: damaged, or not the graph of this SSTable".into(),
             ));

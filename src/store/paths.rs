@@ -115,6 +115,23 @@ pub fn new_sstable_file(shard_dir: &Path, generation: u64, epoch: u64) -> Path {
         .join(SSTABLE_DATA)
 }
 
+/// `<shard dir>/load`: the sorted runs of bulk loads, written before any
+/// manifest names them. Apart from `sst/` so that a writer that opens the
+/// shard meanwhile (and deletes the unnamed SSTables of older epochs in
+/// `sst/`) leaves a running load's runs alone.
+pub fn loads_dir(shard_dir: &Path) -> Path {
+    shard_dir.clone().join("load")
+}
+
+/// `<shard dir>/load/<20-digit seq>-<20-digit epoch>-<16 hex>/data.parquet`:
+/// a fresh name for run `seq` of a bulk load (see [`loads_dir`]); an
+/// SSTable like any other once a manifest names it.
+pub fn new_load_run(shard_dir: &Path, seq: u64, epoch: u64) -> Path {
+    loads_dir(shard_dir)
+        .join(format!("{seq:020}-{epoch:020}-{:016x}", rand::random::<u64>()).as_str())
+        .join(SSTABLE_DATA)
+}
+
 /// The data object's name inside an SSTable directory.
 const SSTABLE_DATA: &str = "data.parquet";
 

@@ -275,25 +275,27 @@ impl Shared {
         self.delete_wal_below_cursor().await
     }
 
-    /// "Flushes" an empty generation: commits the SSTable a load left in it
-    /// (see [`super::ShardWriter::ingest`]) as that generation.
+    /// "Flushes" an empty generation: commits the SSTables a load left in
+    /// it (see [`super::ShardWriter::ingest`]), one generation each.
     async fn flush_load(&self, generation: &Arc<Generation>) -> Result<()> {
-        let file = generation
+        let files = generation
             .ingested
             .lock()
             .expect("ingest slot poisoned")
             .clone();
+        let next = generation.number + files.len().max(1) as u64;
         let flushed = Arc::clone(generation);
         self.commit(
             "shard manifest commit of a load",
             |m| {
-                if let Some(file) = &file {
-                    if m.sstables.iter().any(|f| f.path == file.path) {
-                        return false;
-                    }
-                    m.sstables.push(file.clone());
+                if files
+                    .iter()
+                    .any(|f| m.sstables.iter().any(|s| s.path == f.path))
+                {
+                    return false;
                 }
-                m.generation = m.generation.max(generation.number + 1);
+                m.sstables.extend(files.iter().cloned());
+                m.generation = m.generation.max(next);
                 true
             },
             |layers| {
@@ -302,8 +304,7 @@ impl Shared {
             },
         )
         .await?;
-        self.progress
-            .send_modify(|p| p.flushed_generation = generation.number + 1);
+        self.progress.send_modify(|p| p.flushed_generation = next);
         Ok(())
     }
 
@@ -406,13 +407,30 @@ impl Shared {
             .await?;
         // Only older epochs' files: a newer writer (one that fenced this
         // one since) may be about to commit its own.
-        let orphans: Vec<Path> = listed
+        let mut orphans: Vec<Path> = listed
             .into_iter()
             .filter(|path| {
                 !named.contains(paths::sstable_dir(path.as_ref()))
                     && paths::sstable_epoch(path.as_ref()) < self.epoch
             })
             .collect();
+        // Runs of bulk loads that never committed: a load may still be
+        // running in another process, so only old ones.
+        let now_ms = now_ms() as i64;
+        let old_runs: Vec<Path> = self
+            .store
+            .list(Some(&paths::loads_dir(&self.shard_dir)))
+            .try_filter(|meta| {
+                let age_ms = now_ms - meta.last_modified.timestamp_millis();
+                std::future::ready(
+                    age_ms > super::load::ORPHAN_RUN_AGE.as_millis() as i64
+                        && !named.contains(paths::sstable_dir(meta.location.as_ref())),
+                )
+            })
+            .map_ok(|meta| meta.location)
+            .try_collect()
+            .await?;
+        orphans.extend(old_runs);
         if !leftovers.is_empty() || !orphans.is_empty() {
             log::debug!(
                 "deleting {} WAL entries and {} SSTables left behind in {}",
@@ -459,7 +477,7 @@ impl Shared {
     /// by their merge, and retires them.
     async fn merge_suffix(&self, inputs: &[SstableFile], oldest: bool) -> Result<()> {
         let output = self
-            .retrying("compaction", || self.merge(inputs, oldest))
+            .retrying("compaction", || self.merge(inputs, oldest, false))
             .await?;
         let retired_at_ms = now_ms();
         self.commit(
@@ -493,8 +511,14 @@ impl Shared {
     }
 
     /// Writes the merge of `inputs` (consecutive, oldest first) as one
-    /// SSTable; tombstones are dropped when nothing older exists.
-    pub(super) async fn merge(&self, inputs: &[SstableFile], oldest: bool) -> Result<SstableFile> {
+    /// SSTable; tombstones are dropped when nothing older exists. A merge
+    /// of a bulk load's runs (`load`) is a run itself (see [`super::load`]).
+    pub(super) async fn merge(
+        &self,
+        inputs: &[SstableFile],
+        oldest: bool,
+        load: bool,
+    ) -> Result<SstableFile> {
         let schema = &self.schema;
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
         let mut streams = Vec::with_capacity(inputs.len());
@@ -518,15 +542,12 @@ impl Shared {
             inputs[0].first_generation,
             inputs[inputs.len() - 1].generation,
         );
-        let mut output = sstable::write_stream(
-            &self.store,
-            &self.shard_dir,
-            self.epoch,
-            generations,
-            schema,
-            rows,
-        )
-        .await?;
+        let path = match load {
+            true => paths::new_load_run(&self.shard_dir, generations.1, self.epoch),
+            false => paths::new_sstable_file(&self.shard_dir, generations.1, self.epoch),
+        };
+        let mut output =
+            sstable::write_stream(&self.store, path, generations, schema, rows).await?;
         if let Err(e) = self.build_graphs(&mut output).await {
             sstable::discard(&self.store, &output.path).await;
             return Err(e);

@@ -2,12 +2,17 @@
 //! memory goes to SSTables directly instead of the MemTable and the WAL.
 //!
 //! 1. [`ShardWriter::write_run`] sorts a bounded part of the load and
-//!    writes it as an SSTable that no manifest names yet (a crash leaves an
-//!    orphan, which the shard's next writer deletes at open);
-//! 2. [`ShardWriter::finish_runs`] merges the runs into one SSTable (a later
-//!    run's row of a key wins) and builds its graphs;
-//! 3. [`ShardWriter::ingest`] makes that SSTable the shard's next
-//!    generation in one manifest commit: puts wait meanwhile, every
+//!    writes it as an SSTable that no manifest names yet, under the shard's
+//!    `load/` directory, where writers that take the shard over meanwhile
+//!    leave it alone (the load then commits through a writer of its own
+//!    again). A crash leaves orphans, which a later writer of the shard
+//!    deletes once they are [`ORPHAN_RUN_AGE`] old;
+//! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
+//!    distinct keys they hold (a merge of their key columns);
+//! 3. [`ShardWriter::ingest`] makes the runs the shard's next generations
+//!    (a later run's row of a key wins, as it would in a MemTable) in one
+//!    manifest commit; compaction merges them later, in the background.
+//!    Puts wait meanwhile, every
 //!    MemTable holding earlier puts is flushed first, so the load is newer
 //!    than every put acknowledged before it and older than every put after
 //!    it. The commit is the only moment the load becomes visible and
@@ -17,14 +22,25 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::StreamExt;
 
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
-use crate::sstable::{self, SstableFile};
+use crate::sstable::{self, SstableFile, merge};
+use crate::store::paths;
 
 /// Rows per batch a run is written in.
 const RUN_BATCH_ROWS: usize = 8192;
+
+/// The most runs of one shard a load merges at once (and commits).
+const MAX_RUNS: usize = 16;
+
+/// A shard's next writer deletes runs of loads that never committed once
+/// they are this old (by the store's clock): a load may run for long, in
+/// another process.
+pub(super) const ORPHAN_RUN_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 impl ShardWriter {
     /// Writes `batches` (stored form, rows of this shard, oldest first) as
@@ -52,38 +68,63 @@ impl ShardWriter {
             body.schema(),
             futures::stream::iter(slices),
         ));
-        sstable::write_stream(
-            &shared.store,
-            &shared.shard_dir,
-            shared.epoch,
-            (seq, seq),
-            &shared.schema,
-            rows,
-        )
-        .await
+        let path = paths::new_load_run(&shared.shard_dir, seq, shared.epoch);
+        sstable::write_stream(&shared.store, path, (seq, seq), &shared.schema, rows).await
     }
 
-    /// The runs of a load (oldest first) as one SSTable with its graphs:
-    /// their merge, or the one run. Runs merged are deleted.
-    pub(crate) async fn finish_runs(&self, mut runs: Vec<SstableFile>) -> Result<SstableFile> {
+    /// Builds the graphs of the runs of a load (oldest first) and counts
+    /// the rows they hold together: distinct keys, by a merge of their key
+    /// columns (streaming), or every row of a table without a key.
+    /// More than [`MAX_RUNS`] runs are first merged in groups (oldest
+    /// first, a group's merge replacing it), so that memory stays bounded
+    /// by a few batches of at most that many runs, here and in the
+    /// compactions after the commit.
+    pub(crate) async fn finish_runs(&self, runs: &mut Vec<SstableFile>) -> Result<u64> {
         let shared = &self.shared;
-        if runs.len() == 1 {
-            let mut run = runs.pop().expect("one run");
-            if let Err(e) = shared.build_graphs(&mut run).await {
-                sstable::discard(&shared.store, &run.path).await;
-                return Err(e);
+        while runs.len() > MAX_RUNS {
+            let mut merged = Vec::with_capacity(runs.len().div_ceil(MAX_RUNS));
+            for group in runs.chunks(MAX_RUNS) {
+                merged.push(match group {
+                    [one] => one.clone(),
+                    _ => {
+                        let output = shared.merge(group, true, true).await?;
+                        self.discard_runs(group).await;
+                        output
+                    }
+                });
             }
-            return Ok(run);
+            *runs = merged;
         }
-        let merged = shared.merge(&runs, true).await;
-        self.discard_runs(&runs).await;
-        merged
+        for run in runs.iter_mut() {
+            shared.build_graphs(run).await?;
+        }
+        let schema = &shared.schema;
+        if !schema.has_key() {
+            return Ok(runs.iter().map(|r| r.rows).sum());
+        }
+        let mut columns = schema.key.clone();
+        columns.push(schema.stored.fields().len() - 1);
+        let mut streams = Vec::with_capacity(runs.len());
+        for run in runs.iter() {
+            streams.push(merge::Run {
+                rows: shared.reader.stream(run, None, &columns).await?,
+                seq: run.generation,
+            });
+        }
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let mut keys = merge::merge_runs(schema, &columns, streams, false, &pool)?;
+        let mut count = 0;
+        while let Some(batch) = keys.next().await {
+            count += batch?.num_rows() as u64;
+        }
+        Ok(count)
     }
 
-    /// Makes `file` (from [`ShardWriter::finish_runs`]) part of the shard,
-    /// newer than every put before and older than every put after; returns
-    /// once the manifest names it. See the module doc.
-    pub(crate) async fn ingest(&self, mut file: SstableFile) -> Result<()> {
+    /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of
+    /// the shard as consecutive generations, newer than every put before
+    /// and older than every put after; returns once the manifest names
+    /// them. See the module doc.
+    pub(crate) async fn ingest(&self, mut runs: Vec<SstableFile>) -> Result<()> {
         let shared = &self.shared;
         let _no_puts = shared.ingest_gate.write().await;
         let generation = {
@@ -97,15 +138,18 @@ impl ShardWriter {
             // Earlier puts go to SSTables first, in a generation of their own.
             let mut active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
             if active.memtable.written_batches() > 0 {
-                shared.rotate();
+                shared.rotate(1);
                 active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
             }
-            // The now empty active generation is the load: its flush commits
-            // the file (see `Shared::flush`).
-            file.generation = active.number;
-            file.first_generation = active.number;
-            *active.ingested.lock().expect("ingest slot poisoned") = Some(file);
-            shared.rotate();
+            // The now empty active generation is the load, numbered on for
+            // each run: its flush commits the runs (see `Shared::flush`).
+            for (i, run) in runs.iter_mut().enumerate() {
+                run.generation = active.number + i as u64;
+                run.first_generation = run.generation;
+            }
+            let span = runs.len().max(1) as u64;
+            *active.ingested.lock().expect("ingest slot poisoned") = runs;
+            shared.rotate(span);
             active.number
         };
         shared.flush_wake.notify_one();

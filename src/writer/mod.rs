@@ -155,9 +155,9 @@ struct Generation {
     last_position: AtomicU64,
     /// Set once it is frozen and every batch is durable: it may be flushed.
     sealed: AtomicBool,
-    /// A bulk load's SSTable: the content of an empty generation (see
-    /// [`load`]).
-    ingested: Mutex<Option<SstableFile>>,
+    /// A bulk load's SSTables: the content of an empty generation, which
+    /// spans one number per SSTable (see [`load`]).
+    ingested: Mutex<Vec<SstableFile>>,
 }
 
 impl Generation {
@@ -167,7 +167,7 @@ impl Generation {
             memtable: Arc::new(MemTable::indexed(Arc::clone(schema))),
             last_position: AtomicU64::new(0),
             sealed: AtomicBool::new(false),
-            ingested: Mutex::new(None),
+            ingested: Mutex::default(),
         })
     }
 }
@@ -324,17 +324,7 @@ impl ShardWriter {
         options: WriterOptions,
         take_turn: bool,
     ) -> Result<Self> {
-        if options.wal_flush_bytes == 0 || options.memtable_bytes == 0 || options.max_sstables == 0
-        {
-            return Err(Error::invalid(
-                "wal_flush_bytes, memtable_bytes and max_sstables must be positive",
-            ));
-        }
-        if options.max_unflushed_bytes < options.memtable_bytes {
-            return Err(Error::invalid(
-                "max_unflushed_bytes must be at least memtable_bytes",
-            ));
-        }
+        options.check()?;
         if shard >= schema.shards {
             return Err(Error::invalid(format!(
                 "shard {shard} does not exist (the table has {})",
@@ -668,7 +658,7 @@ impl ShardWriter {
             shared.written_rows.fetch_add(rows, Ordering::Relaxed);
             shared.written_bytes.fetch_add(bytes, Ordering::Relaxed);
             if active.memtable.bytes() >= shared.options.memtable_bytes {
-                shared.rotate();
+                shared.rotate(1);
             }
             (active.number, end)
         };
@@ -777,7 +767,7 @@ impl ShardWriter {
             self.shared.closing.store(true, Ordering::Release);
             let active = Arc::clone(self.shared.layers.read().expect("layers poisoned").active());
             if active.memtable.written_batches() > 0 {
-                self.shared.rotate();
+                self.shared.rotate(1);
             }
         }
         self.shared.wake.notify_one();
@@ -855,11 +845,12 @@ impl Shared {
             .fetch_max(at.max(1), Ordering::AcqRel);
     }
 
-    /// Freezes the active MemTable and starts the next generation. Called
-    /// under the append lock.
-    fn rotate(&self) {
+    /// Freezes the active MemTable and starts a generation `span` numbers
+    /// later (1, except after a bulk load's runs). Called under the append
+    /// lock.
+    fn rotate(&self, span: u64) {
         let mut layers = self.layers.write().expect("layers poisoned");
-        let next = Generation::new(layers.active().number + 1, &self.schema);
+        let next = Generation::new(layers.active().number + span, &self.schema);
         layers.generations.push(next);
         self.wake.notify_one();
         self.index_wake.notify_one();

@@ -105,6 +105,25 @@ impl WriterOptions {
         (3 * self.wal_flush_interval).max(Duration::from_millis(250))
     }
 
+    /// Whether the options fit together; a writer opens only with options
+    /// that do.
+    pub fn check(&self) -> Result<()> {
+        if self.wal_flush_bytes == 0 || self.memtable_bytes == 0 || self.max_sstables == 0 {
+            return Err(Error::invalid(
+                "wal_flush_bytes, memtable_bytes and max_sstables must be positive",
+            ));
+        }
+        if self.max_unflushed_bytes < self.memtable_bytes {
+            return Err(Error::invalid(
+                "max_unflushed_bytes must be at least memtable_bytes",
+            ));
+        }
+        if self.lease().is_zero() {
+            return Err(Error::invalid("fence_grace must be at least 1 ms"));
+        }
+        Ok(())
+    }
+
     /// The names [`WriterOptions::set`] takes.
     pub const NAMES: &'static [&'static str] = &[
         "durable",
@@ -254,6 +273,16 @@ mod tests {
             assert!(o.set(name, value).is_err(), "{name}={value}");
         }
         assert_eq!(format!("{o:?}"), before, "a refused value changes nothing");
+        assert!(o.check().is_ok());
+        for (name, value) in [
+            ("fence_grace", "0"),
+            ("max_sstables", "0"),
+            ("memtable_bytes", "1GiB"),
+        ] {
+            let mut bad = WriterOptions::default();
+            bad.set(name, value).unwrap();
+            assert!(bad.check().is_err(), "{name}={value}");
+        }
         let unknown = o.set("memtable_size", "1").unwrap_err().to_string();
         assert!(
             unknown.contains("unknown writer option 'memtable_size'"),

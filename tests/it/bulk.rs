@@ -14,6 +14,7 @@ use datafusion::arrow::array::{
     AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, SchemaRef};
+use futures::StreamExt;
 use memwal::{MemwalSession, Table, WriterOptions};
 
 const DIM: i32 = 4;
@@ -21,7 +22,7 @@ const DIM: i32 = 4;
 fn options() -> WriterOptions {
     WriterOptions {
         wal_flush_interval: Duration::ZERO,
-        load_memory_bytes: 64 << 10,
+        load_memory_bytes: 16 << 10,
         ..WriterOptions::default()
     }
 }
@@ -96,7 +97,8 @@ async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
     // Rows in MemTables before the load, which the load overwrites.
     assert_eq!(table.put(&batch(&schema, 0..500, -1)).await.unwrap(), 500);
     // 40 batches of 1,000 rows over 25,000 keys: keys repeat across the
-    // runs the 64 KiB budget cuts, and the last batch of a key wins.
+    // runs the 16 KiB budget cuts (one per batch and shard, merged in
+    // groups of 16 before the commit), and the last batch of a key wins.
     let mut model: BTreeMap<i64, i64> = (0..500).map(|id| (id, -1)).collect();
     let batches: Vec<RecordBatch> = (0..40)
         .map(|i| {
@@ -193,7 +195,7 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
     let objects = || {
         walk(dir.path())
             .into_iter()
-            .filter(|p| p.contains("/sst/"))
+            .filter(|p| p.contains("/sst/") || p.contains("/load/"))
             .count()
     };
     let sstables_before = objects();
@@ -219,6 +221,53 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
         sstables_before,
         "runs of failed loads are deleted"
     );
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_survives_another_writer_taking_its_shards_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let session = MemwalSession::builder(root)
+        .writer_options(options())
+        .open()
+        .await
+        .unwrap();
+    let table = create(&session, "t", true).await;
+    let schema = Arc::clone(&table.schema().schema);
+    // Handles of their own: writes through them take the shards over,
+    // like another process's.
+    let other = MemwalSession::new(session.catalog().await.unwrap(), options());
+    let other_table = other.table("t").await.unwrap();
+    // A load that takes a while: a batch every 20 ms.
+    let load_schema = Arc::clone(&schema);
+    let slow = futures::stream::iter(0..30).then(move |i| {
+        let schema = Arc::clone(&load_schema);
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(batch(&schema, i * 1000..(i + 1) * 1000, 1))
+        }
+    });
+    let load = tokio::spawn({
+        let table = Arc::clone(&table);
+        async move { table.put_stream(Box::pin(slow)).await }
+    });
+    // Puts of other keys meanwhile, each taking the shards over.
+    let mut model: BTreeMap<i64, i64> = (0..30_000).map(|id| (id, 1)).collect();
+    let mut i = 0;
+    while !load.is_finished() {
+        let ids = (0..8).map(|j| 1_000_000 + i * 8 + j);
+        other_table
+            .put(&batch(&schema, ids.clone(), 2))
+            .await
+            .unwrap();
+        model.extend(ids.map(|id| (id, 2)));
+        i += 1;
+    }
+    assert_eq!(load.await.unwrap().unwrap(), 30_000);
+    assert!(i > 3, "puts ran during the load ({i})");
+    assert_eq!(rows(&table).await, model);
+    other.close().await.unwrap();
     session.close().await.unwrap();
 }
 
