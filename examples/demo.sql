@@ -40,3 +40,12 @@ DELETE FROM shop.orders WHERE order_id = 101;
 SELECT id, title FROM "shop.eu".items ORDER BY id;
 SELECT * FROM "shop.eu".items WHERE id = 2;
 SELECT order_id, sum(qty) AS qty FROM shop.orders GROUP BY order_id ORDER BY 1;
+
+-- Vector search: the nearest items by the column's metric, over every
+-- layer (MemTable and SSTables), with the WHERE applied inside the search.
+SELECT id, title, round(_distance, 4) AS distance
+FROM vector_search('shop.eu.items', 'emb', [0.5, 0.2, 0.0, 0.2], 2)
+WHERE title <> 'lamp';
+
+-- The layers a query reads: MemTables and SSTables per shard.
+EXPLAIN SELECT count(*) FROM "shop.eu".items;

@@ -54,6 +54,22 @@ pub const TAKEOVER_PATIENCE: Duration = Duration::from_secs(120);
 /// Manifest reads a snapshot retries when the WAL moved under it.
 const SNAPSHOT_ATTEMPTS: usize = 10;
 
+impl Part {
+    /// The rows the shard will hold for the part: one per distinct key,
+    /// every row without a key.
+    fn rows_held(&self) -> u64 {
+        let mut distinct = std::collections::HashSet::new();
+        let mut rows = 0;
+        for (batch, keys) in self.batches.iter().zip(&self.keys) {
+            match keys {
+                Some(keys) => distinct.extend(keys.iter().map(|k| &k[..])),
+                None => rows += batch.num_rows() as u64,
+            }
+        }
+        rows + distinct.len() as u64
+    }
+}
+
 /// Shards a bulk load sorts and writes at once.
 const LOAD_CONCURRENCY: usize = 2;
 
@@ -311,13 +327,13 @@ impl Table {
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
         for batch in first {
-            load.add(self.route(vec![batch])?.0);
+            load.add(self.route(vec![batch])?);
         }
         self.spill(load).await?;
         while let Some(batch) = rest.next().await {
             let batch = batch?;
             if batch.num_rows() > 0 {
-                load.add(self.route(vec![self.schema.to_stored(&batch)?])?.0);
+                load.add(self.route(vec![self.schema.to_stored(&batch)?])?);
             }
             if load.bytes > self.options.load_memory_bytes {
                 self.spill(load).await?;
@@ -423,15 +439,15 @@ impl Table {
     /// Sends stored rows to their shards' writers, one put per shard, and
     /// waits for every part (see the module doc on fenced writers).
     async fn write(&self, stored: Vec<RecordBatch>) -> Result<u64> {
-        let (parts, rows) = self.route(stored)?;
+        let parts = self.route(stored)?;
+        let rows = parts.iter().map(Part::rows_held).sum();
         futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
         Ok(rows)
     }
 
     /// Splits stored rows by shard, each row's key encoded once (for
-    /// routing and the MemTable index alike); also counts the rows the
-    /// table will hold for them (distinct keys).
-    fn route(&self, stored: Vec<RecordBatch>) -> Result<(Vec<Part>, u64)> {
+    /// routing and the MemTable index alike).
+    fn route(&self, stored: Vec<RecordBatch>) -> Result<Vec<Part>> {
         let shards = self.shards.len() as u32;
         let mut parts: Vec<Part> = (0..shards)
             .map(|shard| Part {
@@ -447,11 +463,9 @@ impl Table {
         } else {
             self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards
         };
-        let mut rows = 0u64;
         for batch in stored {
             let (batch, keys) = self.schema.keyed(batch)?;
             let Some(keys) = keys else {
-                rows += batch.num_rows() as u64;
                 let part = &mut parts[whole_shard as usize];
                 part.batches.push(batch);
                 part.keys.push(None);
@@ -478,13 +492,7 @@ impl Table {
             }
         }
         parts.retain(|p| !p.batches.is_empty());
-        // Keys of different shards differ: count each shard's.
-        for part in &parts {
-            let keys = part.keys.iter().flatten().flatten();
-            let distinct: std::collections::HashSet<&[u8]> = keys.map(|k| &k[..]).collect();
-            rows += distinct.len() as u64;
-        }
-        Ok((parts, rows))
+        Ok(parts)
     }
 
     /// Puts one shard's part and waits until it is visible (durable, if

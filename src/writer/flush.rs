@@ -21,8 +21,10 @@
 //! 4. at start, objects a crash left behind are collected: SSTables of
 //!    older epochs that the manifest does not name (their writers can no
 //!    longer commit them)
-//!    and WAL entries below the cursor that a crash kept from deletion;
-//!    retired SSTables past their grace period are deleted.
+//!    and WAL entries below the cursor that a crash kept from deletion,
+//!    and runs of bulk loads that never committed once they are old (see
+//!    [`super::load`]); retired SSTables past their grace period are
+//!    deleted.
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -12,11 +12,11 @@
 //! 3. [`ShardWriter::ingest`] makes the runs the shard's next generations
 //!    (a later run's row of a key wins, as it would in a MemTable) in one
 //!    manifest commit; compaction merges them later, in the background.
-//!    Puts wait meanwhile, every
-//!    MemTable holding earlier puts is flushed first, so the load is newer
-//!    than every put acknowledged before it and older than every put after
-//!    it. The commit is the only moment the load becomes visible and
-//!    durable: a shard's part is all there or not at all, across crashes.
+//!    Puts wait meanwhile, and every MemTable holding earlier puts is
+//!    flushed first, so the load is newer than every put acknowledged
+//!    before it and older than every put after it. The commit is the only
+//!    moment the load becomes visible and durable: a shard's part is all
+//!    there or not at all, across crashes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -38,8 +38,8 @@ const RUN_BATCH_ROWS: usize = 8192;
 const MAX_RUNS: usize = 16;
 
 /// A shard's next writer deletes runs of loads that never committed once
-/// they are this old (by the store's clock): a load may run for long, in
-/// another process.
+/// their objects were last modified this long ago: a load may run for
+/// long, in another process.
 pub(super) const ORPHAN_RUN_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 impl ShardWriter {

@@ -265,7 +265,7 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
         i += 1;
     }
     assert_eq!(load.await.unwrap().unwrap(), 30_000);
-    assert!(i > 3, "puts ran during the load ({i})");
+    assert!(i >= 2, "puts ran during the load ({i})");
     assert_eq!(rows(&table).await, model);
     other.close().await.unwrap();
     session.close().await.unwrap();
