@@ -16,7 +16,7 @@ use datafusion::arrow::compute::{cast, concat_batches};
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{DFSchema, ScalarValue, plan_err};
+use datafusion::common::{DFSchema, ScalarValue, TableReference, plan_err};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -34,6 +34,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use super::{CATALOG_NAME, ROOT_SCHEMA};
 use crate::catalog::{Catalog, ObjectPath, ObjectType, TableMeta};
 use crate::hnsw::Metric;
 use crate::read::{Neighbour, VectorQuery};
@@ -61,9 +62,13 @@ impl VectorSearchFunction {
         Self { catalog, tables }
     }
 
+    /// The table named `name`: dotted (`shop.eu.items`), or as SQL names
+    /// it (`"shop.eu".items`, `memwal."shop.eu"."Items"`) when it quotes.
     fn table(&self, name: &str) -> Result<(TableMeta, Arc<Table>)> {
-        let dotted = name.strip_prefix("public.").unwrap_or(name);
-        let path = ObjectPath::parse_dotted(dotted)?;
+        let path = match name.contains('"') {
+            true => sql_path(name)?,
+            false => ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name))?,
+        };
         let snapshot = self.catalog.snapshot();
         let entry = snapshot
             .get(&path)
@@ -80,6 +85,23 @@ impl VectorSearchFunction {
             .get_or_open(self.catalog.root().store(), location, &meta);
         Ok((meta, table))
     }
+}
+
+/// The path of a table as SQL names it: the schema is a namespace path
+/// (dotted), `public` the root, `memwal` the only catalog.
+fn sql_path(name: &str) -> Result<ObjectPath> {
+    let reference = TableReference::parse_str(name);
+    if reference.catalog().is_some_and(|c| c != CATALOG_NAME) {
+        return plan_err!(
+            "vector_search: table '{name}' not found (the catalog is {CATALOG_NAME})"
+        );
+    }
+    let mut levels: Vec<&str> = match reference.schema() {
+        Some(schema) if schema != ROOT_SCHEMA => schema.split('.').collect(),
+        _ => Vec::new(),
+    };
+    levels.push(reference.table());
+    Ok(ObjectPath::new(levels)?)
 }
 
 impl TableFunctionImpl for VectorSearchFunction {
