@@ -62,20 +62,29 @@ impl VectorSearchFunction {
         Self { catalog, tables }
     }
 
-    /// The table named `name`: dotted (`shop.eu.items`), or as SQL names
-    /// it (`"shop.eu".items`, `memwal."shop.eu"."Items"`) when it quotes.
+    /// The table named `name`: dotted (`shop.eu.items`, where a level may
+    /// hold any other character, quotes too), or else as SQL names it
+    /// (`"shop.eu".items`, `memwal."shop.eu"."Items"`).
     fn table(&self, name: &str) -> Result<(TableMeta, Arc<Table>)> {
-        let path = match name.contains('"') {
-            true => sql_path(name)?,
-            false => ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name))?,
-        };
         let snapshot = self.catalog.snapshot();
-        let entry = snapshot
-            .get(&path)
-            .filter(|e| e.object_type == ObjectType::Table)
-            .ok_or_else(|| {
-                DataFusionError::Plan(format!("vector_search: table '{name}' not found"))
-            })?;
+        let table = |path: &ObjectPath| {
+            snapshot
+                .get(path)
+                .filter(|e| e.object_type == ObjectType::Table)
+                .cloned()
+        };
+        let dotted = ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name));
+        let found = match dotted.ok().and_then(|p| Some((table(&p)?, p))) {
+            Some(found) => Some(found),
+            None if name.contains('"') => {
+                let path = sql_path(name)?;
+                table(&path).map(|entry| (entry, path))
+            }
+            None => None,
+        };
+        let (entry, path) = found.ok_or_else(|| {
+            DataFusionError::Plan(format!("vector_search: table '{name}' not found"))
+        })?;
         let meta = TableMeta::from_json(&entry.metadata, &path.to_string())?;
         let location = entry.location.as_deref().ok_or_else(|| {
             DataFusionError::Internal(format!("catalog entry of table {path} has no location"))
