@@ -106,8 +106,8 @@ impl Load {
 
     /// Deletes the runs of a load that failed before their commit.
     async fn discard(&self, store: &Arc<dyn ObjectStore>) {
-        for run in self.runs.iter().flatten() {
-            sstable::discard(store, &run.path).await;
+        for runs in &self.runs {
+            sstable::discard_all(store, runs).await;
         }
     }
 }
@@ -363,9 +363,7 @@ impl Table {
         let rows = match self.writer(shard).await?.finish_runs(&mut runs).await {
             Ok(rows) => rows,
             Err(e) => {
-                for run in &runs {
-                    sstable::discard(&self.store, &run.path).await;
-                }
+                sstable::discard_all(&self.store, &runs).await;
                 return Err(e);
             }
         };

@@ -289,6 +289,13 @@ pub async fn discard(store: &Arc<dyn ObjectStore>, path: &str) {
     }
 }
 
+/// [`discard`] for each of `files`.
+pub async fn discard_all(store: &Arc<dyn ObjectStore>, files: &[SstableFile]) {
+    for file in files {
+        discard(store, &file.path).await;
+    }
+}
+
 /// Writes `graph` (see [`crate::hnsw::Graph::encode`]) as the persisted
 /// graph of `column` next to `file`, which then lists it.
 pub async fn write_graph(

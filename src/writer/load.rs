@@ -19,7 +19,6 @@
 //!    there or not at all, across crashes.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
@@ -88,7 +87,7 @@ impl ShardWriter {
                     [one] => one.clone(),
                     _ => {
                         let output = shared.merge(group, true, true).await?;
-                        self.discard_runs(group).await;
+                        sstable::discard_all(&shared.store, group).await;
                         output
                     }
                 });
@@ -129,12 +128,7 @@ impl ShardWriter {
         let _no_puts = shared.ingest_gate.write().await;
         let generation = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
-            if let Some(e) = &shared.progress.borrow().error {
-                return Err(shared_error(e));
-            }
-            if shared.closing.load(Ordering::Acquire) {
-                return Err(Error::Poisoned("the shard writer is closed".into()));
-            }
+            shared.accepting()?;
             // Earlier puts go to SSTables first, in a generation of their own.
             let mut active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
             if active.memtable.written_batches() > 0 {
@@ -161,16 +155,6 @@ impl ShardWriter {
         match &done.error {
             Some(e) => Err(shared_error(e)),
             None => Ok(()),
-        }
-    }
-}
-
-impl ShardWriter {
-    /// Deletes runs of a load that failed or were merged (failures are
-    /// only logged: the shard's next writer deletes what is left).
-    pub(crate) async fn discard_runs(&self, runs: &[SstableFile]) {
-        for run in runs {
-            sstable::discard(&self.shared.store, &run.path).await;
         }
     }
 }

@@ -641,15 +641,10 @@ impl ShardWriter {
         let _no_load_committing = shared.ingest_gate.read().await;
         let (generation, end) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
-            if let Some(e) = &shared.progress.borrow().error {
-                return Err(shared_error(e));
-            }
-            // Checked under the lock `close` sets it under: the WAL task,
-            // which reads `closing` before `written`, sees every put that
-            // got past here.
-            if shared.closing.load(Ordering::Acquire) {
-                return Err(Error::Poisoned("the shard writer is closed".into()));
-            }
+            // Checked under the lock `close` sets `closing` under: the WAL
+            // task, which reads `closing` before `written`, sees every put
+            // that got past here.
+            shared.accepting()?;
             let active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
             let end = active.memtable.append(put);
             if !shared.options.durable {
@@ -804,6 +799,18 @@ impl Drop for ShardWriter {
 }
 
 impl Shared {
+    /// Whether the writer still takes puts: the error that stopped it, or
+    /// that it is closed. Called under the append lock.
+    fn accepting(&self) -> Result<()> {
+        if let Some(e) = &self.progress.borrow().error {
+            return Err(shared_error(e));
+        }
+        if self.closing.load(Ordering::Acquire) {
+            return Err(Error::Poisoned("the shard writer is closed".into()));
+        }
+        Ok(())
+    }
+
     /// [`Error::Fenced`] naming the manifest version of a newer writer that
     /// claimed the shard, if one did; otherwise records that this writer
     /// owned it when the check started.

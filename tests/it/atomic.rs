@@ -6,7 +6,7 @@
 //! SSTables).
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,8 @@ use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::Int64Type;
 use memwal::{MemwalSession, Table};
 use rand::Rng;
+
+use crate::helpers::run;
 
 /// id → v of one shard.
 type Rows = BTreeMap<i64, i64>;
@@ -36,6 +38,66 @@ async fn shard_rows(table: &Table) -> Vec<Rows> {
         shards.push(rows);
     }
     shards
+}
+
+/// SIGKILLs at an instant that adapts until kills land both before and
+/// after the statements' commits (so a test cannot pass by always
+/// missing); counts the shards found as before and as after.
+struct Kills {
+    rng: rand::rngs::ThreadRng,
+    delay_ms: f64,
+    rounds: usize,
+    before: usize,
+    after: usize,
+}
+
+impl Kills {
+    fn new() -> Self {
+        Self {
+            rng: rand::rng(),
+            delay_ms: 300.0,
+            rounds: 0,
+            before: 0,
+            after: 0,
+        }
+    }
+
+    /// Whether to run another round: at least `min`, then (up to 40)
+    /// until both outcomes were seen.
+    fn more(&self, min: usize) -> bool {
+        self.rounds < min || (self.rounds < 40 && (self.before == 0 || self.after == 0))
+    }
+
+    /// Kills `child` (a no-op if it finished) after the delay, jittered.
+    async fn kill(&mut self, mut child: Child) {
+        let jitter = self.rng.random_range(0.5..1.5);
+        tokio::time::sleep(Duration::from_secs_f64(self.delay_ms * jitter / 1000.0)).await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Records a round's shards found as before and as after, and moves
+    /// the delay towards the commits.
+    fn record(&mut self, before: usize, after: usize) {
+        self.before += before;
+        self.after += after;
+        self.rounds += 1;
+        if after == 0 {
+            self.delay_ms = (self.delay_ms * 1.5).min(10_000.0); // too early
+        } else if before == 0 {
+            self.delay_ms = (self.delay_ms / 1.5).max(5.0); // too late
+        }
+    }
+
+    fn check(&self, what: &str) {
+        let (before, after) = (self.before, self.after);
+        eprintln!("shards found as before the {what}: {before}, as after it: {after}");
+        assert!(
+            before > 0 && after > 0,
+            "{} kills never split before/after ({before}/{after})",
+            self.rounds
+        );
+    }
 }
 
 /// What a statement does to the rows.
@@ -104,34 +166,27 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
         }
         session.close().await.unwrap();
     }
-    let mut rng = rand::rng();
-    let (mut before, mut after) = (0, 0);
-    // The kill instant adapts until kills land both before and after the
-    // statements' commits (so the test cannot pass by always missing).
-    let mut delay_ms = 300.0_f64;
-    let mut i = 0;
-    while i < 8 || (i < 40 && (before == 0 || after == 0)) {
+    let mut kills = Kills::new();
+    while kills.more(8) {
+        let i = kills.rounds;
         let name = ["one", "four"][i % 2];
         let (sql, apply) = statement(i, name);
         let expected_before = {
             let session = MemwalSession::open(&root).await.unwrap();
             shard_rows(&session.table(name).await.unwrap()).await
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        let child = Command::new(env!("CARGO_BIN_EXE_memwal"))
             .args(["--root", &root, "-q", "-c", &sql])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let jitter = rng.random_range(0.5..1.5);
-        tokio::time::sleep(Duration::from_secs_f64(delay_ms * jitter / 1000.0)).await;
-        child.kill().unwrap(); // SIGKILL (a no-op if it finished)
-        child.wait().unwrap();
+        kills.kill(child).await;
 
         let session = MemwalSession::open(&root).await.unwrap();
         let table = session.table(name).await.unwrap();
         let got = shard_rows(&table).await;
-        let (was_before, was_after) = (before, after);
+        let (mut before, mut after) = (0, 0);
         // Which shard each key of the "after" state belongs to.
         let whole_after = apply(
             &expected_before
@@ -167,18 +222,9 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
             }
         }
         session.close().await.unwrap();
-        if after == was_after {
-            delay_ms = (delay_ms * 1.5).min(10_000.0); // too early
-        } else if before == was_before {
-            delay_ms = (delay_ms / 1.5).max(5.0); // too late
-        }
-        i += 1;
+        kills.record(before, after);
     }
-    eprintln!("shards found as before the statement: {before}, as after it: {after}");
-    assert!(
-        before > 0 && after > 0,
-        "{i} kills never split before/after ({before}/{after})"
-    );
+    kills.check("statement");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,22 +247,17 @@ async fn bulk_loads_killed_at_random_instants_are_all_or_none_per_shard() {
     let load =
         |v: usize| format!("INSERT INTO t SELECT value, {v} FROM generate_series(1, {rows})");
     assert!(shell(&load(0)).wait().unwrap().success());
-    let mut rng = rand::rng();
-    let (mut before, mut after, mut version) = (0, 0, 0);
-    let mut delay_ms = 300.0_f64;
-    let mut i = 0;
-    while i < 6 || (i < 40 && (before == 0 || after == 0)) {
-        let mut child = shell(&load(version + 1));
-        let jitter = rng.random_range(0.5..1.5);
-        tokio::time::sleep(Duration::from_secs_f64(delay_ms * jitter / 1000.0)).await;
-        child.kill().unwrap();
-        child.wait().unwrap();
+    let mut kills = Kills::new();
+    let mut version = 0;
+    while kills.more(6) {
+        let i = kills.rounds;
+        kills.kill(shell(&load(version + 1))).await;
 
         // Every shard holds all its rows, each of one version: the one
         // before the load or the load's.
         let session = MemwalSession::open(&root).await.unwrap();
         let table = session.table("t").await.unwrap();
-        let (was_before, was_after) = (before, after);
+        let (mut before, mut after) = (0, 0);
         let mut total = 0;
         for (shard, got) in shard_rows(&table).await.iter().enumerate() {
             total += got.len() as i64;
@@ -229,30 +270,15 @@ async fn bulk_loads_killed_at_random_instants_are_all_or_none_per_shard() {
         }
         assert_eq!(total, rows, "load {i}");
         session.close().await.unwrap();
-        if after > was_after {
+        if after > 0 {
             // Bring every shard to the load's version; the next load is
             // one newer.
             version += 1;
             let session = MemwalSession::open(&root).await.unwrap();
-            session
-                .sql(&load(version))
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
+            run(&session, &load(version)).await;
             session.close().await.unwrap();
         }
-        if after == was_after {
-            delay_ms = (delay_ms * 1.5).min(10_000.0); // too early
-        } else if before == was_before {
-            delay_ms = (delay_ms / 1.5).max(5.0); // too late
-        }
-        i += 1;
+        kills.record(before, after);
     }
-    eprintln!("shards found as before the load: {before}, as after it: {after}");
-    assert!(
-        before > 0 && after > 0,
-        "{i} kills never split before/after ({before}/{after})"
-    );
+    kills.check("load");
 }

@@ -17,6 +17,8 @@ use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, Sche
 use futures::StreamExt;
 use memwal::{MemwalSession, Table, WriterOptions};
 
+use crate::helpers::{files, run};
+
 const DIM: i32 = 4;
 
 fn options() -> WriterOptions {
@@ -71,6 +73,15 @@ async fn rows(table: &Table) -> BTreeMap<i64, i64> {
     out
 }
 
+/// A session on `root` whose tables write with [`options`].
+async fn open(root: &str) -> MemwalSession {
+    MemwalSession::builder(root)
+        .writer_options(options())
+        .open()
+        .await
+        .unwrap()
+}
+
 async fn create(session: &MemwalSession, name: &str, key: bool) -> Arc<Table> {
     let key = if key { ", PRIMARY KEY (id)" } else { "" };
     session
@@ -87,11 +98,7 @@ async fn create(session: &MemwalSession, name: &str, key: bool) -> Arc<Table> {
 async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let session = MemwalSession::builder(root)
-        .writer_options(options())
-        .open()
-        .await
-        .unwrap();
+    let session = open(root).await;
     let table = create(&session, "t", true).await;
     let schema = Arc::clone(&table.schema().schema);
     // Rows in MemTables before the load, which the load overwrites.
@@ -137,7 +144,7 @@ async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
          WHERE v >= 0 ORDER BY _distance",
         model[&123]
     );
-    let hits = session.sql(&query).await.unwrap().collect().await.unwrap();
+    let hits = run(&session, &query).await;
     let first = hits[0].column(0).as_primitive::<Int64Type>().value(0);
     assert_eq!(
         first, 123,
@@ -155,22 +162,12 @@ async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
 async fn a_load_without_a_key_appends_every_row() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let session = MemwalSession::builder(root)
-        .writer_options(options())
-        .open()
-        .await
-        .unwrap();
+    let session = open(root).await;
     let table = create(&session, "log", false).await;
     let schema = Arc::clone(&table.schema().schema);
     let stream = futures::stream::iter((0..30).map(|i| Ok(batch(&schema, 0..1000, i))));
     assert_eq!(table.put_stream(stream).await.unwrap(), 30_000);
-    let count = session
-        .sql("SELECT count(*), count(DISTINCT v) FROM log")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let count = run(&session, "SELECT count(*), count(DISTINCT v) FROM log").await;
     assert_eq!(
         count[0].column(0).as_primitive::<Int64Type>().value(0),
         30_000
@@ -183,18 +180,15 @@ async fn a_load_without_a_key_appends_every_row() {
 async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let session = MemwalSession::builder(root)
-        .writer_options(options())
-        .open()
-        .await
-        .unwrap();
+    let session = open(root).await;
     let table = create(&session, "t", true).await;
     let schema = Arc::clone(&table.schema().schema);
     table.put(&batch(&schema, 0..10, 1)).await.unwrap();
     let before = rows(&table).await;
     let objects = || {
-        walk(dir.path())
-            .into_iter()
+        files(dir.path())
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
             .filter(|p| p.contains("/sst/") || p.contains("/load/"))
             .count()
     };
@@ -228,11 +222,7 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
 async fn a_load_survives_another_writer_taking_its_shards_over() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let session = MemwalSession::builder(root)
-        .writer_options(options())
-        .open()
-        .await
-        .unwrap();
+    let session = open(root).await;
     let table = create(&session, "t", true).await;
     let schema = Arc::clone(&table.schema().schema);
     // Handles of their own: writes through them take the shards over,
@@ -269,20 +259,6 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     assert_eq!(rows(&table).await, model);
     other.close().await.unwrap();
     session.close().await.unwrap();
-}
-
-/// Every file under `dir`.
-fn walk(dir: &std::path::Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path.to_string_lossy().into_owned());
-        }
-    }
-    out
 }
 
 /// Runs `memwal` with `args`, returning its stdout and peak RSS in bytes.

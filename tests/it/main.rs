@@ -9,6 +9,7 @@ mod crash;
 mod damage;
 mod damaged_catalog;
 mod gc;
+mod helpers;
 mod hnsw;
 mod lsm;
 mod names;
