@@ -13,7 +13,8 @@ use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use memwal::hnsw::dataset::{Shape, to_array, vectors};
-use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
+use memwal::hnsw::{Graph, distance, kernel};
+use memwal::schema::{HnswParams, Metric};
 
 const DIM: usize = 1024;
 const SHAPE: Shape = Shape::Clustered {

@@ -21,7 +21,8 @@ use clap::{Parser, ValueEnum};
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Float32Type;
 use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
-use memwal::hnsw::{Graph, HnswParams, Metric, distance, kernel};
+use memwal::hnsw::{Graph, distance, kernel};
+use memwal::schema::{HnswParams, Metric};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ShapeArg {

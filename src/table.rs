@@ -1,7 +1,7 @@
 //! [`Table`]: one table of a root as this process uses it — the Rust API
 //! for `put`, `delete`, `get` and scans, and what the SQL layer runs on.
 //!
-//! Writes route by the primary key's shard (see [`crate::memtable::key`]);
+//! Writes route by the primary key's shard (see [`crate::schema::key`]);
 //! a table without a key is append-only and sends each batch to the next
 //! shard in turn. Each shard's writer is opened on first write (one per
 //! shard per process) and re-opened after it stopped (fenced by another
@@ -38,10 +38,9 @@ use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 
-use crate::catalog::TableMeta;
 use crate::error::{Error, Result};
-use crate::memtable::{KeyedBatch, TableSchema, key};
 use crate::read::{ShardSnapshot, WalTail};
+use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{self, SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
@@ -810,5 +809,21 @@ impl TableCache {
     /// Closes every open table (see [`Table::close`]).
     pub async fn close(&self) -> Result<()> {
         self.close_unless(|_| false).await
+    }
+}
+
+/// Defined here, where the write and read paths meet, so that the writer
+/// hands out its layers without knowing how readers use them.
+impl ShardWriter {
+    /// What a reader sees of the shard now: the visible rows of every
+    /// MemTable not yet in an SSTable, and the manifest's SSTables.
+    pub fn snapshot(&self) -> ShardSnapshot {
+        let (memtables, sstables) = self.layers();
+        ShardSnapshot {
+            schema: Arc::clone(self.schema()),
+            reader: Arc::clone(self.sstable_reader()),
+            memtables,
+            sstables,
+        }
     }
 }

@@ -144,7 +144,7 @@ pub struct Entry {
     pub object_type: ObjectType,
     /// For a table: where its data lives, relative to the root.
     pub location: Option<String>,
-    /// JSON; for a table a [`crate::catalog::TableMeta`].
+    /// JSON; for a table a [`crate::schema::TableMeta`].
     pub metadata: String,
     /// Objects this one is derived from (reserved; empty today).
     pub base_objects: Vec<String>,

@@ -14,7 +14,6 @@
 mod entry;
 mod format;
 mod state;
-mod table_meta;
 
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -25,9 +24,9 @@ use tokio::sync::oneshot;
 
 pub use entry::{Entry, ObjectPath, ObjectType};
 pub use state::{CatalogState, Mutation, Outcome};
-pub use table_meta::{ColumnOptions, MAX_SHARDS, MAX_VECTOR_DIM, Metric, TableMeta, VectorOptions};
 
 use crate::error::{Error, Result};
+use crate::schema::TableMeta;
 use crate::store::{
     CommitOptions, ObjectRoot, Versioned, VersionedObjects, delete_if_present, paths,
 };

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use super::entry::{Entry, ObjectPath, ObjectType};
-use super::table_meta::TableMeta;
 use crate::error::{Error, Result};
+use crate::schema::TableMeta;
 
 /// The entries of one catalog version, sorted by `object_id`; lookups are
 /// binary searches.

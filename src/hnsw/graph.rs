@@ -27,7 +27,7 @@ use datafusion::arrow::datatypes::Float32Type;
 
 use super::kernel::{Kernel, Kernel4, kernels};
 use super::persist::Parts;
-use super::{HnswParams, Metric};
+use crate::schema::{HnswParams, Metric};
 
 /// Nodes in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
 const FIRST_SEGMENT: usize = 1024;

@@ -19,7 +19,8 @@
 
 use datafusion::arrow::buffer::ScalarBuffer;
 
-use super::{Graph, HnswParams, Metric};
+use super::Graph;
+use crate::schema::{HnswParams, Metric};
 
 const MAGIC: &[u8; 8] = b"MWHNSW\0\0";
 /// The format version this code writes and reads.

@@ -17,11 +17,8 @@
 //!   visible prefix finds the newest visible version even while newer rows
 //!   are being added, and a vector search can tell a row's newest version.
 //!
-//! `key` (the canonical key encoding and the shard hash) and `schema` (the
-//! stored row form and input checks) are the table-level halves.
-
-pub mod key;
-mod schema;
+//! The stored row form, the key encoding and the input checks it relies on
+//! are in [`crate::schema`].
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -29,9 +26,8 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 use datafusion::arrow::array::{AsArray, RecordBatch};
 
-pub use schema::{TableSchema, VectorColumn};
-
 use crate::hnsw::Graph;
+use crate::schema::{KeyedBatch, TableSchema};
 
 /// Slots in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
 const FIRST_SEGMENT: usize = 32;
@@ -89,9 +85,12 @@ pub struct StoredBatch {
     pub first_row: u64,
 }
 
-/// One stored batch of a put with each row's key encoding (`None` for an
-/// append-only table).
-pub type KeyedBatch = (RecordBatch, Option<Vec<Box<[u8]>>>);
+/// A MemTable as a snapshot sees it: its first `batches` batches.
+#[derive(Debug, Clone)]
+pub struct MemLayer {
+    pub memtable: Arc<MemTable>,
+    pub batches: usize,
+}
 
 /// Where a key's versions are.
 #[derive(Default)]
@@ -362,7 +361,7 @@ impl MemTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::TableMeta;
+    use crate::schema::{TableMeta, key};
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 

@@ -24,16 +24,10 @@ pub use vector::{EXACT_BELOW_ROWS, Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
 
 use crate::error::Result;
-use crate::memtable::{MemTable, TableSchema};
+use crate::memtable::MemLayer;
+use crate::schema::TableSchema;
 use crate::sstable::merge::{self, KeyRange, Run};
 use crate::sstable::{SstableFile, SstableReader, newest_per_key_sorted};
-
-/// A MemTable as a snapshot sees it: its first `batches` batches.
-#[derive(Debug, Clone)]
-pub struct MemLayer {
-    pub memtable: Arc<MemTable>,
-    pub batches: usize,
-}
 
 /// What a reader sees of one shard at one moment: MemTable layers (the
 /// writer's frozen and active MemTables, or the durable WAL after the
@@ -504,8 +498,8 @@ fn memtable_key_range(schema: &TableSchema, batches: &[RecordBatch]) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::TableMeta;
-    use crate::memtable::KeyedBatch;
+    use crate::memtable::MemTable;
+    use crate::schema::{KeyedBatch, TableMeta};
     use crate::sstable::{self, ROW_GROUP_ROWS};
     use datafusion::arrow::array::{AsArray, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};

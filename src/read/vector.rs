@@ -31,9 +31,10 @@ use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::PhysicalExpr;
 use futures::TryStreamExt;
 
-use super::{MemLayer, ShardSnapshot};
+use super::ShardSnapshot;
 use crate::error::{Error, Result};
-use crate::hnsw::Metric;
+use crate::memtable::MemLayer;
+use crate::schema::Metric;
 use crate::sstable::{SstableFile, VectorColumnData};
 
 /// A layer that could offer fewer rows than this (live rows, or rows the

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
-use super::MemLayer;
 use crate::error::{Error, Result};
-use crate::memtable::{MemTable, TableSchema};
+use crate::memtable::MemLayer;
+use crate::memtable::MemTable;
+use crate::schema::TableSchema;
 use crate::wal::{EntryKind, WalLog};
 
 /// WAL objects read at the same time by a refresh.

@@ -23,8 +23,9 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use super::{CATALOG_NAME, namespace_to_schema, not_null, schema_to_namespace};
-use crate::catalog::{Catalog, ObjectPath, Outcome, TableMeta};
+use crate::catalog::{Catalog, ObjectPath, Outcome};
 use crate::error::{Error, Result};
+use crate::schema::TableMeta;
 
 /// Whether `statement` is DDL that memwal runs (see [`try_execute`]).
 pub(crate) fn is_memwal_ddl(statement: &DFStatement) -> bool {

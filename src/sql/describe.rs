@@ -25,8 +25,9 @@ use datafusion::sql::sqlparser::keywords::{
 };
 
 use super::{CATALOG_NAME, ddl, namespace_to_schema};
-use crate::catalog::{Catalog, ObjectPath, TableMeta};
+use crate::catalog::{Catalog, ObjectPath};
 use crate::error::{Error, Result};
+use crate::schema::TableMeta;
 
 /// The answer to `statement` if it is `SHOW CREATE TABLE` or `DESCRIBE` of
 /// a memwal table; `None` otherwise.

@@ -28,8 +28,9 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
 use super::exec::{DeleteExec, ScanExec, ScanMode};
-use crate::catalog::{ObjectPath, TableMeta};
+use crate::catalog::ObjectPath;
 use crate::read::KeyBounds;
+use crate::schema::TableMeta;
 use crate::table::Table;
 
 /// A table of the catalog, backed by this process's [`Table`].

@@ -35,9 +35,10 @@ use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, Pla
 use futures::StreamExt;
 
 use super::{CATALOG_NAME, ROOT_SCHEMA};
-use crate::catalog::{Catalog, ObjectPath, ObjectType, TableMeta};
-use crate::hnsw::Metric;
+use crate::catalog::{Catalog, ObjectPath, ObjectType};
 use crate::read::{Neighbour, VectorQuery};
+use crate::schema::Metric;
+use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
 
 /// The name of the distance column `vector_search` adds.

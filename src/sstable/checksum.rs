@@ -24,7 +24,7 @@ use datafusion::parquet::file::metadata::{KeyValue, ParquetMetaData};
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
-use crate::memtable::TableSchema;
+use crate::schema::TableSchema;
 
 /// Bytes per checksummed block of an SSTable's data region.
 pub const BLOCK: u64 = 32 << 10;

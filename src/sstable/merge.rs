@@ -28,7 +28,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
 use crate::error::{Error, Result};
-use crate::memtable::TableSchema;
+use crate::schema::TableSchema;
 
 /// Rows per merged batch.
 const BATCH_ROWS: usize = 8192;

@@ -50,7 +50,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::memtable::TableSchema;
+use crate::schema::TableSchema;
 use crate::store::paths;
 
 /// Rows per Parquet row group: small enough for key predicates to skip
@@ -415,7 +415,7 @@ pub fn decode(schema: &TableSchema, path: &str, bytes: Bytes) -> Result<Vec<Reco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::TableMeta;
+    use crate::schema::TableMeta;
     use datafusion::arrow::array::{Array, AsArray, Int64Array};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};

@@ -37,7 +37,7 @@ use super::object::SstableObject;
 use super::{SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
-use crate::memtable::TableSchema;
+use crate::schema::TableSchema;
 use crate::store::paths;
 use datafusion::common::ScalarValue;
 

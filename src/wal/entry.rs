@@ -10,7 +10,7 @@
 //!
 //! The stream's schema metadata carries the format version, the kind
 //! (`data` or `fence`), the writer's epoch and the MemTable generation.
-//! Data entries hold the table's columns plus [`TOMBSTONE_COLUMN`]; a fence
+//! Data entries hold the table's columns plus [`crate::schema::TOMBSTONE_COLUMN`]; a fence
 //! entry has no columns and no rows.
 
 use std::collections::HashMap;
@@ -19,14 +19,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::Schema;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 
 use crate::error::{Error, Result};
-
-/// The column marking deleted keys in data entries (true: tombstone).
-pub const TOMBSTONE_COLUMN: &str = "_tombstone";
 
 const MAGIC: &[u8; 4] = b"MWL2";
 /// Entries whose CRC covers the stream only.
@@ -57,29 +54,13 @@ pub struct WalEntry {
     /// MemTable generation its rows belong to (0 for a fence).
     pub generation: u64,
     /// For data entries: the rows, in put order, each batch with the
-    /// table's columns plus [`TOMBSTONE_COLUMN`].
+    /// table's columns plus [`crate::schema::TOMBSTONE_COLUMN`].
     pub batches: Vec<RecordBatch>,
-}
-
-/// The schema of data entries: the table's columns, all nullable (a
-/// tombstone carries only its key), plus [`TOMBSTONE_COLUMN`].
-pub fn entry_schema(table: &Schema) -> SchemaRef {
-    let mut fields: Vec<Arc<Field>> = table
-        .fields()
-        .iter()
-        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
-        .collect();
-    fields.push(Arc::new(Field::new(
-        TOMBSTONE_COLUMN,
-        DataType::Boolean,
-        false,
-    )));
-    Arc::new(Schema::new(fields))
 }
 
 impl WalEntry {
     /// A data entry; every batch must have the same schema (see
-    /// [`entry_schema`]).
+    /// [`crate::schema::stored_schema`]).
     pub fn data(epoch: u64, generation: u64, batches: Vec<RecordBatch>) -> Self {
         Self {
             kind: EntryKind::Data,
@@ -231,7 +212,9 @@ fn entry_crc(path: &str, body: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::stored_schema;
     use datafusion::arrow::array::{BooleanArray, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field};
 
     fn batch(ids: &[i64]) -> RecordBatch {
         let table = Schema::new(vec![
@@ -240,7 +223,7 @@ mod tests {
         ]);
         let n = ids.len();
         RecordBatch::try_new(
-            entry_schema(&table),
+            stored_schema(&table),
             vec![
                 Arc::new(Int64Array::from(ids.to_vec())),
                 Arc::new(StringArray::from(vec![Some("x"); n])),

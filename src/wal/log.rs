@@ -197,7 +197,8 @@ impl WalLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wal::entry::{EntryKind, entry_schema};
+    use crate::schema::stored_schema;
+    use crate::wal::entry::EntryKind;
     use datafusion::arrow::array::{BooleanArray, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use object_store::memory::InMemory;
@@ -205,7 +206,7 @@ mod tests {
     fn entry(epoch: u64, ids: &[i64]) -> WalEntry {
         let table = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
         let batch = RecordBatch::try_new(
-            entry_schema(&table),
+            stored_schema(&table),
             vec![
                 Arc::new(Int64Array::from(ids.to_vec())),
                 Arc::new(BooleanArray::from(vec![false; ids.len()])),

@@ -6,5 +6,5 @@
 mod entry;
 mod log;
 
-pub use entry::{EntryKind, TOMBSTONE_COLUMN, WalEntry, entry_schema};
+pub use entry::{EntryKind, WalEntry};
 pub use log::WalLog;

@@ -52,8 +52,8 @@ pub use manifest::{Fence, RetiredFile, ShardManifest};
 pub use options::WriterOptions;
 
 use crate::error::{Error, Result};
-use crate::memtable::{KeyedBatch, MemTable, TableSchema};
-use crate::read::{MemLayer, ShardSnapshot};
+use crate::memtable::{MemLayer, MemTable};
+use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::{EntryKind, WalEntry, WalLog};
@@ -532,9 +532,10 @@ impl ShardWriter {
         self.shared.epoch
     }
 
-    /// What a reader sees of the shard now: the visible rows of every
-    /// MemTable not yet in an SSTable, and the manifest's SSTables.
-    pub fn snapshot(&self) -> ShardSnapshot {
+    /// What a reader may see of the shard now: the visible batches of every
+    /// MemTable not yet in an SSTable (oldest first), and the manifest's
+    /// SSTables. `crate::table` makes snapshots of them.
+    pub fn layers(&self) -> (Vec<MemLayer>, Arc<Vec<SstableFile>>) {
         let layers = self.shared.layers.read().expect("layers poisoned");
         // Newest first: a batch of a newer generation becomes visible only
         // after every batch of the older ones, so reading the visible
@@ -549,12 +550,12 @@ impl ShardWriter {
             })
             .collect();
         memtables.reverse();
-        ShardSnapshot {
-            schema: Arc::clone(&self.shared.schema),
-            reader: Arc::clone(&self.shared.reader),
-            memtables,
-            sstables: Arc::clone(&layers.sstables),
-        }
+        (memtables, Arc::clone(&layers.sstables))
+    }
+
+    /// The reader of this shard's SSTables (its caches are shared).
+    pub fn sstable_reader(&self) -> &Arc<SstableReader> {
+        &self.shared.reader
     }
 
     /// The table schema this writer checks puts against.

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array as array, vectors};
-use memwal::hnsw::{Graph, Hit, HnswParams, Metric, distance};
+use memwal::hnsw::{Graph, Hit, distance};
+use memwal::schema::{HnswParams, Metric};
 
 /// Adds `data` in `batch`-row appends on one thread (row = position).
 fn build(graph: &Graph, data: &[f32], dim: usize, batch: usize) {
@@ -181,8 +182,8 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use futures::TryStreamExt;
-    use memwal::memtable::TableSchema;
     use memwal::read::VectorQuery;
+    use memwal::schema::TableSchema;
     use memwal::{ShardWriter, TableMeta, WriterOptions};
     use object_store::ObjectStore;
 

@@ -12,7 +12,7 @@ use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::TryStreamExt;
-use memwal::memtable::TableSchema;
+use memwal::schema::TableSchema;
 use memwal::store::{CommitOptions, Fault, FaultyStore, OpKind, VersionedObjects, paths};
 use memwal::wal::{EntryKind, WalLog};
 use memwal::writer::ShardManifest;

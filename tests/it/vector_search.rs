@@ -22,9 +22,9 @@ use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{binary, col, lit};
 use memwal::hnsw::dataset::{Shape, vectors};
-use memwal::hnsw::{HnswParams, Metric};
-use memwal::memtable::TableSchema;
 use memwal::read::{ShardSnapshot, VectorQuery};
+use memwal::schema::TableSchema;
+use memwal::schema::{HnswParams, Metric};
 use memwal::{ShardWriter, TableMeta, WriterOptions};
 use object_store::ObjectStore;
 

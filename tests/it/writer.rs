@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
-use memwal::memtable::TableSchema;
+use memwal::schema::TableSchema;
 use memwal::store::{Fault, FaultyStore, OpKind, paths};
 use memwal::wal::WalLog;
 use memwal::{Error, ShardWriter, TableMeta, WriterOptions};

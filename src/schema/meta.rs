@@ -7,8 +7,8 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use serde::{Deserialize, Serialize};
 
+use super::{HnswParams, Metric};
 use crate::error::{Error, Result};
-pub use crate::hnsw::{HnswParams, Metric};
 
 /// Largest accepted vector dimension.
 pub const MAX_VECTOR_DIM: i32 = 65_536;
@@ -586,7 +586,7 @@ mod tests {
                 Ok(meta) => {
                     accepted += 1;
                     // Whatever decodes is usable.
-                    let table = crate::memtable::TableSchema::new(&meta);
+                    let table = crate::schema::TableSchema::new(&meta);
                     assert!((1..=MAX_SHARDS).contains(&table.shards));
                     assert_eq!(table.key.len(), meta.primary_key().len());
                 }

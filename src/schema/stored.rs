@@ -8,11 +8,34 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 
-use super::{KeyedBatch, key};
-use crate::catalog::TableMeta;
+use datafusion::arrow::datatypes::{Field, Schema};
+
+use super::{HnswParams, Metric, TableMeta, key};
 use crate::error::{Error, Result};
-use crate::hnsw::{HnswParams, Metric};
-use crate::wal::entry_schema;
+
+/// The column marking deleted keys in stored rows (true: tombstone).
+pub const TOMBSTONE_COLUMN: &str = "_tombstone";
+
+/// One stored batch of a put with each row's key encoding (`None` for an
+/// append-only table).
+pub type KeyedBatch = (RecordBatch, Option<Vec<Box<[u8]>>>);
+
+/// The schema of stored rows (MemTable batches, WAL data entries): the
+/// table's columns, all nullable (a tombstone carries only its key), plus
+/// [`TOMBSTONE_COLUMN`].
+pub fn stored_schema(table: &Schema) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = table
+        .fields()
+        .iter()
+        .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
+        .collect();
+    fields.push(Arc::new(Field::new(
+        TOMBSTONE_COLUMN,
+        DataType::Boolean,
+        false,
+    )));
+    Arc::new(Schema::new(fields))
+}
 
 /// What the write and read paths need to know about one table's rows.
 ///
@@ -60,7 +83,7 @@ impl TableSchema {
             })
             .collect();
         Self {
-            stored: entry_schema(&schema),
+            stored: stored_schema(&schema),
             key: meta.primary_key_indices(),
             vectors,
             shards: meta.shards(),

@@ -1,0 +1,18 @@
+//! What a table is, shared by every layer above the store (DESIGN.md §9):
+//! its definition as the catalog keeps it ([`TableMeta`]), the stored form
+//! of its rows and the checks on input ([`TableSchema`]), the canonical key
+//! encoding and the shard a key routes to ([`key`]), and the vector metric
+//! and graph parameters ([`Metric`], [`HnswParams`]).
+//!
+//! This module imports nothing of memwal but errors, so the write path, the
+//! read path and the catalog can all depend on it without depending on each
+//! other.
+
+pub mod key;
+mod meta;
+mod metric;
+mod stored;
+
+pub use meta::{ColumnOptions, MAX_SHARDS, MAX_VECTOR_DIM, TableMeta, VectorOptions};
+pub use metric::{HnswParams, Metric};
+pub use stored::{KeyedBatch, TOMBSTONE_COLUMN, TableSchema, VectorColumn, stored_schema};
