@@ -33,9 +33,12 @@
 //!   is never acknowledged.
 
 mod flush;
+mod index_task;
 mod load;
 mod manifest;
 mod options;
+mod replay;
+mod wal_task;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,13 +53,14 @@ use tokio::task::JoinHandle;
 pub(crate) use manifest::versions as manifest_versions;
 pub use manifest::{Fence, RetiredFile, ShardManifest};
 pub use options::WriterOptions;
+use replay::Replayed;
 
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
 use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
-use crate::wal::{EntryKind, WalEntry, WalLog};
+use crate::wal::WalLog;
 
 /// The longest a claim waits for other writers' turns to end.
 const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
@@ -336,119 +340,26 @@ impl ShardWriter {
         let claimed_at = Instant::now();
         let turn = take_turn.then(|| options.turn());
         let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE).await?;
-        let ShardManifest {
-            epoch,
-            replay_after,
-            generation,
-            ..
-        } = claimed.state.as_ref().clone();
+        let (epoch, replay_after) = (claimed.state.epoch, claimed.state.replay_after);
         let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
         let fence = wal.fence(epoch, replay_after).await?;
 
-        // One MemTable per recorded generation, in WAL order.
-        let mut generations: Vec<Arc<Generation>> = Vec::new();
-        // Replayed fences count as written now: later than they were, so
-        // never deleted early.
-        let now_ms = manifest::now_ms();
-        let mut fences = BTreeMap::from([(fence, now_ms)]);
-        let (mut rows, mut bytes) = (0, 0);
-        let replayed = match wal.replay(replay_after).await {
-            Ok(replayed) => replayed,
-            // Entries that vanished under the replay were flushed and
-            // deleted by a newer writer: this one is fenced, the WAL fine.
-            // Damage the newer writer's replay has not passed is damage.
-            Err(Error::Corrupt { path, reason }) => {
-                let latest = versions.load_latest(0, ShardManifest::decode).await?;
-                let flushed = object_store::path::Path::parse(&path)
-                    .ok()
-                    .and_then(|p| p.filename().and_then(paths::parse_wal_file))
-                    .is_some_and(|position| position <= latest.state.replay_after);
-                if latest.state.epoch > epoch && flushed {
-                    return Err(Error::Fenced {
-                        path: versions.path_of(latest.version).to_string(),
-                        epoch,
-                        by_epoch: latest.state.epoch,
-                    });
-                }
-                return Err(Error::Corrupt { path, reason });
-            }
-            Err(e) => return Err(e),
-        };
-        for (position, entry) in replayed {
-            if position >= fence {
-                break;
-            }
-            if entry.kind != EntryKind::Data {
-                fences.insert(position, now_ms);
-                continue;
-            }
-            let corrupt = |reason: String| Error::Corrupt {
-                path: wal.path_of(position).to_string(),
-                reason,
-            };
-            let current = match generations.last() {
-                Some(g) if g.number == entry.generation => Arc::clone(g),
-                Some(g) if g.number > entry.generation => {
-                    return Err(corrupt(format!(
-                        "generation {} after generation {}",
-                        entry.generation, g.number
-                    )));
-                }
-                _ => {
-                    let g = Generation::new(entry.generation, &schema);
-                    generations.push(Arc::clone(&g));
-                    g
-                }
-            };
-            let mut put = Vec::with_capacity(entry.batches.len());
-            for batch in entry.batches {
-                let batch =
-                    RecordBatch::try_new(Arc::clone(&schema.stored), batch.columns().to_vec())
-                        .map_err(|e| corrupt(format!("rows do not fit the table: {e}")))?;
-                rows += batch.num_rows() as u64;
-                bytes += batch.get_array_memory_size() as u64;
-                put.push(schema.keyed(batch)?);
-            }
-            current.memtable.append(put);
-            current.last_position.store(position, Ordering::Relaxed);
-        }
-        // The newest replayed generation stays active unless the manifest
-        // is past it or it is full; every other one is sealed and flushes
-        // at once.
-        match generations.last() {
-            None => generations.push(Generation::new(generation.max(1), &schema)),
-            Some(g) if g.number < generation => {
-                generations.push(Generation::new(generation, &schema))
-            }
-            Some(g) if g.memtable.bytes() >= options.memtable_bytes => {
-                let next = g.number + 1;
-                generations.push(Generation::new(next, &schema));
-            }
-            // Taken back in a contest: the writers may keep fencing each
-            // other before any of them fills a MemTable, so flush a long
-            // tail now rather than replay it at every takeover.
-            Some(g) if take_turn && fence - replay_after > SEAL_REPLAYED_ENTRIES => {
-                let next = g.number + 1;
-                generations.push(Generation::new(next, &schema));
-            }
-            Some(_) => {}
-        }
+        let Replayed {
+            generations,
+            fences,
+            rows,
+            bytes,
+        } = replay::replay(
+            &wal,
+            &versions,
+            &claimed.state,
+            fence,
+            &schema,
+            &options,
+            take_turn,
+        )
+        .await?;
         let active_number = generations.last().expect("pushed above").number;
-        // Replayed rows were visible before (to readers of the WAL): they
-        // are indexed before the writer serves anyone, so they stay so.
-        for g in &generations {
-            let (memtable, threads) = (Arc::clone(&g.memtable), options.index_threads);
-            let written = memtable.written_batches();
-            tokio::task::spawn_blocking(move || memtable.index_to(written, threads))
-                .await
-                .map_err(|e| Error::Poisoned(format!("indexing replayed rows failed: {e}")))?;
-        }
-        for g in &generations {
-            g.memtable.mark_durable(g.memtable.written_batches());
-            if g.number != active_number {
-                g.sealed.store(true, Ordering::Release);
-            }
-        }
         let active_batches = generations
             .last()
             .expect("pushed above")
@@ -896,267 +807,5 @@ impl Shared {
         self.wake.notify_one();
         self.flush_wake.notify_one();
         self.index_wake.notify_one();
-    }
-
-    /// The index loop: inserts the vectors of written batches into their
-    /// MemTable's graphs, generation by generation, off the async runtime;
-    /// each step makes the batches visible once they are durable too.
-    async fn run_index(self: Arc<Self>) {
-        self.index_all().await;
-        self.index_done.store(true, Ordering::Release);
-        self.flush_wake.notify_one();
-    }
-
-    async fn index_all(&self) {
-        loop {
-            let closing = self.closing.load(Ordering::Acquire);
-            let at = {
-                let p = self.progress.borrow();
-                if p.error.is_some() {
-                    return;
-                }
-                p.indexed_generation
-            };
-            let (generation, next) = {
-                let layers = self.layers.read().expect("layers poisoned");
-                let i = layers
-                    .generations
-                    .iter()
-                    .position(|g| g.number >= at)
-                    .expect("the active generation is never flushed");
-                (
-                    Arc::clone(&layers.generations[i]),
-                    layers.generations.get(i + 1).map(|g| g.number),
-                )
-            };
-            // A generation is flushed only once indexed: one that is gone
-            // was done.
-            if generation.number != at {
-                self.progress.send_modify(|p| {
-                    p.indexed_generation = generation.number;
-                    p.indexed_batches = 0;
-                });
-                continue;
-            }
-            let memtable = Arc::clone(&generation.memtable);
-            let written = memtable.written_batches();
-            if memtable.indexed_batches() < written {
-                let threads = self.options.index_threads;
-                let indexing =
-                    tokio::task::spawn_blocking(move || memtable.index_to(written, threads));
-                if let Err(e) = indexing.await {
-                    std::panic::resume_unwind(e.into_panic());
-                }
-            }
-            // (Without vector columns every written batch counts as indexed.)
-            let indexed = generation.memtable.indexed_batches();
-            if self.progress.borrow().indexed_batches < indexed {
-                self.progress.send_modify(|p| p.indexed_batches = indexed);
-                self.flush_wake.notify_one();
-                continue;
-            }
-            // Frozen (a newer generation exists): no batch comes any more.
-            if let Some(next) = next {
-                self.progress.send_modify(|p| {
-                    p.indexed_generation = next;
-                    p.indexed_batches = 0;
-                });
-                continue;
-            }
-            if closing {
-                return;
-            }
-            self.index_wake.notified().await;
-        }
-    }
-
-    /// The group-commit loop: one WAL append at a time, each carrying every
-    /// batch of the oldest generation with batches not yet durable, written
-    /// when it starts. Seals a frozen generation once all of it is durable.
-    async fn run_wal(self: Arc<Self>, mut position: u64) {
-        self.append_all(&mut position).await;
-        self.wal_done.store(true, Ordering::Release);
-        self.flush_wake.notify_one();
-    }
-
-    async fn append_all(&self, position: &mut u64) {
-        let interval = self.options.wal_flush_interval;
-        let mut last_start: Option<Instant> = None;
-        loop {
-            // `closing` first: once it is set no put enters the MemTable, so
-            // `written` read after it is final. Likewise a generation seen
-            // frozen gets no more batches.
-            let closing = self.closing.load(Ordering::Acquire);
-            let durable = self.progress.borrow().clone();
-            if durable.error.is_some() {
-                return;
-            }
-            let (generation, next) = {
-                let layers = self.layers.read().expect("layers poisoned");
-                let at = layers
-                    .generations
-                    .iter()
-                    .position(|g| g.number == durable.generation)
-                    .expect("the generation being made durable is not flushed yet");
-                (
-                    Arc::clone(&layers.generations[at]),
-                    layers.generations.get(at + 1).map(|g| g.number),
-                )
-            };
-            let written = generation.memtable.written_batches();
-            if written == durable.batches {
-                if let Some(next) = next {
-                    generation.sealed.store(true, Ordering::Release);
-                    self.progress.send_modify(|p| {
-                        p.generation = next;
-                        p.batches = 0;
-                    });
-                    self.flush_wake.notify_one();
-                    continue;
-                }
-                if closing {
-                    return;
-                }
-                self.wake.notified().await;
-                continue;
-            }
-            let pending_bytes = self
-                .written_bytes
-                .load(Ordering::Relaxed)
-                .saturating_sub(durable.bytes);
-            let due = last_start.map(|at| at + interval);
-            if let Some(due) = due
-                && !closing
-                && next.is_none()
-                && pending_bytes < self.options.wal_flush_bytes as u64
-                && Instant::now() < due
-            {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(due.into()) => {}
-                    _ = self.wake.notified() => {}
-                }
-                continue;
-            }
-            // A stale writer must not append after its newer epoch's fence
-            // may have been deleted: after a lease without confirmation,
-            // check the manifest first.
-            let lease = self.options.lease();
-            let mut attempt = 0;
-            while !self.owned_within(lease) {
-                match self.newer_claim().await {
-                    Ok(None) => {}
-                    Ok(Some(fenced)) => return self.stop(fenced),
-                    // Nothing was written: a store error is retried.
-                    Err(e) if attempt < self.options.append_retries => {
-                        attempt += 1;
-                        log::debug!("checking ownership of {} failed: {e}", self.shard_dir);
-                        tokio::time::sleep(self.options.commit.backoff(attempt)).await;
-                    }
-                    Err(e) => return self.stop(e),
-                }
-            }
-            last_start = Some(Instant::now());
-            let batches = generation.memtable.batches(durable.batches, written);
-            let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
-            let bytes: u64 = batches
-                .iter()
-                .map(|b| b.batch.get_array_memory_size() as u64)
-                .sum();
-            let entry = WalEntry::data(
-                self.epoch,
-                generation.number,
-                batches.into_iter().map(|b| b.batch).collect(),
-            );
-            let result = match self.wal.encode(*position, &entry) {
-                Ok(encoded) => {
-                    let len = encoded.len() as u64;
-                    self.append_at(*position, encoded).await.map(|()| len)
-                }
-                Err(e) => Err(e),
-            };
-            // An append slower than the lease may have landed after a newer
-            // epoch's fence was deleted, out of every reader's sight: it
-            // counts only if the manifest still names this writer.
-            let result = match result {
-                Ok(len) if last_start.expect("set above").elapsed() > lease => {
-                    match self.newer_claim().await {
-                        Ok(None) => Ok(len),
-                        Ok(Some(fenced)) => Err(Error::CommitOutcomeUnknown {
-                            path: self.wal.path_of(*position).to_string(),
-                            write: format!(
-                                "the append took longer than {lease:?} and another writer \
-                                 claimed the shard meanwhile ({fenced})"
-                            ),
-                            read_back: "the entry exists, but may be out of the new writer's sight"
-                                .into(),
-                        }),
-                        Err(e) => Err(e),
-                    }
-                }
-                other => other,
-            };
-            match result {
-                Ok(len) => {
-                    let latency = last_start.expect("set above").elapsed().as_micros() as u64;
-                    let c = &self.counters;
-                    c.wal_appends.fetch_add(1, Ordering::Relaxed);
-                    c.wal_bytes.fetch_add(len, Ordering::Relaxed);
-                    c.latency_total_us.fetch_add(latency, Ordering::Relaxed);
-                    c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
-                    generation.last_position.store(*position, Ordering::Release);
-                    *position += 1;
-                    c.next_position.store(*position, Ordering::Release);
-                    // Our entry landed, so nobody had fenced when it started.
-                    self.confirm_owned(last_start.expect("set above"));
-                    if self.options.durable {
-                        generation.memtable.mark_durable(written);
-                    }
-                    self.progress.send_modify(|p| {
-                        p.batches = written;
-                        p.rows += rows;
-                        p.bytes += bytes;
-                    });
-                }
-                Err(e) => {
-                    self.stop(e);
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Appends `bytes` at `position`, retrying the same position with the
-    /// same bytes after a failure whose read-back shows nothing landed.
-    async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
-        let mut attempt = 0;
-        loop {
-            let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
-                Ok(()) => return Ok(()),
-                Err(e @ Error::Fenced { .. }) => return Err(e),
-                Err(e) => e,
-            };
-            match self.wal.read_bytes(position).await {
-                Ok(Some(stored)) if stored == bytes => return Ok(()),
-                // Someone else's entry: the next append reports the fence.
-                Ok(Some(_)) => {}
-                Ok(None) => {}
-                Err(read_back) => {
-                    return Err(Error::CommitOutcomeUnknown {
-                        path: self.wal.path_of(position).to_string(),
-                        write: err.to_string(),
-                        read_back: read_back.to_string(),
-                    });
-                }
-            }
-            attempt += 1;
-            if attempt > self.options.append_retries {
-                return Err(Error::Poisoned(format!(
-                    "WAL append at {} failed {attempt} times; last error: {err}",
-                    self.wal.path_of(position)
-                )));
-            }
-            log::debug!("retrying WAL append at position {position}: {err}");
-            tokio::time::sleep(self.options.commit.backoff(attempt)).await;
-        }
     }
 }
