@@ -1,5 +1,5 @@
 //! Criterion benchmarks of the HNSW pieces, on the reference data
-//! (`memwal::hnsw::dataset`, clustered, 1024-d):
+//! (`memwal::testing::dataset`, clustered, 1024-d):
 //! - `kernel/*`: one 1024-d distance with the dispatched SIMD kernel, the
 //!   portable loop and the reference (plain iterator) distance;
 //! - `graph/insert_1000`: 1,000 vectors added to a graph of 10,000 (one
@@ -12,9 +12,9 @@
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use memwal::hnsw::dataset::{Shape, to_array, vectors};
-use memwal::hnsw::{Graph, distance, kernel};
-use memwal::schema::{HnswParams, Metric};
+use memwal::testing::dataset::{Shape, to_array, vectors};
+use memwal::testing::{Graph, distance, kernel};
+use memwal::{HnswParams, Metric};
 
 const DIM: usize = 1024;
 const SHAPE: Shape = Shape::Clustered {

@@ -45,9 +45,10 @@ fn source(rows: u64) -> String {
 }
 
 async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
-    let options = WriterOptions {
-        load_memory_bytes: args.load_memory_mib << 20,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.load_memory_bytes = args.load_memory_mib << 20;
+        o
     };
     let session = MemwalSession::open_with(dir.to_str().unwrap(), options)
         .await

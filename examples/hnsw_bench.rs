@@ -1,5 +1,5 @@
 //! Builds memwal's HNSW graph over deterministic vectors (`--shape`,
-//! `--n` × `--dim`, see `memwal::hnsw::dataset`) and searches it with
+//! `--n` × `--dim`, see `memwal::testing::dataset`) and searches it with
 //! `--queries` queries at each `--ef`, against exact ground truth. Prints
 //! one JSON object: build vectors per CPU-second (and per wall second),
 //! and per ef the queries per CPU-second and recall@k; then the size of
@@ -20,9 +20,9 @@ use std::time::Instant;
 use clap::{Parser, ValueEnum};
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Float32Type;
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
-use memwal::hnsw::{Graph, distance, kernel};
-use memwal::schema::{HnswParams, Metric};
+use memwal::testing::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
+use memwal::testing::{Graph, distance, kernel};
+use memwal::{HnswParams, Metric};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ShapeArg {

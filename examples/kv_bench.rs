@@ -89,7 +89,7 @@ fn batch(table: &Table, keys: Keys, ids: &[u64]) -> RecordBatch {
     let n = ids.len();
     let text: String = "x".repeat(STRING_LEN);
     RecordBatch::try_new(
-        Arc::clone(&table.schema().schema),
+        table.schema(),
         vec![
             key_array(keys, ids),
             Arc::new(Int64Array::from_iter_values(
@@ -134,15 +134,16 @@ async fn main() {
     std::fs::create_dir_all(&args.dir).unwrap();
     let dir = tempfile::tempdir_in(&args.dir).unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let options = WriterOptions {
-        durable: !args.non_durable,
-        wal_flush_interval: Duration::from_millis(args.interval_ms),
-        memtable_bytes: args.memtable_mb << 20,
-        max_sstables: args.max_sstables,
-        // Nothing reads while the bench writes: compaction inputs go at
-        // once, so the bytes on disk are the live ones.
-        sstable_grace: Duration::ZERO,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.durable = !args.non_durable;
+        o.wal_flush_interval = Duration::from_millis(args.interval_ms);
+        o.memtable_bytes = args.memtable_mb << 20;
+        o.max_sstables = args.max_sstables;
+        o.// Nothing reads while the bench writes = compaction inputs go at
+        // once; o.so the bytes on disk are the live ones.
+        sstable_grace = Duration::ZERO;
+        o
     };
     let session = MemwalSession::open_with(&root, options.clone())
         .await
@@ -190,7 +191,7 @@ async fn main() {
     let table = session.table("kv").await.unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let pick = |rng: &mut rand::rngs::StdRng| rng.random_range(0..args.rows as u64);
-    let key_schema = Arc::new(table.schema().schema.project(&[0]).unwrap());
+    let key_schema = Arc::new(table.schema().project(&[0]).unwrap());
     let mut rust = Vec::with_capacity(args.reads);
     let reopened = table.writer(0).await.unwrap();
     let sstables = reopened.stats().sstables;
@@ -306,7 +307,7 @@ async fn create_table(session: &MemwalSession, keys: Keys) -> Arc<Table> {
 async fn full_scans(
     session: &MemwalSession,
     root: &std::path::Path,
-    files: &[memwal::sstable::SstableFile],
+    files: &[memwal::testing::SstableFile],
     rows: usize,
     scans: usize,
 ) -> (f64, f64) {

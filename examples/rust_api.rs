@@ -23,7 +23,7 @@ async fn main() -> memwal::Result<()> {
         .sql("CREATE TABLE IF NOT EXISTS kv (id BIGINT PRIMARY KEY, v VARCHAR)")
         .await?;
     let kv = session.table("kv").await?;
-    let schema = Arc::clone(&kv.schema().schema);
+    let schema = kv.schema();
 
     // A put returns once its rows are durable in the WAL.
     let rows = RecordBatch::try_new(

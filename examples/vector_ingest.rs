@@ -1,6 +1,6 @@
 //! Indexed ingest through the ShardWriter on a local directory, one shard:
 //! `--rows` rows of `id BIGINT PRIMARY KEY, emb FLOAT[--dim]` (clustered
-//! vectors from `memwal::hnsw::dataset`) in `--put-rows`-row puts,
+//! vectors from `memwal::testing::dataset`) in `--put-rows`-row puts,
 //! `--window` puts in flight, each awaiting durability *and* indexing (a
 //! put returns once its rows are visible to `vector_search`, so its latency
 //! is the visible lag). MemTables freeze at `--memtable-mb` and flush while
@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::Int64Type;
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
-use memwal::hnsw::distance;
-use memwal::read::VectorQuery;
-use memwal::table::Table;
+use memwal::Table;
+use memwal::VectorQuery;
+use memwal::testing::dataset::{Shape, exact_neighbours, recall, to_array, vectors};
+use memwal::testing::distance;
 use memwal::{MemwalSession, WriterOptions};
 
 #[derive(Debug, Parser)]
@@ -89,9 +89,10 @@ async fn main() {
     let dim = args.dim;
     let dir = tempfile::tempdir_in(args.dir.clone().unwrap_or_else(std::env::temp_dir)).unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let options = WriterOptions {
-        memtable_bytes: args.memtable_mb << 20,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.memtable_bytes = args.memtable_mb << 20;
+        o
     };
     let session = MemwalSession::open_with(&root, options.clone())
         .await
@@ -112,7 +113,7 @@ async fn main() {
         spread: 0.5,
     };
     let data = vectors(shape, args.rows, dim, 42, 0);
-    let schema = Arc::clone(&table.schema().schema);
+    let schema = table.schema();
     let batches: Arc<Vec<RecordBatch>> = Arc::new(
         (0..args.rows)
             .step_by(args.put_rows)

@@ -35,7 +35,12 @@ pub enum Error {
     #[error(
         "commit conflict on {what}: gave up after {attempts} attempts, other writers kept winning; nothing was written"
     )]
-    CommitConflict { what: String, attempts: u32 },
+    CommitConflict {
+        /// The object the commit was for.
+        what: String,
+        /// Attempts made.
+        attempts: u32,
+    },
 
     /// A version write failed in a way that leaves its outcome unknown (for
     /// example a timeout after the request was sent) and reading it back to
@@ -44,8 +49,11 @@ pub enum Error {
         "outcome of the commit of {path} is unknown: the write failed ({write}) and reading it back failed ({read_back})"
     )]
     CommitOutcomeUnknown {
+        /// The version object written.
         path: String,
+        /// Why the write failed.
         write: String,
+        /// Why reading it back failed.
         read_back: String,
     },
 
@@ -56,8 +64,11 @@ pub enum Error {
         "fenced: {path} is taken by a writer of epoch {by_epoch} (this writer's epoch is {epoch})"
     )]
     Fenced {
+        /// The object held by the newer writer.
         path: String,
+        /// This writer's epoch.
         epoch: u64,
+        /// The newer writer's epoch.
         by_epoch: u64,
     },
 
@@ -70,7 +81,12 @@ pub enum Error {
 
     /// A stored object could not be decoded.
     #[error("corrupt object {path}: {reason}")]
-    Corrupt { path: String, reason: String },
+    Corrupt {
+        /// The object.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 
     /// An object-store call failed.
     #[error("object store: {0}")]

@@ -17,23 +17,40 @@
 //! | rows | [`schema`] (table definition, stored rows, keys, metric) |
 //! | storage | [`store`] (object names in `store::paths`), [`error`] |
 
+#![warn(missing_docs)]
+
 pub mod catalog;
 pub mod error;
-pub mod hnsw;
-pub mod memtable;
-pub mod read;
-pub mod schema;
+mod hnsw;
+mod memtable;
+mod read;
+mod schema;
 pub mod sql;
-pub mod sstable;
-pub mod store;
-pub mod table;
-pub mod wal;
-pub mod writer;
+mod sstable;
+mod store;
+mod table;
+mod wal;
+mod writer;
 
 pub use catalog::{Catalog, CatalogOptions, ObjectPath};
 pub use error::{Error, Result};
-pub use schema::TableMeta;
+pub use read::{Neighbour, ShardSnapshot, VectorQuery};
+pub use schema::{ColumnOptions, HnswParams, Metric, TableMeta, VectorOptions};
 pub use sql::{MemwalSession, SessionBuilder};
-pub use store::ObjectRoot;
+pub use store::{CommitOptions, ObjectRoot};
 pub use table::{Table, TableCache};
-pub use writer::{ShardWriter, WriterOptions, WriterStats};
+pub use writer::{WriterOptions, WriterStats};
+
+/// Internals that tests and benchmarks drive directly: the shard writer
+/// and its layers, the fault-injecting store, the HNSW graph and the
+/// vector dataset generator. Built with the `testing` feature (which the
+/// crate's own tests, examples and benches switch on); not a stable API.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing {
+    pub use crate::hnsw::{Graph, Hit, dataset, distance, kernel};
+    pub use crate::schema::TableSchema;
+    pub use crate::sstable::SstableFile;
+    pub use crate::store::{Fault, FaultMode, FaultyStore, Gate, OpKind, VersionedObjects, paths};
+    pub use crate::wal::{EntryKind, WalLog};
+    pub use crate::writer::{Durability, ShardManifest, ShardWriter};
+}

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
@@ -44,7 +45,7 @@ use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{self, SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
-use crate::writer::{ShardManifest, ShardWriter, WriterOptions};
+use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
 
 /// How long a write keeps taking back a shard that other writers keep
 /// taking over before it gives up with [`Error::Fenced`].
@@ -159,7 +160,7 @@ struct Part {
 impl Table {
     /// The table stored at `location` in `store`, described by `meta`.
     /// Opens nothing yet: writers open on first write.
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<dyn ObjectStore>,
         location: &str,
         meta: &TableMeta,
@@ -196,8 +197,13 @@ impl Table {
         }
     }
 
+    /// The table's columns as users see them.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema.schema)
+    }
+
     /// The table's schema, key and stored row form.
-    pub fn schema(&self) -> &Arc<TableSchema> {
+    pub(crate) fn table_schema(&self) -> &Arc<TableSchema> {
         &self.schema
     }
 
@@ -212,9 +218,22 @@ impl Table {
     }
 
     /// The writer of `shard`, opened (or re-opened after it stopped) if
-    /// needed.
+    /// needed (for tests: users write through the table).
+    #[cfg(any(test, feature = "testing"))]
     pub async fn writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
+        self.shard_writer(shard).await
+    }
+
+    /// The writer of `shard`, opened (or re-opened after it stopped) if
+    /// needed.
+    pub(crate) async fn shard_writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
         self.writer_as(shard, false).await
+    }
+
+    /// The counters of this process's writer of `shard`, which this opens
+    /// (claiming the shard) if it is not open yet.
+    pub async fn stats(&self, shard: u32) -> Result<WriterStats> {
+        Ok(self.shard_writer(shard).await?.stats())
     }
 
     /// [`Table::writer`]; a writer opened to take the shard back from
@@ -359,7 +378,7 @@ impl Table {
     /// them again (for up to [`TAKEOVER_PATIENCE`]), like a put. Returns
     /// the rows the shard holds for them.
     async fn commit_runs(&self, shard: u32, mut runs: Vec<SstableFile>) -> Result<u64> {
-        let rows = match self.writer(shard).await?.finish_runs(&mut runs).await {
+        let rows = match self.shard_writer(shard).await?.finish_runs(&mut runs).await {
             Ok(rows) => rows,
             Err(e) => {
                 sstable::discard_all(&self.store, &runs).await;
@@ -397,7 +416,7 @@ impl Table {
             }
             // The shard's writer now (another process may have taken the
             // shard over since the last run: a run is no manifest change).
-            let writer = self.writer(shard as u32).await?;
+            let writer = self.shard_writer(shard as u32).await?;
             jobs.push((shard, writer, std::mem::take(pending)));
         }
         load.bytes = 0;
@@ -704,7 +723,7 @@ impl Table {
     /// [`ShardWriter::compact`]); opens the writers it needs.
     pub async fn compact(&self) -> Result<()> {
         for shard in 0..self.shards.len() as u32 {
-            self.writer(shard).await?.compact().await?;
+            self.shard_writer(shard).await?.compact().await?;
         }
         Ok(())
     }

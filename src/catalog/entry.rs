@@ -113,7 +113,9 @@ fn validate_name(name: &str) -> Result<()> {
 /// What a catalog row describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ObjectType {
+    /// A namespace: holds namespaces and tables.
     Namespace,
+    /// A table.
     Table,
 }
 
@@ -141,6 +143,7 @@ impl ObjectType {
 pub struct Entry {
     /// Path levels joined by `$`; the sort key.
     pub object_id: String,
+    /// Whether the row is a namespace or a table.
     pub object_type: ObjectType,
     /// For a table: where its data lives, relative to the root.
     pub location: Option<String>,

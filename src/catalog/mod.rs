@@ -33,6 +33,7 @@ use crate::store::{
 
 /// Options of a [`Catalog`].
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct CatalogOptions {
     /// Commit protocol knobs; `keep_versions` bounds the catalog's storage.
     pub commit: CommitOptions,

@@ -19,24 +19,41 @@ pub struct CatalogState {
 /// A change to the catalog.
 #[derive(Debug, Clone)]
 pub enum Mutation {
+    /// Creates the namespace `path`; an existing one is a conflict unless
+    /// `if_not_exists`.
     CreateNamespace {
+        /// The namespace.
         path: ObjectPath,
+        /// An existing namespace is no error.
         if_not_exists: bool,
     },
+    /// Drops the namespace `path`: with `cascade` its children too,
+    /// otherwise only if it is empty.
     DropNamespace {
+        /// The namespace.
         path: ObjectPath,
+        /// A missing namespace is no error.
         if_exists: bool,
+        /// Drop its namespaces and tables too.
         cascade: bool,
     },
+    /// Creates the table `path` described by `meta`.
     CreateTable {
+        /// The table.
         path: ObjectPath,
+        /// Its schema, key, shards and options.
         meta: Box<TableMeta>,
         /// Chosen once, so every rebase of this mutation writes the same.
         location: String,
+        /// An existing table is no error.
         if_not_exists: bool,
     },
+    /// Drops the table `path` (its data is deleted later, see
+    /// [`crate::Catalog::collect_dropped_tables`]).
     DropTable {
+        /// The table.
         path: ObjectPath,
+        /// A missing table is no error.
         if_exists: bool,
     },
 }

@@ -23,10 +23,18 @@ use rand::{Rng, SeedableRng};
 pub enum Shape {
     /// Around `clusters` centres drawn from N(0, 1); each point is its
     /// centre plus N(0, `spread`²) per coordinate.
-    Clustered { clusters: usize, spread: f32 },
+    Clustered {
+        /// Number of centres.
+        clusters: usize,
+        /// Standard deviation around a centre.
+        spread: f32,
+    },
     /// `z · W + noise`, `z` ~ N(0, 1) of length `rank`, `W` a fixed random
     /// `rank × dim` matrix, noise N(0, 0.01²).
-    LowRank { rank: usize },
+    LowRank {
+        /// Dimension of the latent space.
+        rank: usize,
+    },
     /// N(0, 1) in every coordinate.
     Gaussian,
 }

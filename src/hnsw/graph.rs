@@ -41,7 +41,9 @@ const NONE: u32 = u32::MAX;
 /// One search result: the distance to the query and the row of the vector.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hit {
+    /// Distance to the query, as the graph compares it (squared for L2).
     pub distance: f32,
+    /// Row of the vector in the graph's column.
     pub row: u64,
 }
 

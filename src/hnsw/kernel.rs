@@ -22,7 +22,9 @@ pub struct Kernels {
     pub l2: Kernel,
     /// Inner product (not negated).
     pub dot: Kernel,
+    /// Squared Euclidean distances from one query to four vectors.
     pub l2_x4: Kernel4,
+    /// Inner products of one query with four vectors.
     pub dot_x4: Kernel4,
     /// What was chosen, for benchmarks and logs.
     pub name: &'static str,
@@ -32,28 +34,34 @@ pub struct Kernels {
 pub fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<Kernels> = OnceLock::new();
     CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Kernels {
-                l2: avx2::l2,
-                dot: avx2::dot,
-                l2_x4: avx2::l2_x4,
-                dot_x4: avx2::dot_x4,
-                name: "avx2+fma",
-            };
-        }
-        #[cfg(target_arch = "aarch64")]
-        return Kernels {
-            l2: neon::l2,
-            dot: neon::dot,
-            l2_x4: |q, v| v.map(|v| neon::l2(q, v)),
-            dot_x4: |q, v| v.map(|v| neon::dot(q, v)),
-            name: "neon",
-        };
-        #[allow(unreachable_code)]
-        portable()
+        let chosen = choose();
+        log::debug!("distance kernels: {}", chosen.name);
+        chosen
     })
+}
+
+/// The fastest kernels this CPU runs.
+fn choose() -> Kernels {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return Kernels {
+            l2: avx2::l2,
+            dot: avx2::dot,
+            l2_x4: avx2::l2_x4,
+            dot_x4: avx2::dot_x4,
+            name: "avx2+fma",
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    return Kernels {
+        l2: neon::l2,
+        dot: neon::dot,
+        l2_x4: |q, v| v.map(|v| neon::l2(q, v)),
+        dot_x4: |q, v| v.map(|v| neon::dot(q, v)),
+        name: "neon",
+    };
+    #[allow(unreachable_code)]
+    portable()
 }
 
 /// Plain loops with four accumulators (what the compiler vectorizes for the

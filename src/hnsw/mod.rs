@@ -5,13 +5,17 @@
 //! deterministic data with exact ground truth that tests and benchmarks
 //! measure recall against.
 
+#[cfg(any(test, feature = "testing"))]
 pub mod dataset;
+#[cfg(any(test, feature = "testing"))]
 pub mod distance;
 mod graph;
 pub mod kernel;
 pub mod persist;
 
-pub use graph::{Graph, Hit};
+pub use graph::Graph;
+#[cfg(any(test, feature = "testing"))]
+pub use graph::Hit;
 
 use crate::schema::Metric;
 

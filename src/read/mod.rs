@@ -20,7 +20,7 @@ use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
-pub use vector::{EXACT_BELOW_ROWS, Neighbour, VectorQuery};
+pub use vector::{Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
 
 use crate::error::Result;
@@ -35,7 +35,9 @@ use crate::sstable::{SstableFile, SstableReader, newest_per_key_sorted};
 /// a later layer are newer than every row of an earlier one.
 #[derive(Debug, Clone)]
 pub struct ShardSnapshot {
+    /// The table's schema and stored row form.
     pub schema: Arc<TableSchema>,
+    /// Reads the SSTables (its caches are the shard's).
     pub reader: Arc<SstableReader>,
     /// Oldest first.
     pub memtables: Vec<MemLayer>,

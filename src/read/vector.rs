@@ -47,7 +47,9 @@ pub const EXACT_BELOW_ROWS: u64 = 256;
 pub struct VectorQuery {
     /// The vector column (an index into the table schema).
     pub column: usize,
+    /// The query vector (as long as the column's dimension, finite).
     pub vector: Vec<f32>,
+    /// How many rows to return.
     pub k: usize,
     /// The graph searches' candidate list size (at least `k`).
     pub ef: usize,
@@ -59,7 +61,9 @@ pub struct VectorQuery {
 /// A row found by a search: its distance and the row (stored form).
 #[derive(Debug, Clone)]
 pub struct Neighbour {
+    /// Distance to the query as users see it ([`crate::Metric::reported`]).
     pub distance: f32,
+    /// The row, one-row batch in stored form.
     pub row: RecordBatch,
 }
 

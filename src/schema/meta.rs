@@ -19,7 +19,9 @@ pub const MAX_SHARDS: u32 = 1024;
 /// Options of a `FLOAT[n]` vector column.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VectorOptions {
+    /// Length of every vector (`FLOAT[dim]`).
     pub dim: i32,
+    /// Distance the column is searched by.
     pub metric: Metric,
     /// The MemTable graph's parameters (`<column>.m`,
     /// `<column>.ef_construction`).

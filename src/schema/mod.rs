@@ -13,6 +13,8 @@ mod meta;
 mod metric;
 mod stored;
 
-pub use meta::{ColumnOptions, MAX_SHARDS, MAX_VECTOR_DIM, TableMeta, VectorOptions};
+pub use meta::{ColumnOptions, TableMeta, VectorOptions};
 pub use metric::{HnswParams, Metric};
-pub use stored::{KeyedBatch, TOMBSTONE_COLUMN, TableSchema, VectorColumn, stored_schema};
+#[cfg(test)]
+pub use stored::stored_schema;
+pub use stored::{KeyedBatch, TableSchema};

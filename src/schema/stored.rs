@@ -52,6 +52,7 @@ pub struct TableSchema {
     pub key: Vec<usize>,
     /// `(column index, dimension)` of every vector column.
     pub vectors: Vec<VectorColumn>,
+    /// Number of shards rows are routed to.
     pub shards: u32,
 }
 

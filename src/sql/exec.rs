@@ -93,8 +93,8 @@ impl ScanExec {
         target_partitions: usize,
     ) -> Result<Self> {
         let schema = match &projection {
-            Some(p) => Arc::new(table.schema().schema.project(p)?),
-            None => Arc::clone(&table.schema().schema),
+            Some(p) => Arc::new(table.table_schema().schema.project(p)?),
+            None => Arc::clone(&table.table_schema().schema),
         };
         let mut needed = vec![false; table.shard_count()];
         match &mode {
@@ -150,7 +150,7 @@ impl ScanExec {
 /// Each shard's rows are sorted by key: the ordering, if the projection
 /// keeps every key column.
 fn key_ordering(table: &Table, projected: &SchemaRef) -> Option<Vec<PhysicalSortExpr>> {
-    let schema = table.schema();
+    let schema = table.table_schema();
     if !schema.has_key() {
         return None;
     }
@@ -349,7 +349,12 @@ impl ExecutionPlan for DeleteExec {
         let input = Arc::clone(&self.input);
         let schema = self.schema();
         let deleted = async move {
-            let key_schema = Arc::new(table.schema().schema.project(&table.schema().key)?);
+            let key_schema = Arc::new(
+                table
+                    .table_schema()
+                    .schema
+                    .project(&table.table_schema().key)?,
+            );
             let mut keys = Vec::new();
             for p in 0..input.output_partitioning().partition_count() {
                 let mut rows = input.execute(p, Arc::clone(&ctx))?;

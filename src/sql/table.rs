@@ -76,10 +76,10 @@ impl MemwalTable {
 
     /// The key column, if the key has exactly one.
     fn key_field(&self) -> Option<&Field> {
-        let [key] = self.table.schema().key.as_slice() else {
+        let [key] = self.table.table_schema().key.as_slice() else {
             return None;
         };
-        Some(self.table.schema().schema.field(*key))
+        Some(self.table.table_schema().schema.field(*key))
     }
 
     /// The literal keys `filter` selects, if it is `key = const`,
@@ -181,8 +181,8 @@ impl MemwalTable {
         let Some(values) = filters.iter().find_map(|f| self.point_keys(f)) else {
             return Ok(None);
         };
-        let schema = &self.table.schema().schema;
-        let key_type = schema.field(self.table.schema().key[0]).data_type();
+        let schema = &self.table.table_schema().schema;
+        let key_type = schema.field(self.table.table_schema().key[0]).data_type();
         let mut keys = Vec::with_capacity(values.len());
         let mut seen = std::collections::HashSet::new();
         for value in values {
@@ -198,7 +198,7 @@ impl MemwalTable {
             }
         }
         let array = ScalarValue::iter_to_array(keys)?;
-        let key_schema = Arc::new(schema.project(&self.table.schema().key)?);
+        let key_schema = Arc::new(schema.project(&self.table.table_schema().key)?);
         Ok(Some(RecordBatch::try_new(key_schema, vec![array])?))
     }
 }
@@ -206,7 +206,7 @@ impl MemwalTable {
 #[async_trait]
 impl TableProvider for MemwalTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.table.schema().schema)
+        Arc::clone(&self.table.table_schema().schema)
     }
 
     fn constraints(&self) -> Option<&Constraints> {
@@ -344,7 +344,7 @@ fn injective_cast(from: &DataType, to: &DataType) -> bool {
 
 impl MemwalTable {
     fn require_key(&self) -> Result<()> {
-        if self.table.schema().has_key() {
+        if self.table.table_schema().has_key() {
             Ok(())
         } else {
             Err(DataFusionError::Plan(format!(
@@ -391,7 +391,7 @@ impl DisplayAs for InsertSink {
 #[async_trait]
 impl DataSink for InsertSink {
     fn schema(&self) -> &SchemaRef {
-        &self.table.schema().schema
+        &self.table.table_schema().schema
     }
 
     async fn write_all(

@@ -132,7 +132,12 @@ impl TableFunctionImpl for VectorSearchFunction {
                 "vector_search: table '{name}' has no column '{column}'"
             ))
         })?;
-        let Some(vector) = table.schema().vectors.iter().find(|v| v.index == index) else {
+        let Some(vector) = table
+            .table_schema()
+            .vectors
+            .iter()
+            .find(|v| v.index == index)
+        else {
             return plan_err!(
                 "vector_search: column '{column}' of table '{name}' is not a FLOAT[n] vector column"
             );
@@ -287,7 +292,7 @@ impl TableProvider for VectorSearchTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let mut query = self.query.clone();
         if let Some(filter) = conjunction(filters.iter().cloned()) {
-            let table_schema = DFSchema::try_from(Arc::clone(&self.table.schema().schema))?;
+            let table_schema = DFSchema::try_from(Arc::clone(&self.table.table_schema().schema))?;
             query.filter = Some(state.create_physical_expr(filter, &table_schema)?);
         }
         Ok(Arc::new(VectorSearchExec::new(
@@ -345,7 +350,12 @@ impl VectorSearchExec {
 
 impl DisplayAs for VectorSearchExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let column = self.table.schema().schema.field(self.query.column).name();
+        let column = self
+            .table
+            .table_schema()
+            .schema
+            .field(self.query.column)
+            .name();
         write!(
             f,
             "MemwalVectorSearchExec: table={}, column={column}, k={}, ef={}",
@@ -402,10 +412,10 @@ impl ExecutionPlan for VectorSearchExec {
             }
             nearest.sort_by(|a, b| a.distance.total_cmp(&b.distance));
             nearest.truncate(query.k);
-            let stored_schema = Arc::clone(&table.schema().stored);
+            let stored_schema = Arc::clone(&table.table_schema().stored);
             let rows: Vec<RecordBatch> = nearest.iter().map(|n| n.row.clone()).collect();
             let stored = concat_batches(&stored_schema, &rows)?;
-            let mut columns = table.schema().to_user(&stored)?.columns().to_vec();
+            let mut columns = table.table_schema().to_user(&stored)?.columns().to_vec();
             columns.push(Arc::new(Float32Array::from_iter_values(
                 nearest.iter().map(|n| n.distance),
             )));

@@ -39,7 +39,6 @@ use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::row::{RowConverter, SortField};
-use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::metadata::SortingColumn;
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -192,7 +191,9 @@ pub struct SstableFile {
     /// The oldest generation it holds (a compaction's output holds a range).
     #[serde(default)]
     pub first_generation: u64,
+    /// Rows in the file (tombstones included).
     pub rows: u64,
+    /// Size of the file.
     pub bytes: u64,
     /// What the file is checked against (`None` for files written before
     /// SSTables had checksums).
@@ -394,7 +395,9 @@ pub async fn write_stream(
 }
 
 /// Decodes a whole SSTable (stored form), naming `path` in errors.
-pub fn decode(schema: &TableSchema, path: &str, bytes: Bytes) -> Result<Vec<RecordBatch>> {
+#[cfg(test)]
+fn decode(schema: &TableSchema, path: &str, bytes: Bytes) -> Result<Vec<RecordBatch>> {
+    use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     let corrupt = |e: &dyn std::fmt::Display| Error::Corrupt {
         path: path.to_string(),
         reason: format!("SSTable: {e}"),

@@ -48,10 +48,15 @@ pub enum FaultMode {
 /// calls of `kind` whose path contains `path_contains`.
 #[derive(Debug, Clone)]
 pub struct Fault {
+    /// The kind of call that fails.
     pub kind: OpKind,
+    /// The first failing call (1-based).
     pub nth: u64,
+    /// How many calls in a row fail.
     pub times: u64,
+    /// How a call fails.
     pub mode: FaultMode,
+    /// Only calls on paths containing this count.
     pub path_contains: Option<String>,
 }
 

@@ -75,7 +75,7 @@ impl ObjectRoot {
         }
     }
 
-    /// A root over an existing store (for example a [`crate::store::FaultyStore`]);
+    /// A root over an existing store (for example the fault-injecting store of `memwal::testing`);
     /// `url` is only used in messages.
     pub fn new(store: Arc<dyn ObjectStore>, url: impl Into<String>) -> Self {
         Self {

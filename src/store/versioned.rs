@@ -56,6 +56,7 @@ use crate::store::paths;
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CommitOptions {
     /// Attempts at committing one change before [`Error::CommitConflict`]
     /// (default 20).
@@ -247,11 +248,6 @@ impl VersionedObjects {
     /// The path of version `version`.
     pub fn path_of(&self, version: u64) -> Path {
         paths::version_file(&self.dir, version, self.ext)
-    }
-
-    /// The commit options in force.
-    pub fn options(&self) -> &CommitOptions {
-        &self.options
     }
 
     async fn exists(&self, version: u64) -> Result<bool> {
@@ -634,7 +630,7 @@ mod tests {
         for v in objs.list_versions().await.unwrap() {
             kept += u64::from(objs.read(v).await.unwrap().is_some());
         }
-        assert_eq!(kept, objs.options().keep_versions);
+        assert_eq!(kept, objs.options.keep_versions);
     }
 
     #[tokio::test]

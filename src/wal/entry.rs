@@ -10,7 +10,7 @@
 //!
 //! The stream's schema metadata carries the format version, the kind
 //! (`data` or `fence`), the writer's epoch and the MemTable generation.
-//! Data entries hold the table's columns plus [`crate::schema::TOMBSTONE_COLUMN`]; a fence
+//! Data entries hold the table's columns plus the `_tombstone` column; a fence
 //! entry has no columns and no rows.
 
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ pub struct WalEntry {
     /// MemTable generation its rows belong to (0 for a fence).
     pub generation: u64,
     /// For data entries: the rows, in put order, each batch with the
-    /// table's columns plus [`crate::schema::TOMBSTONE_COLUMN`].
+    /// table's columns plus the `_tombstone` column.
     pub batches: Vec<RecordBatch>,
 }
 
@@ -78,11 +78,6 @@ impl WalEntry {
             generation: 0,
             batches: Vec::new(),
         }
-    }
-
-    /// Rows in the entry.
-    pub fn num_rows(&self) -> usize {
-        self.batches.iter().map(RecordBatch::num_rows).sum()
     }
 
     /// The stored bytes of the entry as the object at `path`: IPC
@@ -238,7 +233,8 @@ mod tests {
         let entry = WalEntry::data(3, 7, vec![batch(&[1, 2]), batch(&[3])]);
         let decoded = WalEntry::decode("w", entry.encode("w").unwrap()).unwrap();
         assert_eq!(decoded, entry);
-        assert_eq!(decoded.num_rows(), 3);
+        let rows: usize = decoded.batches.iter().map(RecordBatch::num_rows).sum();
+        assert_eq!(rows, 3);
         let fence = WalEntry::fence(4);
         assert_eq!(
             WalEntry::decode("w", fence.encode("w").unwrap()).unwrap(),

@@ -45,13 +45,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+#[cfg(any(test, feature = "testing"))]
 use datafusion::arrow::array::RecordBatch;
 use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+pub use manifest::ShardManifest;
 pub(crate) use manifest::versions as manifest_versions;
-pub use manifest::{Fence, RetiredFile, ShardManifest};
 pub use options::WriterOptions;
 use replay::Replayed;
 
@@ -73,31 +74,42 @@ const SEAL_REPLAYED_ENTRIES: u64 = 256;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriterStats {
+    /// The writer's epoch.
     pub epoch: u64,
     /// Puts and deletes accepted since open (replay not counted).
     pub puts: u64,
+    /// Rows of those puts and deletes.
     pub rows: u64,
+    /// WAL entries appended, and their bytes.
     pub wal_appends: u64,
+    /// Bytes of [`WriterStats::wal_appends`].
     pub wal_bytes: u64,
     /// Sum and maximum of WAL append latencies.
     pub append_latency_total: Duration,
+    /// See [`WriterStats::append_latency_total`].
     pub append_latency_max: Duration,
     /// Not yet durable: rows, bytes, and puts (batches).
     pub pending_rows: u64,
+    /// See [`WriterStats::pending_rows`].
     pub pending_bytes: u64,
+    /// See [`WriterStats::pending_rows`].
     pub pending_batches: u64,
     /// MemTable batches that are durable, and that readers see.
     pub durable_batches: u64,
+    /// See [`WriterStats::durable_batches`].
     pub visible_batches: u64,
     /// The next WAL position this writer will append at.
     pub next_position: u64,
     /// Generation of the active MemTable, and MemTables frozen and not yet
     /// in an SSTable.
     pub generation: u64,
+    /// See [`WriterStats::generation`].
     pub frozen_memtables: u64,
     /// SSTables in the shard manifest; flushes and compactions committed.
     pub sstables: u64,
+    /// See [`WriterStats::sstables`].
     pub flushes: u64,
+    /// See [`WriterStats::sstables`].
     pub compactions: u64,
 }
 
@@ -305,6 +317,7 @@ impl ShardWriter {
     /// the WAL and flush tasks. A corrupt or missing WAL entry fails the
     /// open, naming the object. While a writer that took the shard back
     /// from another one has its turn, the claim waits for the turn's end.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn open(
         store: Arc<dyn ObjectStore>,
         location: &str,
@@ -439,6 +452,7 @@ impl ShardWriter {
     }
 
     /// The writer's epoch.
+    #[cfg(any(test, feature = "testing"))]
     pub fn epoch(&self) -> u64 {
         self.shared.epoch
     }
@@ -505,6 +519,7 @@ impl ShardWriter {
     /// visible together) and waits until they are visible (and, in durable
     /// mode, durable).
     /// Bad input is an [`Error::InvalidInput`] and writes nothing.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn put(&self, batches: &[RecordBatch]) -> Result<()> {
         let durability = self.put_nowait(batches).await?;
         durability.wait().await?;
@@ -513,6 +528,7 @@ impl ShardWriter {
 
     /// Like [`ShardWriter::put`] but returns once the rows are in the
     /// MemTable (after backpressure); the handle waits for visibility.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn put_nowait(&self, batches: &[RecordBatch]) -> Result<Durability> {
         if batches.is_empty() {
             return Err(Error::invalid("a put needs at least one batch"));
@@ -527,6 +543,7 @@ impl ShardWriter {
 
     /// Deletes the keys in `keys` (exactly the key columns, in key order):
     /// writes tombstones, durable like a put.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn delete(&self, keys: &RecordBatch) -> Result<()> {
         let durability = self.delete_nowait(keys).await?;
         durability.wait().await?;
@@ -534,6 +551,7 @@ impl ShardWriter {
     }
 
     /// Like [`ShardWriter::delete`] without waiting for durability.
+    #[cfg(any(test, feature = "testing"))]
     pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<Durability> {
         let schema = &self.shared.schema;
         self.put_keyed(vec![schema.keyed(schema.tombstones(keys)?)?])

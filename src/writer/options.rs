@@ -9,6 +9,7 @@ use crate::store::CommitOptions;
 
 /// How a [`ShardWriter`] makes puts durable.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct WriterOptions {
     /// `true` (default): a put returns once its WAL entry exists and its
     /// vectors are indexed, and rows become visible then. `false`: a put

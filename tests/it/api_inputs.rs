@@ -13,7 +13,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use memwal::MemwalSession;
-use memwal::read::VectorQuery;
+use memwal::VectorQuery;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -110,7 +110,7 @@ async fn random_api_arguments_never_panic() {
         .await
         .unwrap();
     let table = session.table("t").await.unwrap();
-    let emb = table.schema().schema.index_of("emb").unwrap();
+    let emb = table.schema().index_of("emb").unwrap();
     let mut rng = StdRng::seed_from_u64(7);
     let (mut ok, mut refused) = (0, 0);
     for _ in 0..400 {

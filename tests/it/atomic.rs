@@ -155,7 +155,7 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
                 .unwrap();
             let table = session.table(name).await.unwrap();
             let batch = RecordBatch::try_new(
-                Arc::clone(&table.schema().schema),
+                table.schema(),
                 vec![
                     Arc::new(Int64Array::from_iter_values(0..rows)),
                     Arc::new(Int64Array::from_iter_values(0..rows)),
@@ -200,7 +200,7 @@ async fn statements_killed_at_random_instants_are_all_or_none_per_shard() {
                 .iter()
                 .filter(|(id, _)| {
                     let key = RecordBatch::try_new(
-                        Arc::new(table.schema().schema.project(&[0]).unwrap()),
+                        Arc::new(table.schema().project(&[0]).unwrap()),
                         vec![Arc::new(Int64Array::from(vec![**id]))],
                     )
                     .unwrap();

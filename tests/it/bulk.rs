@@ -22,10 +22,11 @@ use crate::helpers::{files, run};
 const DIM: i32 = 4;
 
 fn options() -> WriterOptions {
-    WriterOptions {
-        wal_flush_interval: Duration::ZERO,
-        load_memory_bytes: 16 << 10,
-        ..WriterOptions::default()
+    {
+        let mut o = WriterOptions::default();
+        o.wal_flush_interval = Duration::ZERO;
+        o.load_memory_bytes = 16 << 10;
+        o
     }
 }
 
@@ -100,7 +101,7 @@ async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
     let root = dir.path().to_str().unwrap();
     let session = open(root).await;
     let table = create(&session, "t", true).await;
-    let schema = Arc::clone(&table.schema().schema);
+    let schema = table.schema();
     // Rows in MemTables before the load, which the load overwrites.
     assert_eq!(table.put(&batch(&schema, 0..500, -1)).await.unwrap(), 500);
     // 40 batches of 1,000 rows over 25,000 keys: keys repeat across the
@@ -164,7 +165,7 @@ async fn a_load_without_a_key_appends_every_row() {
     let root = dir.path().to_str().unwrap();
     let session = open(root).await;
     let table = create(&session, "log", false).await;
-    let schema = Arc::clone(&table.schema().schema);
+    let schema = table.schema();
     let stream = futures::stream::iter((0..30).map(|i| Ok(batch(&schema, 0..1000, i))));
     assert_eq!(table.put_stream(stream).await.unwrap(), 30_000);
     let count = run(&session, "SELECT count(*), count(DISTINCT v) FROM log").await;
@@ -182,7 +183,7 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
     let root = dir.path().to_str().unwrap();
     let session = open(root).await;
     let table = create(&session, "t", true).await;
-    let schema = Arc::clone(&table.schema().schema);
+    let schema = table.schema();
     table.put(&batch(&schema, 0..10, 1)).await.unwrap();
     let before = rows(&table).await;
     let objects = || {
@@ -224,7 +225,7 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     let root = dir.path().to_str().unwrap();
     let session = open(root).await;
     let table = create(&session, "t", true).await;
-    let schema = Arc::clone(&table.schema().schema);
+    let schema = table.schema();
     // Handles of their own: writes through them take the shards over,
     // like another process's.
     let other = MemwalSession::new(session.catalog().await.unwrap(), options());

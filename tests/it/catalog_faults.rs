@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use memwal::catalog::Outcome;
-use memwal::store::{Fault, FaultyStore, OpKind};
+use memwal::testing::{Fault, FaultyStore, OpKind};
 use memwal::{Catalog, CatalogOptions, Error, ObjectPath, ObjectRoot};
 use object_store::memory::InMemory;
 

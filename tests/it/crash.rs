@@ -30,9 +30,10 @@ const KEYS_PER_TASK: i64 = 40;
 async fn crash_child() {
     let root = std::env::var(CHILD_ENV).expect("run by the crash test");
     let base: i64 = std::env::var(BASE_ENV).unwrap().parse().unwrap();
-    let options = WriterOptions {
-        wal_flush_interval: Duration::from_millis(5),
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.wal_flush_interval = Duration::from_millis(5);
+        o
     };
     let session = MemwalSession::open_with(&root, options).await.unwrap();
     let kv = session.table("kv").await.unwrap();
@@ -46,7 +47,7 @@ async fn crash_child() {
                     let value = base + i;
                     println!("issue {key} {value}");
                     let row = RecordBatch::try_new(
-                        Arc::clone(&kv.schema().schema),
+                        kv.schema(),
                         vec![
                             Arc::new(Int64Array::from(vec![key])),
                             Arc::new(Int64Array::from(vec![value])),
@@ -56,7 +57,7 @@ async fn crash_child() {
                     kv.put(&row).await.unwrap();
                     println!("ack {key} {value}");
                     let event = RecordBatch::try_new(
-                        Arc::clone(&events.schema().schema),
+                        events.schema(),
                         vec![
                             Arc::new(Int64Array::from(vec![task])),
                             Arc::new(Int64Array::from(vec![value])),

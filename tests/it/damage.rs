@@ -71,10 +71,11 @@ async fn damaged_objects_give_named_errors_never_other_answers() {
     let root_str = root.to_str().unwrap().to_string();
     {
         // Small MemTables: several SSTables (with graphs) per shard.
-        let small = WriterOptions {
-            memtable_bytes: 2_000,
-            max_sstables: 3,
-            ..WriterOptions::default()
+        let small = {
+            let mut o = WriterOptions::default();
+            o.memtable_bytes = 2_000;
+            o.max_sstables = 3;
+            o
         };
         let session = MemwalSession::open_with(&root_str, small).await.unwrap();
         session
@@ -223,9 +224,10 @@ async fn a_graph_swapped_for_another_valid_one_never_changes_an_answer() {
     let root = dir.path().to_str().unwrap().to_string();
     // One indexing thread: the same graphs every run, so the search of the
     // intact shard (approximate, with a small ef) gives the same answer.
-    let one_thread = WriterOptions {
-        index_threads: 1,
-        ..WriterOptions::default()
+    let one_thread = {
+        let mut o = WriterOptions::default();
+        o.index_threads = 1;
+        o
     };
     let session = MemwalSession::open_with(&root, one_thread).await.unwrap();
     session
@@ -234,7 +236,7 @@ async fn a_graph_swapped_for_another_valid_one_never_changes_an_answer() {
         .unwrap();
     let table = session.table("g").await.unwrap();
     // 2,000 rows in each shard: graphs of the same size.
-    let key_schema = Arc::new(table.schema().schema.project(&[0]).unwrap());
+    let key_schema = Arc::new(table.schema().project(&[0]).unwrap());
     let mut ids = [Vec::new(), Vec::new()];
     for id in 0i64.. {
         let key = RecordBatch::try_new(

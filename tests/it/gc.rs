@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::array::{Int64Array, RecordBatch};
-use memwal::store::CommitOptions;
 use memwal::{MemwalSession, WriterOptions};
 use object_store::ObjectStoreExt;
 
@@ -62,14 +61,12 @@ async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
         .await
         .unwrap();
     // Short grace periods so that collection happens within the test.
-    let options = WriterOptions {
-        fence_grace: Duration::from_millis(100),
-        sstable_grace: Duration::ZERO,
-        commit: CommitOptions {
-            tombstone_ttl: Duration::from_millis(100),
-            ..WriterOptions::default().commit
-        },
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.fence_grace = Duration::from_millis(100);
+        o.sstable_grace = Duration::ZERO;
+        o.commit.tombstone_ttl = Duration::from_millis(100);
+        o
     };
     let tables = dir.path().join("tables");
     // The most objects seen in the first and in the second half of the run.
@@ -79,7 +76,7 @@ async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
         let one_shot = MemwalSession::new(session.catalog().await.unwrap(), options.clone());
         let table = one_shot.table("t").await.unwrap();
         let batch = RecordBatch::try_new(
-            Arc::clone(&table.schema().schema),
+            table.schema(),
             vec![
                 Arc::new(Int64Array::from(vec![w, w + writers])),
                 Arc::new(Int64Array::from(vec![w, w])),

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use memwal::hnsw::dataset::{Shape, exact_neighbours, recall, to_array as array, vectors};
-use memwal::hnsw::{Graph, Hit, distance};
-use memwal::schema::{HnswParams, Metric};
+use memwal::testing::dataset::{Shape, exact_neighbours, recall, to_array as array, vectors};
+use memwal::testing::{Graph, Hit, distance};
+use memwal::{HnswParams, Metric};
 
 /// Adds `data` in `batch`-row appends on one thread (row = position).
 fn build(graph: &Graph, data: &[f32], dim: usize, batch: usize) {
@@ -182,9 +182,10 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use futures::TryStreamExt;
-    use memwal::read::VectorQuery;
-    use memwal::schema::TableSchema;
-    use memwal::{ShardWriter, TableMeta, WriterOptions};
+    use memwal::VectorQuery;
+    use memwal::testing::ShardWriter;
+    use memwal::testing::TableSchema;
+    use memwal::{TableMeta, WriterOptions};
     use object_store::ObjectStore;
 
     let dim = 1024;
@@ -221,11 +222,12 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     let store: Arc<dyn ObjectStore> =
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let location = "tables/vec-0000000000000001";
-    let options = WriterOptions {
-        memtable_bytes: 1 << 30,
-        max_unflushed_bytes: 2 << 30,
-        sstable_grace: std::time::Duration::ZERO,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.memtable_bytes = 1 << 30;
+        o.max_unflushed_bytes = 2 << 30;
+        o.sstable_grace = std::time::Duration::ZERO;
+        o
     };
     let open = || {
         ShardWriter::open(
@@ -266,7 +268,7 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
         }
     };
     // Every SSTable has its graph, and nothing else is left in `sst/`.
-    let check_files = |snapshot: &memwal::read::ShardSnapshot| {
+    let check_files = |snapshot: &memwal::ShardSnapshot| {
         let store = Arc::clone(&store);
         let files = Arc::clone(&snapshot.sstables);
         let reader = Arc::clone(&snapshot.reader);

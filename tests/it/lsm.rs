@@ -12,11 +12,13 @@ use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::TryStreamExt;
-use memwal::schema::TableSchema;
-use memwal::store::{CommitOptions, Fault, FaultyStore, OpKind, VersionedObjects, paths};
-use memwal::wal::{EntryKind, WalLog};
-use memwal::writer::ShardManifest;
-use memwal::{ShardWriter, TableMeta, WriterOptions};
+use memwal::CommitOptions;
+use memwal::testing::ShardManifest;
+use memwal::testing::ShardWriter;
+use memwal::testing::TableSchema;
+use memwal::testing::{EntryKind, WalLog};
+use memwal::testing::{Fault, FaultyStore, OpKind, VersionedObjects, paths};
+use memwal::{TableMeta, WriterOptions};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -35,12 +37,13 @@ fn table() -> Arc<TableSchema> {
 /// Every put freezes its MemTable: one generation (and flush) per put.
 /// Replaced SSTables are deleted at once (no reads run concurrently).
 fn tiny(max_sstables: usize) -> WriterOptions {
-    WriterOptions {
-        wal_flush_interval: Duration::ZERO,
-        memtable_bytes: 1,
-        max_sstables,
-        sstable_grace: Duration::ZERO,
-        ..WriterOptions::default()
+    {
+        let mut o = WriterOptions::default();
+        o.wal_flush_interval = Duration::ZERO;
+        o.memtable_bytes = 1;
+        o.max_sstables = max_sstables;
+        o.sstable_grace = Duration::ZERO;
+        o
     }
 }
 
@@ -186,9 +189,10 @@ async fn check_wal(store: &Arc<dyn ObjectStore>, m: &ShardManifest) {
 async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     let dir = tempfile::tempdir().unwrap();
     let store = local(&dir);
-    let options = WriterOptions {
-        sstable_grace: GRACE,
-        ..tiny(4)
+    let options = {
+        let mut o = tiny(4);
+        o.sstable_grace = GRACE;
+        o
     };
     let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options.clone())
         .await
@@ -244,9 +248,10 @@ fn fault_workload() -> Vec<Op> {
 /// returns how many operations were acknowledged, and whether the writer
 /// stopped on an error (during the workload or its close).
 async fn run_until_failure(store: Arc<dyn ObjectStore>, ops: &[Op]) -> (usize, bool) {
-    let options = WriterOptions {
-        append_retries: 0,
-        ..tiny(2)
+    let options = {
+        let mut o = tiny(2);
+        o.append_retries = 0;
+        o
     };
     let Ok(writer) = ShardWriter::open(store, LOCATION, 0, table(), options).await else {
         return (0, true);
@@ -316,9 +321,10 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
                 // there; the one in flight may or may not be.
                 check_files(&inner, true).await;
                 // Its flush task compacts while the scan below reads.
-                let options = WriterOptions {
-                    sstable_grace: GRACE,
-                    ..tiny(2)
+                let options = {
+                    let mut o = tiny(2);
+                    o.sstable_grace = GRACE;
+                    o
                 };
                 let writer = ShardWriter::open(Arc::clone(&inner), LOCATION, 0, table(), options)
                     .await

@@ -61,10 +61,11 @@ async fn every_accepted_name_round_trips_through_flush_compaction_and_restart() 
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap().to_string();
     // Tiny MemTables: every insert below is flushed to an SSTable.
-    let options = WriterOptions {
-        memtable_bytes: 1,
-        max_unflushed_bytes: 1 << 20,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.memtable_bytes = 1;
+        o.max_unflushed_bytes = 1 << 20;
+        o
     };
     let names = names();
     let mut expected = Vec::new();

@@ -21,11 +21,12 @@ use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, Sche
 use datafusion::logical_expr::Operator;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::{binary, col, lit};
-use memwal::hnsw::dataset::{Shape, vectors};
-use memwal::read::{ShardSnapshot, VectorQuery};
-use memwal::schema::TableSchema;
-use memwal::schema::{HnswParams, Metric};
-use memwal::{ShardWriter, TableMeta, WriterOptions};
+use memwal::testing::ShardWriter;
+use memwal::testing::TableSchema;
+use memwal::testing::dataset::{Shape, vectors};
+use memwal::{HnswParams, Metric};
+use memwal::{ShardSnapshot, VectorQuery};
+use memwal::{TableMeta, WriterOptions};
 use object_store::ObjectStore;
 
 const DIM: usize = 8;
@@ -141,10 +142,11 @@ async fn build(
     table: &Arc<TableSchema>,
     model: &mut Model,
 ) -> ShardWriter {
-    let options = WriterOptions {
-        wal_flush_interval: Duration::ZERO,
-        sstable_grace: Duration::ZERO,
-        ..WriterOptions::default()
+    let options = {
+        let mut o = WriterOptions::default();
+        o.wal_flush_interval = Duration::ZERO;
+        o.sstable_grace = Duration::ZERO;
+        o
     };
     let open = || {
         ShardWriter::open(

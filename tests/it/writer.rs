@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
-use memwal::schema::TableSchema;
-use memwal::store::{Fault, FaultyStore, OpKind, paths};
-use memwal::wal::WalLog;
-use memwal::{Error, ShardWriter, TableMeta, WriterOptions};
+use memwal::testing::ShardWriter;
+use memwal::testing::TableSchema;
+use memwal::testing::WalLog;
+use memwal::testing::{Fault, FaultyStore, OpKind, paths};
+use memwal::{Error, TableMeta, WriterOptions};
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -40,9 +41,10 @@ fn rows(schema: &SchemaRef, ids: std::ops::Range<i64>, put: i64) -> RecordBatch 
 }
 
 fn options(interval_ms: u64) -> WriterOptions {
-    WriterOptions {
-        wal_flush_interval: Duration::from_millis(interval_ms),
-        ..WriterOptions::default()
+    {
+        let mut o = WriterOptions::default();
+        o.wal_flush_interval = Duration::from_millis(interval_ms);
+        o
     }
 }
 
@@ -365,18 +367,13 @@ async fn puts_wait_while_too_much_is_not_durable() {
     let faulty = FaultyStore::new(Arc::new(InMemory::new()));
     let store: Arc<dyn ObjectStore> = faulty.clone();
     let writer = Arc::new(
-        ShardWriter::open(
-            Arc::clone(&store),
-            LOCATION,
-            0,
-            table(),
-            WriterOptions {
-                wal_flush_interval: Duration::ZERO,
-                max_unflushed_bytes: 1,
-                memtable_bytes: 1,
-                ..WriterOptions::default()
-            },
-        )
+        ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), {
+            let mut o = WriterOptions::default();
+            o.wal_flush_interval = Duration::ZERO;
+            o.max_unflushed_bytes = 1;
+            o.memtable_bytes = 1;
+            o
+        })
         .await
         .unwrap(),
     );
@@ -448,16 +445,11 @@ async fn bad_input_writes_nothing_and_the_writer_stays_usable() {
 #[tokio::test]
 async fn close_makes_every_put_durable_and_later_puts_fail() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-    let writer = ShardWriter::open(
-        Arc::clone(&store),
-        LOCATION,
-        0,
-        table(),
-        WriterOptions {
-            durable: false,
-            ..options(100)
-        },
-    )
+    let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), {
+        let mut o = options(100);
+        o.durable = false;
+        o
+    })
     .await
     .unwrap();
     let schema = Arc::clone(&writer.schema().schema);
