@@ -74,13 +74,11 @@ struct Args {
 const TABLE: &str = "soak";
 
 fn writer_options(args: &Args) -> WriterOptions {
-    {
-        let mut o = WriterOptions::default();
-        o.memtable_bytes = args.memtable_mb << 20;
-        o.max_unflushed_bytes = (args.memtable_mb << 20).max(8 << 20) * 4;
-        o.wal_flush_interval = Duration::from_millis(args.interval_ms);
-        o
-    }
+    let mut o = WriterOptions::default();
+    o.memtable_bytes = args.memtable_mb << 20;
+    o.max_unflushed_bytes = (args.memtable_mb << 20).max(8 << 20) * 4;
+    o.wal_flush_interval = Duration::from_millis(args.interval_ms);
+    o
 }
 
 /// A writer: statement `n` (numbered from `--base`) upserts rows with value

@@ -42,7 +42,7 @@ use object_store::ObjectStore;
 use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
-use crate::sstable::{self, SstableFile, SstableReader};
+use crate::sstable::{self, ReadMetrics, SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
@@ -587,21 +587,24 @@ impl Table {
         max_age: Duration,
     ) -> Result<Option<RecordBatch>> {
         let (shard, encoded, stored) = self.locate(key)?;
+        let columns = self.schema.key_columns(&stored);
         self.snapshot(shard, max_age)
             .await?
-            .get(&encoded, &self.schema.key_columns(&stored))
+            .get(&encoded, &columns, &ReadMetrics::default())
             .await
     }
 
-    /// The live row with key `key` in `snapshot` (of the key's shard).
-    pub async fn get_in(
+    /// The live row with key `key` in `snapshot` (of the key's shard);
+    /// SSTable reads are counted in `metrics`.
+    pub(crate) async fn get_in(
         &self,
         snapshot: &ShardSnapshot,
         key: &RecordBatch,
+        metrics: &ReadMetrics,
     ) -> Result<Option<RecordBatch>> {
         let (_, encoded, stored) = self.locate(key)?;
         snapshot
-            .get(&encoded, &self.schema.key_columns(&stored))
+            .get(&encoded, &self.schema.key_columns(&stored), metrics)
             .await
     }
 

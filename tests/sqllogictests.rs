@@ -42,13 +42,11 @@ async fn open(root: &str, options: WriterOptions) -> Result<MemwalSession, memwa
 /// The writer options of the tests in `path`.
 fn options_for(path: &Path) -> WriterOptions {
     if path.components().any(|c| c.as_os_str() == "lsm") {
-        {
-            let mut o = WriterOptions::default();
-            o.memtable_bytes = 2048;
-            o.max_sstables = 3;
-            o.sstable_grace = std::time::Duration::from_millis(200);
-            o
-        }
+        let mut o = WriterOptions::default();
+        o.memtable_bytes = 2048;
+        o.max_sstables = 3;
+        o.sstable_grace = std::time::Duration::from_millis(200);
+        o
     } else {
         WriterOptions::default()
     }

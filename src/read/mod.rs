@@ -17,6 +17,9 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
+};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
@@ -27,7 +30,7 @@ use crate::error::Result;
 use crate::memtable::MemLayer;
 use crate::schema::TableSchema;
 use crate::sstable::merge::{self, KeyRange, Run};
-use crate::sstable::{SstableFile, SstableReader, newest_per_key_sorted};
+use crate::sstable::{ReadMetrics, SstableFile, SstableReader, newest_per_key_sorted};
 
 /// What a reader sees of one shard at one moment: MemTable layers (the
 /// writer's frozen and active MemTables, or the durable WAL after the
@@ -71,7 +74,13 @@ impl ShardSnapshot {
     /// The newest version of the key whose encoding is `encoded` and whose
     /// key columns (one row, stored types) are `key`: newest layer first,
     /// stopping at the first hit. A tombstone means absent. User form.
-    pub async fn get(&self, encoded: &[u8], key: &[ArrayRef]) -> Result<Option<RecordBatch>> {
+    /// SSTable reads are counted in `metrics`.
+    pub async fn get(
+        &self,
+        encoded: &[u8],
+        key: &[ArrayRef],
+        metrics: &ReadMetrics,
+    ) -> Result<Option<RecordBatch>> {
         let hit = 'found: {
             for layer in self.memtables.iter().rev() {
                 if let Some((batch, row)) = layer.memtable.get_within(encoded, layer.batches) {
@@ -79,7 +88,7 @@ impl ShardSnapshot {
                 }
             }
             for file in self.sstables.iter().rev() {
-                if let Some(row) = self.reader.lookup(file, key).await? {
+                if let Some(row) = self.reader.lookup(file, key, metrics).await? {
                     break 'found Some(row);
                 }
             }
@@ -206,7 +215,7 @@ impl ShardSnapshot {
     pub async fn collect(&self, pool: &Arc<dyn MemoryPool>) -> Result<Vec<RecordBatch>> {
         let mut out = Vec::new();
         for part in self.parts(1, &KeyBounds::all()).await? {
-            let stream = part.scan(None, pool).await?;
+            let stream = part.scan(None, pool, &ScanMetrics::unrecorded()).await?;
             out.extend(futures::TryStreamExt::try_collect::<Vec<_>>(stream).await?);
         }
         Ok(out)
@@ -281,6 +290,45 @@ fn tighten(
     }
 }
 
+/// What a scan records for `EXPLAIN ANALYZE` (DataFusion metrics; clones
+/// count into the same ones).
+#[derive(Debug, Clone)]
+pub struct ScanMetrics {
+    /// The SSTable reads.
+    pub read: ReadMetrics,
+    /// Rows read from the MemTables (newest version per key among them)
+    /// and from SSTables, before the merge.
+    pub memtable_rows: Count,
+    /// See [`ScanMetrics::memtable_rows`].
+    pub sstable_rows: Count,
+    /// The merges of overlapping runs: their time and the rows they ordered
+    /// (older versions are dropped after).
+    pub merge: BaselineMetrics,
+}
+
+impl ScanMetrics {
+    /// Metrics of `partition` registered in `set`; the merge's in
+    /// `merge_set` (their names are DataFusion's operator names).
+    pub fn new(
+        set: &ExecutionPlanMetricsSet,
+        merge_set: &ExecutionPlanMetricsSet,
+        partition: usize,
+    ) -> Self {
+        Self {
+            read: ReadMetrics::new(set, partition),
+            memtable_rows: MetricBuilder::new(set).counter("memtable_rows", partition),
+            sstable_rows: MetricBuilder::new(set).counter("sstable_rows", partition),
+            merge: BaselineMetrics::new(merge_set, partition),
+        }
+    }
+
+    /// Metrics recorded nowhere.
+    pub fn unrecorded() -> Self {
+        let set = ExecutionPlanMetricsSet::new();
+        Self::new(&set, &set, 0)
+    }
+}
+
 /// A piece of a shard's rows for a scan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Piece {
@@ -339,6 +387,7 @@ impl ScanPart {
         &self,
         projection: Option<&[usize]>,
         pool: &Arc<dyn MemoryPool>,
+        metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
         let snapshot = &self.snapshot;
         let schema = &snapshot.schema;
@@ -382,21 +431,33 @@ impl ScanPart {
         for cluster in &self.clusters {
             if !schema.has_key() || cluster.len() == 1 {
                 for &piece in cluster {
-                    streams.push(self.piece(piece, &columns, memtable.as_ref()).await?);
+                    streams.push(
+                        self.piece(piece, &columns, memtable.as_ref(), metrics)
+                            .await?,
+                    );
                 }
                 continue;
             }
             let mut runs = Vec::with_capacity(cluster.len());
             for &piece in cluster {
                 runs.push(Run {
-                    rows: self.piece(piece, &merge_columns, memtable.as_ref()).await?,
+                    rows: self
+                        .piece(piece, &merge_columns, memtable.as_ref(), metrics)
+                        .await?,
                     seq: match piece {
                         Piece::File(i) | Piece::RowGroup(i, _) => snapshot.sstables[i].generation,
                         Piece::Memtable => u64::MAX,
                     },
                 });
             }
-            let merged = merge::merge_runs(schema, &merge_columns, runs, true, pool)?;
+            let merged = merge::merge_runs(
+                schema,
+                &merge_columns,
+                runs,
+                true,
+                pool,
+                metrics.merge.clone(),
+            )?;
             let positions = drop_keys.clone();
             let out = Arc::clone(&projected);
             let merged = merged.map(move |b| {
@@ -436,35 +497,46 @@ impl ScanPart {
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
 
-    /// The rows of one piece, stored form projected to `columns`.
+    /// The rows of one piece, stored form projected to `columns`, counted
+    /// in `metrics`.
     async fn piece(
         &self,
         piece: Piece,
         columns: &[usize],
         memtable: Option<&RecordBatch>,
+        metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
         let snapshot = &self.snapshot;
-        match piece {
-            Piece::File(i) => {
+        let (rows, counter) = match piece {
+            Piece::File(i) => (
                 snapshot
                     .reader
-                    .stream(&snapshot.sstables[i], None, columns)
-                    .await
-            }
-            Piece::RowGroup(i, g) => {
+                    .stream(&snapshot.sstables[i], None, columns, &metrics.read)
+                    .await?,
+                &metrics.sstable_rows,
+            ),
+            Piece::RowGroup(i, g) => (
                 snapshot
                     .reader
-                    .stream(&snapshot.sstables[i], Some(vec![g]), columns)
-                    .await
-            }
+                    .stream(&snapshot.sstables[i], Some(vec![g]), columns, &metrics.read)
+                    .await?,
+                &metrics.sstable_rows,
+            ),
             Piece::Memtable => {
                 let rows = memtable.expect("sorted above").project(columns)?;
-                Ok(one_batch(
-                    Arc::new(snapshot.schema.stored.project(columns)?),
-                    rows,
-                ))
+                (
+                    one_batch(Arc::new(snapshot.schema.stored.project(columns)?), rows),
+                    &metrics.memtable_rows,
+                )
             }
-        }
+        };
+        let (schema, counter) = (rows.schema(), counter.clone());
+        let counted = rows.inspect(move |batch| {
+            if let Ok(batch) = batch {
+                counter.add(batch.num_rows());
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted)))
     }
 }
 
@@ -614,10 +686,13 @@ mod tests {
             assert!(clusters.iter().any(|c| c.len() > 1), "nothing merged");
             let mut seen = BTreeMap::new();
             for part in &planned {
-                let batches: Vec<RecordBatch> =
-                    futures::TryStreamExt::try_collect(part.scan(None, &pool).await.unwrap())
+                let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(
+                    part.scan(None, &pool, &ScanMetrics::unrecorded())
                         .await
-                        .unwrap();
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
                 let mut last = None;
                 for b in batches {
                     let ids = b.column(0).as_primitive::<Int64Type>();
@@ -646,10 +721,13 @@ mod tests {
         );
         let mut seen = BTreeMap::new();
         for part in &planned {
-            let batches: Vec<RecordBatch> =
-                futures::TryStreamExt::try_collect(part.scan(None, &pool).await.unwrap())
+            let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(
+                part.scan(None, &pool, &ScanMetrics::unrecorded())
                     .await
-                    .unwrap();
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
             for b in batches {
                 let ids = b.column(0).as_primitive::<Int64Type>();
                 let vs = b.column(1).as_primitive::<Int64Type>();

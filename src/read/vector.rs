@@ -35,7 +35,7 @@ use super::ShardSnapshot;
 use crate::error::{Error, Result};
 use crate::memtable::MemLayer;
 use crate::schema::Metric;
-use crate::sstable::{SstableFile, VectorColumnData};
+use crate::sstable::{ReadMetrics, SstableFile, VectorColumnData};
 
 /// A layer that could offer fewer rows than this (live rows, or rows the
 /// filter matches) is searched exactly: a scan of that many vectors costs
@@ -325,7 +325,12 @@ impl ShardSnapshot {
             }
         }
         for file in sstables.take(layer.saturating_sub(self.memtables.len())) {
-            if self.reader.lookup(file, &key).await?.is_some() {
+            if self
+                .reader
+                .lookup(file, &key, &ReadMetrics::default())
+                .await?
+                .is_some()
+            {
                 return Ok(true);
             }
         }
@@ -428,7 +433,10 @@ impl ShardSnapshot {
             // A constant filter: one column for the row count.
             columns.push(stored.fields().len() - 1);
         }
-        let mut stream = self.reader.stream(file, None, &columns).await?;
+        let mut stream = self
+            .reader
+            .stream(file, None, &columns, &ReadMetrics::default())
+            .await?;
         let mut out = Vec::new();
         while let Some(batch) = stream.try_next().await? {
             // The filter's column indices are into the stored schema:

@@ -6,21 +6,26 @@
 
 mod catalog_provider;
 mod ddl;
+mod delete_exec;
 mod describe;
-mod exec;
 mod files;
+mod insert_sink;
 mod not_null;
+mod scan_exec;
 mod session;
+mod streams;
 mod table;
 mod vector;
+mod vector_search_exec;
 
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
-pub use exec::{DeleteExec, ScanExec, ScanMode};
+pub use delete_exec::DeleteExec;
+pub use insert_sink::{InsertProgress, InsertSink};
+pub use scan_exec::{ScanExec, ScanMode};
 pub use session::{MemwalSession, SessionBuilder};
-pub use table::{InsertProgress, InsertSink, MemwalTable};
-pub use vector::{
-    DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchExec, VectorSearchFunction, distance_functions,
-};
+pub use table::MemwalTable;
+pub use vector::{DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchFunction, distance_functions};
+pub use vector_search_exec::VectorSearchExec;
 
 use crate::catalog::ObjectPath;
 use crate::error::Result;

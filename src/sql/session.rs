@@ -23,9 +23,10 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
 use super::catalog_provider::MemwalCatalogProvider;
-use super::exec::{DeleteExec, PlannedStatement};
+use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
-use super::table::{InsertProgress, MemwalTable};
+use super::insert_sink::InsertProgress;
+use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, not_null};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};

@@ -7,27 +7,25 @@
 //! applies after de-duplication. INSERT goes to the shard writers through
 //! [`InsertSink`]; DELETE and TRUNCATE write tombstones in `execute()`.
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
-use datafusion::datasource::sink::{DataSink, DataSinkExec};
+use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
-use futures::StreamExt;
 
-use super::exec::{DeleteExec, ScanExec, ScanMode};
+use super::delete_exec::DeleteExec;
+use super::insert_sink::InsertSink;
+use super::scan_exec::{ScanExec, ScanMode};
 use crate::catalog::ObjectPath;
 use crate::read::KeyBounds;
 use crate::schema::TableMeta;
@@ -271,9 +269,7 @@ impl TableProvider for MemwalTable {
                 "{insert_op} is not supported by memwal tables; INSERT INTO appends (upserts by primary key)"
             )));
         }
-        let sink = InsertSink {
-            table: Arc::clone(&self.table),
-        };
+        let sink = InsertSink::new(Arc::clone(&self.table));
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
     }
 
@@ -352,69 +348,6 @@ impl MemwalTable {
                 self.path
             )))
         }
-    }
-}
-
-/// How often [`InsertProgress`] hears of a running INSERT.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-
-/// Told how far a running `INSERT` got (rows read from its input so far,
-/// time since it started) about once a second, from its first second on.
-/// Install it with [`crate::SessionBuilder::on_insert_progress`].
-pub struct InsertProgress(pub Box<dyn Fn(u64, Duration) + Send + Sync>);
-
-impl fmt::Debug for InsertProgress {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("InsertProgress")
-    }
-}
-
-/// Routes inserted rows to the shard writers (see [`Table::put_stream`]);
-/// reports the count once every row is durable (at once in non-durable
-/// mode). Within a shard a statement becomes visible and durable all at
-/// once, also across a crash; a statement that fails (bad input, say)
-/// writes nothing. Memory stays bounded however large the input. The count is the rows
-/// the statement leaves in the table: one per distinct primary key (the
-/// statement's last row of a key wins; an insert of an existing key is an
-/// update and counts), every row for a table without a key.
-#[derive(Debug)]
-pub struct InsertSink {
-    table: Arc<Table>,
-}
-
-impl DisplayAs for InsertSink {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "MemwalInsertSink")
-    }
-}
-
-#[async_trait]
-impl DataSink for InsertSink {
-    fn schema(&self) -> &SchemaRef {
-        &self.table.table_schema().schema
-    }
-
-    async fn write_all(
-        &self,
-        data: SendableRecordBatchStream,
-        context: &Arc<TaskContext>,
-    ) -> Result<u64> {
-        let progress = context.session_config().get_extension::<InsertProgress>();
-        let started = Instant::now();
-        let (mut rows, mut reported) = (0u64, Duration::ZERO);
-        let data = data.map(|batch| {
-            let batch = batch?;
-            rows += batch.num_rows() as u64;
-            let elapsed = started.elapsed();
-            if let Some(progress) = &progress
-                && elapsed >= reported + PROGRESS_EVERY
-            {
-                reported = elapsed;
-                (progress.0)(rows, elapsed);
-            }
-            Ok::<_, crate::Error>(batch)
-        });
-        Ok(self.table.put_stream(data).await?)
     }
 }
 

@@ -4,39 +4,29 @@
 //! the exact distance functions `l2_distance`, `cosine_distance` and
 //! `inner_product`, the ground truth for `ORDER BY ... LIMIT k`.
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Float32Array, RecordBatch, RecordBatchOptions,
 };
-use datafusion::arrow::compute::{cast, concat_batches};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DFSchema, ScalarValue, TableReference, plan_err};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
-use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     TableProviderFilterPushDown, Volatility,
 };
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::{
-    EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
-};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use futures::StreamExt;
+use datafusion::physical_plan::ExecutionPlan;
 
+use super::vector_search_exec::VectorSearchExec;
 use super::{CATALOG_NAME, ROOT_SCHEMA};
 use crate::catalog::{Catalog, ObjectPath, ObjectType};
-use crate::read::{Neighbour, VectorQuery};
+use crate::read::VectorQuery;
 use crate::schema::Metric;
 use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
@@ -302,138 +292,6 @@ impl TableProvider for VectorSearchTable {
             &self.schema,
             projection.cloned(),
         )?))
-    }
-}
-
-/// Runs a vector search over every shard of a table and yields the
-/// nearest rows, nearest first (one partition).
-#[derive(Debug)]
-pub struct VectorSearchExec {
-    name: String,
-    table: Arc<Table>,
-    query: VectorQuery,
-    /// Indices into the table columns plus `_distance` (the last).
-    projection: Vec<usize>,
-    properties: Arc<PlanProperties>,
-}
-
-impl VectorSearchExec {
-    fn new(
-        name: String,
-        table: Arc<Table>,
-        query: VectorQuery,
-        full: &SchemaRef,
-        projection: Option<Vec<usize>>,
-    ) -> Result<Self> {
-        let projection = projection.unwrap_or_else(|| (0..full.fields().len()).collect());
-        let schema = Arc::new(full.project(&projection)?);
-        let mut equivalence = EquivalenceProperties::new(Arc::clone(&schema));
-        if let Ok(at) = schema.index_of(DISTANCE_COLUMN) {
-            let distance: Arc<dyn PhysicalExpr> = Arc::new(Column::new(DISTANCE_COLUMN, at));
-            equivalence.add_orderings([[PhysicalSortExpr::new_default(distance)]]);
-        }
-        let properties = Arc::new(PlanProperties::new(
-            equivalence,
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Final,
-            Boundedness::Bounded,
-        ));
-        Ok(Self {
-            name,
-            table,
-            query,
-            projection,
-            properties,
-        })
-    }
-}
-
-impl DisplayAs for VectorSearchExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let column = self
-            .table
-            .table_schema()
-            .schema
-            .field(self.query.column)
-            .name();
-        write!(
-            f,
-            "MemwalVectorSearchExec: table={}, column={column}, k={}, ef={}",
-            self.name, self.query.k, self.query.ef
-        )?;
-        if let Some(filter) = &self.query.filter {
-            write!(f, ", filter={filter}")?;
-        }
-        Ok(())
-    }
-}
-
-impl ExecutionPlan for VectorSearchExec {
-    fn name(&self) -> &str {
-        "MemwalVectorSearchExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        _: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(self)
-    }
-
-    fn apply_expressions(
-        &self,
-        visit: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        match &self.query.filter {
-            Some(filter) => visit(filter),
-            None => Ok(TreeNodeRecursion::Continue),
-        }
-    }
-
-    fn execute(&self, _: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
-        let table = Arc::clone(&self.table);
-        let query = self.query.clone();
-        let projection = self.projection.clone();
-        let schema = self.schema();
-        let out_schema = Arc::clone(&schema);
-        let rows = async move {
-            let mut nearest: Vec<Neighbour> = Vec::new();
-            for shard in 0..table.shard_count() {
-                let snapshot = table.snapshot(shard as u32, Duration::ZERO).await?;
-                nearest.extend(snapshot.vector_search(&query).await?);
-            }
-            nearest.sort_by(|a, b| a.distance.total_cmp(&b.distance));
-            nearest.truncate(query.k);
-            let stored_schema = Arc::clone(&table.table_schema().stored);
-            let rows: Vec<RecordBatch> = nearest.iter().map(|n| n.row.clone()).collect();
-            let stored = concat_batches(&stored_schema, &rows)?;
-            let mut columns = table.table_schema().to_user(&stored)?.columns().to_vec();
-            columns.push(Arc::new(Float32Array::from_iter_values(
-                nearest.iter().map(|n| n.distance),
-            )));
-            let columns = projection
-                .iter()
-                .map(|&i| Arc::clone(&columns[i]))
-                .collect();
-            let batch = RecordBatch::try_new_with_options(
-                out_schema,
-                columns,
-                &RecordBatchOptions::new().with_row_count(Some(nearest.len())),
-            )?;
-            Ok::<_, DataFusionError>(batch)
-        };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            futures::stream::once(rows).boxed(),
-        )))
     }
 }
 

@@ -1,22 +1,23 @@
 //! Merging sorted runs of one shard into the newest version of each key
 //! (DESIGN.md §7). Each run (SSTable row groups, or a MemTable snapshot
 //! sorted by [`super::newest_per_key_sorted`]) is sorted by key with one
-//! row per key. DataFusion's streaming merge orders the rows by key; given
-//! the runs newest first and with its round-robin tie breaker off, it
-//! places equal keys in input order (documented as a stable merge), so the
-//! newest version of a key comes first; the one operator DataFusion lacks,
+//! row per key and has a sequence number, higher for newer runs. Each
+//! row carries its run's sequence into DataFusion's streaming merge, which
+//! orders by key and then by sequence, newest first: the newest version of
+//! a key comes first by the sort order itself, whatever order the merge
+//! takes its inputs in. The one operator DataFusion lacks,
 //! [`newest_per_key`], keeps that row. (Runs whose key ranges do not
-//! overlap need no merge at all: see [`crate::read`].)
+//! overlap need no merge at all: see the read path.)
 //!
 //! Memory stays bounded by a few batches per run, however large the runs.
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::kernels::boolean::{not, or};
 use datafusion::arrow::compute::kernels::cmp::distinct;
 use datafusion::arrow::compute::{SortOptions, filter_record_batch};
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
@@ -39,20 +40,44 @@ pub type KeyRange = (ScalarValue, ScalarValue);
 /// One sorted run of a merge: rows in stored form projected to the
 /// merge's columns, sorted by key with one row per key.
 pub struct Run {
+    /// The rows.
     pub rows: SendableRecordBatchStream,
-    /// Newer runs have higher numbers.
+    /// Newer runs have higher numbers; no two runs of a merge share one.
     pub seq: u64,
+}
+
+/// Metrics for a merge nobody measures (the writer's flushes and loads).
+pub fn unrecorded() -> BaselineMetrics {
+    BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0)
+}
+
+/// The column carrying a row's run sequence through a merge.
+const SEQ_COLUMN: &str = "_seq";
+
+/// `run`'s rows with its sequence as a last column (`schema`).
+fn with_seq(run: Run, schema: SchemaRef) -> SendableRecordBatchStream {
+    let Run { rows, seq } = run;
+    let out = Arc::clone(&schema);
+    let rows = rows.map(move |batch| {
+        let batch = batch?;
+        let mut columns = batch.columns().to_vec();
+        columns.push(Arc::new(UInt64Array::from_value(seq, batch.num_rows())));
+        Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
 }
 
 /// Merges `runs` into the newest row of each key, sorted by key, in stored
 /// form projected to `columns` (which include the key columns and
-/// `_tombstone`). Tombstones are dropped unless `keep_tombstones`.
+/// `_tombstone`). Tombstones are dropped unless `keep_tombstones`. The
+/// merge's time and rows are recorded in `metrics`.
 pub fn merge_runs(
     schema: &TableSchema,
     columns: &[usize],
     mut runs: Vec<Run>,
     keep_tombstones: bool,
     pool: &Arc<dyn MemoryPool>,
+    metrics: BaselineMetrics,
 ) -> Result<SendableRecordBatchStream> {
     let projected = Arc::new(schema.stored.project(columns)?);
     let position = |stored: usize| {
@@ -70,24 +95,40 @@ pub fn merge_runs(
     let rows = if runs.len() == 1 {
         runs.pop().expect("one run").rows
     } else {
-        let order = LexOrdering::new(keys.iter().map(|&k| {
-            PhysicalSortExpr::new(
-                Arc::new(Column::new(projected.field(k).name(), k)),
-                SortOptions::new(false, false),
-            )
-        }))
-        .ok_or_else(|| Error::invalid("a merge needs a key"))?;
-        runs.sort_by_key(|r| std::cmp::Reverse(r.seq));
+        if keys.is_empty() {
+            return Err(Error::invalid("a merge needs a key"));
+        }
+        let mut fields = projected.fields().to_vec();
+        fields.push(Arc::new(Field::new(SEQ_COLUMN, DataType::UInt64, false)));
+        let sequenced = Arc::new(Schema::new(fields));
+        let seq = projected.fields().len();
+        let order = LexOrdering::new(
+            keys.iter()
+                .map(|&k| (projected.field(k).name(), k, false))
+                .chain([(&SEQ_COLUMN.to_string(), seq, true)])
+                .map(|(name, at, descending)| {
+                    PhysicalSortExpr::new(
+                        Arc::new(Column::new(name, at)),
+                        SortOptions::new(descending, false),
+                    )
+                }),
+        )
+        .expect("a key column");
         let merged = StreamingMergeBuilder::new()
-            .with_streams(runs.into_iter().map(|r| r.rows).collect())
-            .with_schema(projected)
+            .with_streams(
+                runs.into_iter()
+                    .map(|r| with_seq(r, Arc::clone(&sequenced)))
+                    .collect(),
+            )
+            .with_schema(sequenced)
             .with_expressions(&order)
-            .with_metrics(BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0))
+            .with_metrics(metrics)
             .with_batch_size(BATCH_ROWS)
             .with_reservation(MemoryConsumer::new("memwal merge").register(pool))
-            .with_round_robin_tie_breaker(false)
             .build()?;
-        newest_per_key(merged, keys)
+        let without_seq: Vec<usize> = (0..seq).collect();
+        let rows = newest_per_key(merged, keys).map(move |batch| Ok(batch?.project(&without_seq)?));
+        Box::pin(RecordBatchStreamAdapter::new(projected, rows))
     };
     Ok(if keep_tombstones {
         rows

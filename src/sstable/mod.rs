@@ -32,6 +32,37 @@ mod reader;
 pub use checksum::FileChecksum;
 pub use reader::{SstableReader, VectorColumnData};
 
+/// What reading SSTables cost, for `EXPLAIN ANALYZE` (DataFusion metric
+/// counters; clones count into the same ones, and a default one counts
+/// for nobody).
+#[derive(Debug, Clone, Default)]
+pub struct ReadMetrics {
+    /// Bytes fetched from the store (cached footers are not fetched again).
+    pub bytes_read: Count,
+    /// Row groups a lookup skipped because their key statistics exclude
+    /// the key.
+    pub row_groups_pruned_by_statistics: Count,
+    /// Row groups a lookup skipped because their bloom filter excludes the
+    /// key.
+    pub row_groups_pruned_by_bloom_filter: Count,
+    /// Rows of the row groups a lookup read that the page index let it
+    /// skip.
+    pub rows_pruned_by_page_index: Count,
+}
+
+impl ReadMetrics {
+    /// Counters registered in `set` for `partition`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let counter = |name: &'static str| MetricBuilder::new(set).counter(name, partition);
+        Self {
+            bytes_read: counter("bytes_read"),
+            row_groups_pruned_by_statistics: counter("row_groups_pruned_by_statistics"),
+            row_groups_pruned_by_bloom_filter: counter("row_groups_pruned_by_bloom_filter"),
+            rows_pruned_by_page_index: counter("rows_pruned_by_page_index"),
+        }
+    }
+}
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -43,6 +74,7 @@ use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::metadata::SortingColumn;
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
@@ -535,6 +567,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_merge_keeps_the_newest_version_whatever_order_its_runs_come_in() {
+        use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+        use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+        let t = table(true);
+        let all: Vec<usize> = (0..t.stored.fields().len()).collect();
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        for order in [[1, 2, 3], [3, 2, 1], [2, 3, 1]] {
+            let runs = order
+                .iter()
+                .map(|&seq| {
+                    // Run `seq` writes value `seq` for keys 1..=3 and 4 + seq.
+                    let rows = put(&t, &[1, 2, 3, 4 + seq], seq);
+                    merge::Run {
+                        rows: Box::pin(RecordBatchStreamAdapter::new(
+                            Arc::clone(&t.stored),
+                            futures::stream::iter([Ok(rows)]),
+                        )),
+                        seq: seq as u64,
+                    }
+                })
+                .collect();
+            let merged = merge::merge_runs(&t, &all, runs, false, &pool, merge::unrecorded());
+            let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(merged.unwrap())
+                .await
+                .unwrap();
+            let rows: Vec<_> = batches.iter().flat_map(|b| triples(&t, b)).collect();
+            assert_eq!(
+                rows,
+                [
+                    (1, Some(3), false),
+                    (2, Some(3), false),
+                    (3, Some(3), false),
+                    (5, Some(1), false),
+                    (6, Some(2), false),
+                    (7, Some(3), false),
+                ],
+                "runs in order {order:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
     async fn written_sstables_are_plain_parquet_datafusion_reads() {
         use datafusion::prelude::{ParquetReadOptions, SessionContext};
         let dir = tempfile::tempdir().unwrap();
@@ -554,10 +628,14 @@ mod tests {
         );
         let reader = SstableReader::new(Arc::clone(&store), Arc::clone(&t));
         let all: Vec<usize> = (0..t.stored.fields().len()).collect();
-        let back: Vec<RecordBatch> =
-            futures::TryStreamExt::try_collect(reader.stream(&file, None, &all).await.unwrap())
+        let back: Vec<RecordBatch> = futures::TryStreamExt::try_collect(
+            reader
+                .stream(&file, None, &all, &ReadMetrics::default())
                 .await
-                .unwrap();
+                .unwrap(),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             triples(&t, &back[0]),
             [

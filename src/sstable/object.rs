@@ -17,6 +17,7 @@ use datafusion::parquet::arrow::arrow_reader::ArrowReaderOptions;
 use datafusion::parquet::arrow::async_reader::AsyncFileReader;
 use datafusion::parquet::errors::ParquetError;
 use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use datafusion::physical_plan::metrics::Count;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use object_store::path::Path;
@@ -39,6 +40,8 @@ pub struct SstableObject {
     blocks: Option<Arc<[u32]>>,
     /// The tail, once fetched and checked.
     tail: Option<Bytes>,
+    /// Counts the bytes fetched from the store.
+    bytes_read: Count,
 }
 
 impl SstableObject {
@@ -57,7 +60,21 @@ impl SstableObject {
             checksum: file.checksum,
             blocks,
             tail: None,
+            bytes_read: Count::new(),
         })
+    }
+
+    /// Counts the bytes this object fetches in `bytes_read` too.
+    pub fn counting(mut self, bytes_read: &Count) -> Self {
+        self.bytes_read = bytes_read.clone();
+        self
+    }
+
+    /// `fetched`, counted.
+    fn counted(&self, fetched: Vec<Bytes>) -> Vec<Bytes> {
+        self.bytes_read
+            .add(fetched.iter().map(Bytes::len).sum::<usize>());
+        fetched
     }
 
     fn corrupt(&self, reason: impl Into<String>) -> Error {
@@ -94,7 +111,7 @@ impl SstableObject {
         let Some(checksum) = self.checksum else {
             // Written before SSTables had checksums: read as is.
             return match self.store.get_ranges(&self.path, &ranges).await {
-                Ok(bytes) => Ok(bytes),
+                Ok(bytes) => Ok(self.counted(bytes)),
                 Err(e) => Err(self.failed(e).await),
             };
         };
@@ -132,7 +149,7 @@ impl SstableObject {
                 .map(|run| run.start * BLOCK..(run.end * BLOCK).min(data_len))
                 .collect();
             let fetched = match self.store.get_ranges(&self.path, &byte_ranges).await {
-                Ok(fetched) => fetched,
+                Ok(fetched) => self.counted(fetched),
                 Err(e) => return Err(self.failed(e).await),
             };
             for (run, bytes) in runs.into_iter().zip(fetched) {
@@ -166,7 +183,10 @@ impl SstableObject {
         }
         let range = checksum.tail_offset..self.size;
         let tail = match self.store.get_range(&self.path, range.clone()).await {
-            Ok(tail) => tail,
+            Ok(tail) => {
+                self.bytes_read.add(tail.len());
+                tail
+            }
             Err(e) => return Err(self.failed(e).await),
         };
         if tail.len() as u64 != range.end - range.start

@@ -34,7 +34,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::merge::KeyRange;
 use super::object::SstableObject;
-use super::{SstableFile, checksum};
+use super::{ReadMetrics, SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::schema::TableSchema;
@@ -179,12 +179,14 @@ impl SstableReader {
             next = position + 1;
         }
         let mask = ProjectionMask::roots(meta.parquet_schema(), others.iter().copied());
-        let stream =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file, &footer)?, meta)
-                .with_projection(mask)
-                .with_row_selection(RowSelection::from(selectors))
-                .build()
-                .map_err(|e| Self::corrupt(file, e))?;
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            self.object(file, &footer, &ReadMetrics::default())?,
+            meta,
+        )
+        .with_projection(mask)
+        .with_row_selection(RowSelection::from(selectors))
+        .build()
+        .map_err(|e| Self::corrupt(file, e))?;
         let batches: Vec<RecordBatch> = stream
             .try_collect()
             .await
@@ -305,7 +307,9 @@ impl SstableReader {
         column: usize,
     ) -> Result<VectorColumnData> {
         let tombstone = self.schema.stored.fields().len() - 1;
-        let mut stream = self.stream(file, None, &[column, tombstone]).await?;
+        let mut stream = self
+            .stream(file, None, &[column, tombstone], &ReadMetrics::default())
+            .await?;
         let (mut values, mut live) = (Vec::new(), Vec::new());
         let mut dim = 0;
         while let Some(batch) = stream.try_next().await? {
@@ -338,8 +342,16 @@ impl SstableReader {
 
     /// The file of `file` read in checked blocks, the block checksums
     /// taken from `footer`.
-    fn object(&self, file: &SstableFile, footer: &Footer) -> Result<SstableObject> {
-        SstableObject::new(Arc::clone(&self.store), file, footer.blocks.clone())
+    fn object(
+        &self,
+        file: &SstableFile,
+        footer: &Footer,
+        metrics: &ReadMetrics,
+    ) -> Result<SstableObject> {
+        Ok(
+            SstableObject::new(Arc::clone(&self.store), file, footer.blocks.clone())?
+                .counting(&metrics.bytes_read),
+        )
     }
 
     fn corrupt(file: &SstableFile, e: impl std::fmt::Display) -> Error {
@@ -407,15 +419,18 @@ impl SstableReader {
         file: &SstableFile,
         row_groups: Option<Vec<usize>>,
         columns: &[usize],
+        metrics: &ReadMetrics,
     ) -> Result<SendableRecordBatchStream> {
         let footer = self.footer(file).await?;
         let meta = footer.meta.clone();
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().copied());
         let schema: SchemaRef = Arc::new(self.schema.stored.project(columns)?);
-        let mut builder =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(self.object(file, &footer)?, meta)
-                .with_projection(mask)
-                .with_batch_size(BATCH_ROWS);
+        let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
+            self.object(file, &footer, metrics)?,
+            meta,
+        )
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS);
         if let Some(row_groups) = row_groups {
             builder = builder.with_row_groups(row_groups);
         }
@@ -482,6 +497,7 @@ impl SstableReader {
         &self,
         file: &SstableFile,
         key: &[ArrayRef],
+        metrics: &ReadMetrics,
     ) -> Result<Option<RecordBatch>> {
         let footer = self.footer(file).await?;
         let meta = &footer.meta;
@@ -516,11 +532,23 @@ impl SstableReader {
             }
         }
         let first_key_stats = first_key_stats.expect("a lookup needs a key");
+        let covering = candidates.iter().filter(|&&c| c).count();
+        metrics
+            .row_groups_pruned_by_statistics
+            .add(row_groups.len() - covering);
         for rg in (0..row_groups.len()).filter(|&rg| candidates[rg]) {
-            if !self.bloom_may_contain(file, &footer, rg, key).await? {
+            if !self
+                .bloom_may_contain(file, &footer, rg, key, metrics)
+                .await?
+            {
+                metrics.row_groups_pruned_by_bloom_filter.add(1);
                 continue;
             }
             let (selection, rows_read) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
+            let rows = row_groups[rg].num_rows() as usize;
+            metrics
+                .rows_pruned_by_page_index
+                .add(rows - (rows_read.1.min(rows) - rows_read.0.min(rows)));
             let page_key = (file.path.clone(), rg, rows_read);
             let cached = self
                 .pages
@@ -531,7 +559,7 @@ impl SstableReader {
                 Some(rows) => rows,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file, &footer)?,
+                        self.object(file, &footer, metrics)?,
                         meta.clone(),
                     )
                     .with_row_groups(vec![rg])
@@ -582,6 +610,7 @@ impl SstableReader {
         footer: &Footer,
         rg: usize,
         key: &[ArrayRef],
+        metrics: &ReadMetrics,
     ) -> Result<bool> {
         for (i, &column) in self.schema.key.iter().enumerate() {
             let cache_key = (file.path.clone(), rg, column);
@@ -595,7 +624,7 @@ impl SstableReader {
                 Some(bloom) => bloom,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file, footer)?,
+                        self.object(file, footer, metrics)?,
                         footer.meta.clone(),
                     );
                     let bloom = builder

@@ -41,7 +41,7 @@ use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
 use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
-use crate::sstable::{self, SstableFile, merge};
+use crate::sstable::{self, ReadMetrics, SstableFile, merge};
 use crate::store::{Versioned, delete_if_present, paths};
 
 /// Deletes issued at once.
@@ -525,7 +525,11 @@ impl Shared {
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
         let mut streams = Vec::with_capacity(inputs.len());
         for file in inputs {
-            streams.push(self.reader.stream(file, None, &columns).await?);
+            streams.push(
+                self.reader
+                    .stream(file, None, &columns, &ReadMetrics::default())
+                    .await?,
+            );
         }
         let rows = if schema.has_key() {
             let mut runs = Vec::with_capacity(inputs.len());
@@ -536,7 +540,7 @@ impl Shared {
                 });
             }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-            merge::merge_runs(schema, &columns, runs, !oldest, &pool)?
+            merge::merge_runs(schema, &columns, runs, !oldest, &pool, merge::unrecorded())?
         } else {
             merge::concat(Arc::clone(&schema.stored), streams)
         };

@@ -27,7 +27,7 @@ use futures::StreamExt;
 
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
-use crate::sstable::{self, SstableFile, merge};
+use crate::sstable::{self, ReadMetrics, SstableFile, merge};
 use crate::store::paths;
 
 /// Rows per batch a run is written in.
@@ -106,12 +106,16 @@ impl ShardWriter {
         let mut streams = Vec::with_capacity(runs.len());
         for run in runs.iter() {
             streams.push(merge::Run {
-                rows: shared.reader.stream(run, None, &columns).await?,
+                rows: shared
+                    .reader
+                    .stream(run, None, &columns, &ReadMetrics::default())
+                    .await?,
                 seq: run.generation,
             });
         }
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-        let mut keys = merge::merge_runs(schema, &columns, streams, false, &pool)?;
+        let mut keys =
+            merge::merge_runs(schema, &columns, streams, false, &pool, merge::unrecorded())?;
         let mut count = 0;
         while let Some(batch) = keys.next().await {
             count += batch?.num_rows() as u64;

@@ -22,12 +22,10 @@ use crate::helpers::{files, run};
 const DIM: i32 = 4;
 
 fn options() -> WriterOptions {
-    {
-        let mut o = WriterOptions::default();
-        o.wal_flush_interval = Duration::ZERO;
-        o.load_memory_bytes = 16 << 10;
-        o
-    }
+    let mut o = WriterOptions::default();
+    o.wal_flush_interval = Duration::ZERO;
+    o.load_memory_bytes = 16 << 10;
+    o
 }
 
 /// Rows `(id, v, [id, v, 0, 0])` for every id.

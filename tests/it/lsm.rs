@@ -37,14 +37,12 @@ fn table() -> Arc<TableSchema> {
 /// Every put freezes its MemTable: one generation (and flush) per put.
 /// Replaced SSTables are deleted at once (no reads run concurrently).
 fn tiny(max_sstables: usize) -> WriterOptions {
-    {
-        let mut o = WriterOptions::default();
-        o.wal_flush_interval = Duration::ZERO;
-        o.memtable_bytes = 1;
-        o.max_sstables = max_sstables;
-        o.sstable_grace = Duration::ZERO;
-        o
-    }
+    let mut o = WriterOptions::default();
+    o.wal_flush_interval = Duration::ZERO;
+    o.memtable_bytes = 1;
+    o.max_sstables = max_sstables;
+    o.sstable_grace = Duration::ZERO;
+    o
 }
 
 /// Time for scans running while compaction replaces their SSTables.

@@ -8,6 +8,7 @@ mod catalog_processes;
 mod crash;
 mod damage;
 mod damaged_catalog;
+mod explain;
 mod gc;
 mod helpers;
 mod hnsw;

@@ -41,11 +41,9 @@ fn rows(schema: &SchemaRef, ids: std::ops::Range<i64>, put: i64) -> RecordBatch 
 }
 
 fn options(interval_ms: u64) -> WriterOptions {
-    {
-        let mut o = WriterOptions::default();
-        o.wal_flush_interval = Duration::from_millis(interval_ms);
-        o
-    }
+    let mut o = WriterOptions::default();
+    o.wal_flush_interval = Duration::from_millis(interval_ms);
+    o
 }
 
 async fn open(store: &Arc<dyn ObjectStore>, interval_ms: u64) -> memwal::Result<ShardWriter> {

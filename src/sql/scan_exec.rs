@@ -1,59 +1,36 @@
-//! The physical operators memwal adds to DataFusion: [`ScanExec`] (the live
-//! rows of a table, one partition per shard — the shard's layers merged by
-//! key, see [`crate::read`] — or a few keys looked up) and
-//! [`DeleteExec`] (tombstones for the rows its input yields). Both do their
-//! work in `execute()`, never while planning. [`PlannedStatement`] hands a
-//! planned statement back to DataFusion as a lazy table.
+//! [`ScanExec`]: the live rows of a table, one partition per shard (or
+//! key range of a shard) — the shard's layers merged by key, see
+//! `crate::read` — or a few keys looked up. The snapshots are taken when
+//! the plan is made; the reading happens in `execute()`.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use datafusion::arrow::array::RecordBatch;
 use datafusion::arrow::compute::SortOptions;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
-use datafusion::common::{DataFusionError, Statistics};
-use datafusion::physical_expr::PhysicalSortExpr;
-use datafusion::physical_expr::expressions::Column;
-
-use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Statistics};
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{
+    EquivalenceProperties, Partitioning, PhysicalExpr, PhysicalSortExpr,
 };
-use futures::{StreamExt, TryStreamExt};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, Metric, MetricValue, MetricsSet,
+};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::TryStreamExt;
 
-use crate::read::{KeyBounds, ScanPart, ShardSnapshot};
+use super::streams::{observed, stream_of};
+use crate::read::{KeyBounds, ScanMetrics, ScanPart, ShardSnapshot};
+use crate::sstable::ReadMetrics;
 use crate::table::Table;
-use datafusion::catalog::Session;
-use datafusion::datasource::{TableProvider, TableType};
-use datafusion::logical_expr::Expr;
-
-fn properties(schema: SchemaRef, partitions: usize, emission: EmissionType) -> Arc<PlanProperties> {
-    Arc::new(PlanProperties::new(
-        EquivalenceProperties::new(schema),
-        Partitioning::UnknownPartitioning(partitions),
-        emission,
-        Boundedness::Bounded,
-    ))
-}
-
-/// A stream of the batches one future produces.
-fn stream_of(
-    schema: SchemaRef,
-    batches: impl Future<Output = crate::Result<Vec<RecordBatch>>> + Send + 'static,
-) -> SendableRecordBatchStream {
-    let stream = futures::stream::once(batches)
-        .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
-        .map_err(datafusion::error::DataFusionError::from)
-        .try_flatten();
-    Box::pin(RecordBatchStreamAdapter::new(schema, stream))
-}
 
 /// What a scan reads.
 #[derive(Debug, Clone)]
@@ -80,6 +57,10 @@ pub struct ScanExec {
     /// Key lookups: by shard; `None` for shards no key is in.
     snapshots: Vec<Option<ShardSnapshot>>,
     properties: Arc<PlanProperties>,
+    /// The scan's metrics, and its merges' (reported as `merge_time` and
+    /// `merged_rows`).
+    metrics: ExecutionPlanMetricsSet,
+    merge_metrics: ExecutionPlanMetricsSet,
 }
 
 impl ScanExec {
@@ -143,6 +124,8 @@ impl ScanExec {
             mode,
             parts,
             snapshots,
+            metrics: ExecutionPlanMetricsSet::new(),
+            merge_metrics: ExecutionPlanMetricsSet::new(),
         })
     }
 }
@@ -169,7 +152,20 @@ fn key_ordering(table: &Table, projected: &SchemaRef) -> Option<Vec<PhysicalSort
 }
 
 impl DisplayAs for ScanExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+    fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        if let DisplayFormatType::TreeRender = format {
+            match &self.mode {
+                ScanMode::All => {
+                    writeln!(f, "shards={}", self.table.shard_count())?;
+                    writeln!(f, "partitions={}", self.parts.len())?;
+                }
+                ScanMode::Keys(keys) => writeln!(f, "key_lookups={}", keys.num_rows())?,
+            }
+            if let Some(p) = &self.projection {
+                writeln!(f, "projection={p:?}")?;
+            }
+            return Ok(());
+        }
         match &self.mode {
             ScanMode::All => write!(f, "MemwalScanExec: shards={}", self.table.shard_count())?,
             ScanMode::Keys(keys) => write!(f, "MemwalScanExec: key lookups={}", keys.num_rows())?,
@@ -216,6 +212,25 @@ impl ExecutionPlan for ScanExec {
         Ok(TreeNodeRecursion::Continue)
     }
 
+    fn metrics(&self) -> Option<MetricsSet> {
+        let mut metrics = self.metrics.clone_inner();
+        for merge in self.merge_metrics.clone_inner().iter() {
+            let value = match merge.value() {
+                MetricValue::ElapsedCompute(time) => MetricValue::Time {
+                    name: "merge_time".into(),
+                    time: time.clone(),
+                },
+                MetricValue::OutputRows(rows) => MetricValue::Count {
+                    name: "merged_rows".into(),
+                    count: rows.clone(),
+                },
+                _ => continue,
+            };
+            metrics.push(Arc::new(Metric::new(value, merge.partition())));
+        }
+        Some(metrics)
+    }
+
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         // Rows before de-duplication: an upper bound.
         let rows: u64 = match (&self.mode, partition) {
@@ -234,29 +249,33 @@ impl ExecutionPlan for ScanExec {
         ctx: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let projection = self.projection.clone();
-        match &self.mode {
+        let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let rows = match &self.mode {
             ScanMode::All => {
                 let snapshot = self.parts[partition].clone();
                 let pool = Arc::clone(ctx.memory_pool());
-                let stream = async move { snapshot.scan(projection.as_deref(), &pool).await };
-                Ok(Box::pin(RecordBatchStreamAdapter::new(
+                let metrics = ScanMetrics::new(&self.metrics, &self.merge_metrics, partition);
+                let stream =
+                    async move { snapshot.scan(projection.as_deref(), &pool, &metrics).await };
+                Box::pin(RecordBatchStreamAdapter::new(
                     self.schema(),
                     futures::stream::once(stream)
                         .map_err(DataFusionError::from)
                         .try_flatten(),
-                )))
+                ))
             }
             ScanMode::Keys(keys) => {
                 let table = Arc::clone(&self.table);
                 let keys = keys.clone();
                 let snapshots = self.snapshots.clone();
+                let metrics = ReadMetrics::new(&self.metrics, partition);
                 let rows = async move {
                     let mut found = Vec::new();
                     for row in 0..keys.num_rows() {
                         let key = keys.slice(row, 1);
                         let shard = table.shard_of(&key)? as usize;
                         let snapshot = snapshots[shard].as_ref().expect("taken for this key");
-                        if let Some(row) = table.get_in(snapshot, &key).await? {
+                        if let Some(row) = table.get_in(snapshot, &key, &metrics).await? {
                             found.push(match &projection {
                                 Some(p) => row.project(p)?,
                                 None => row,
@@ -265,154 +284,9 @@ impl ExecutionPlan for ScanExec {
                     }
                     Ok(found)
                 };
-                Ok(stream_of(self.schema(), rows))
+                stream_of(self.schema(), rows)
             }
-        }
-    }
-}
-
-/// The `count` schema DML statements return.
-fn count_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        "count",
-        DataType::UInt64,
-        false,
-    )]))
-}
-
-/// Deletes the rows its input yields (by their key columns) and returns
-/// their count, once the tombstones are durable. The input is read whole
-/// first, then every key is deleted in one put per shard: like an INSERT,
-/// a DELETE is all or nothing per shard, across crashes.
-#[derive(Debug)]
-pub struct DeleteExec {
-    table: Arc<Table>,
-    /// Rows of the table to delete (at least its key columns, named as in
-    /// the table).
-    input: Arc<dyn ExecutionPlan>,
-    properties: Arc<PlanProperties>,
-}
-
-impl DeleteExec {
-    /// Deletes from `table` the rows `input` produces.
-    pub fn new(table: Arc<Table>, input: Arc<dyn ExecutionPlan>) -> Self {
-        Self {
-            table,
-            input,
-            properties: properties(count_schema(), 1, EmissionType::Final),
-        }
-    }
-}
-
-impl DisplayAs for DeleteExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "MemwalDeleteExec")
-    }
-}
-
-impl ExecutionPlan for DeleteExec {
-    fn name(&self) -> &str {
-        "MemwalDeleteExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
-            Arc::clone(&self.table),
-            children.remove(0),
-        )))
-    }
-
-    fn apply_expressions(
-        &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        ctx: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        let table = Arc::clone(&self.table);
-        let input = Arc::clone(&self.input);
-        let schema = self.schema();
-        let deleted = async move {
-            let key_schema = Arc::new(
-                table
-                    .table_schema()
-                    .schema
-                    .project(&table.table_schema().key)?,
-            );
-            let mut keys = Vec::new();
-            for p in 0..input.output_partitioning().partition_count() {
-                let mut rows = input.execute(p, Arc::clone(&ctx))?;
-                while let Some(batch) = rows.next().await {
-                    let batch = batch?;
-                    if batch.num_rows() == 0 {
-                        continue;
-                    }
-                    let columns: Vec<ArrayRef> = key_schema
-                        .fields()
-                        .iter()
-                        .map(|f| {
-                            batch.column_by_name(f.name()).cloned().ok_or_else(|| {
-                                crate::Error::invalid(format!(
-                                    "DELETE input lacks key column {}",
-                                    f.name()
-                                ))
-                            })
-                        })
-                        .collect::<crate::Result<_>>()?;
-                    keys.push(RecordBatch::try_new(Arc::clone(&key_schema), columns)?);
-                }
-            }
-            let count = match keys.is_empty() {
-                true => 0,
-                false => table.delete_all(&keys).await?,
-            };
-            let count: ArrayRef = Arc::new(UInt64Array::from(vec![count]));
-            Ok(vec![RecordBatch::try_new(count_schema(), vec![count])?])
         };
-        let _ = partition;
-        Ok(stream_of(schema, deleted))
-    }
-}
-
-/// A statement planned ahead (a [`DeleteExec`] over the rows to delete) as
-/// a one-use table, so the session can return it as a lazy `DataFrame`:
-/// nothing runs until the frame is collected.
-#[derive(Debug)]
-pub struct PlannedStatement(pub Arc<dyn ExecutionPlan>);
-
-#[async_trait::async_trait]
-impl TableProvider for PlannedStatement {
-    fn schema(&self) -> SchemaRef {
-        self.0.schema()
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::Temporary
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        _projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::clone(&self.0))
+        Ok(observed(rows, baseline))
     }
 }
