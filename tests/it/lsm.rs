@@ -219,9 +219,11 @@ async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     assert!(!m.retired.is_empty(), "the last compaction's inputs wait");
     check_wal(&store, &m).await;
 
-    // Once the grace period is over, the next writer deletes them.
-    tokio::time::sleep(GRACE).await;
-    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options)
+    // Once the grace period is over (at once for a writer whose grace is
+    // zero), the next writer deletes them.
+    let mut no_grace = options;
+    no_grace.sstable_grace = Duration::ZERO;
+    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), no_grace)
         .await
         .unwrap();
     assert_eq!(reopened.stats().frozen_memtables, 0);
