@@ -765,6 +765,11 @@ impl TableCache {
         }
     }
 
+    /// The options its tables write with.
+    pub fn options(&self) -> &WriterOptions {
+        &self.options
+    }
+
     /// The cache of this process for root `url` and `options`: the same
     /// one for as long as any holder keeps it alive.
     pub fn shared(url: &str, options: WriterOptions) -> Arc<Self> {

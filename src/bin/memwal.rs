@@ -65,7 +65,8 @@ struct Args {
 
     /// Set a writer option, NAME=VALUE (repeatable): durable,
     /// wal_flush_interval, memtable_bytes, load_memory_bytes, ... (see
-    /// WriterOptions); sizes take KiB/MiB/GiB, durations ms/s/min
+    /// WriterOptions); sizes take KiB/MiB/GiB, durations ms/s/min. In SQL:
+    /// SET memwal.NAME = 'VALUE'
     #[arg(long = "option", value_name = "NAME=VALUE")]
     options: Vec<String>,
 }

@@ -5,6 +5,7 @@
 //! together.
 
 mod catalog_provider;
+mod config;
 mod ddl;
 mod delete_exec;
 mod describe;
@@ -19,6 +20,7 @@ mod vector;
 mod vector_search_exec;
 
 pub use catalog_provider::{MemwalCatalogProvider, NamespaceSchemaProvider};
+pub use config::MemwalConfig;
 pub use delete_exec::DeleteExec;
 pub use insert_sink::{InsertProgress, InsertSink};
 pub use scan_exec::{ScanExec, ScanMode};

@@ -8,14 +8,14 @@
 //! the error that kept the catalog from loading. Loading is retried before
 //! each statement, so a repaired catalog is picked up.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::source_as_provider;
 use datafusion::execution::SessionState;
-use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, WriteOp};
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -23,6 +23,7 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
 use super::catalog_provider::MemwalCatalogProvider;
+use super::config::MemwalConfig;
 use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
@@ -54,7 +55,11 @@ pub struct MemwalSession {
     ctx: SessionContext,
     root: ObjectRoot,
     catalog: Arc<OnceCell<Arc<Catalog>>>,
-    tables: Arc<TableCache>,
+    /// The table handles; replaced when `SET memwal.*` changes the options.
+    tables: Arc<RwLock<Arc<TableCache>>>,
+    /// Whether the handles are shared with this process's other sessions
+    /// on the root with the same options ([`SessionBuilder::open`]).
+    shared_tables: bool,
     files: FileAccess,
 }
 
@@ -114,7 +119,8 @@ impl SessionBuilder {
     pub async fn open(self) -> Result<MemwalSession> {
         let root = open_root(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
-        let session = MemwalSession::with_tables(root, tables, self.file_access, self.progress);
+        let session =
+            MemwalSession::with_tables(root, tables, true, self.file_access, self.progress);
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -172,6 +178,7 @@ impl MemwalSession {
             catalog.root().clone(),
             Arc::new(TableCache::new(options)),
             false,
+            false,
             None,
         );
         session.register(&catalog);
@@ -185,13 +192,17 @@ impl MemwalSession {
     fn with_tables(
         root: ObjectRoot,
         tables: Arc<TableCache>,
+        shared_tables: bool,
         file_access: bool,
         progress: Option<Arc<InsertProgress>>,
     ) -> Self {
         let mut config = SessionConfig::new()
             .with_information_schema(true)
             .with_create_default_catalog_and_schema(false)
-            .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA);
+            .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA)
+            .with_option_extension(MemwalConfig {
+                writer: tables.options().clone(),
+            });
         if let Some(progress) = progress {
             config = config.with_extension(progress);
         }
@@ -209,7 +220,8 @@ impl MemwalSession {
             ctx,
             root,
             catalog: Arc::new(OnceCell::new()),
-            tables,
+            tables: Arc::new(RwLock::new(tables)),
+            shared_tables,
             files,
         }
     }
@@ -217,20 +229,55 @@ impl MemwalSession {
     /// Registers what needs the loaded catalog: the catalog provider and
     /// `vector_search`.
     fn register(&self, catalog: &Arc<Catalog>) {
+        let tables = self.tables();
         self.ctx.register_catalog(
             CATALOG_NAME,
             Arc::new(MemwalCatalogProvider::new(
                 Arc::clone(catalog),
-                Arc::clone(&self.tables),
+                Arc::clone(&tables),
             )),
         );
         self.ctx.register_udtf(
             "vector_search",
-            Arc::new(VectorSearchFunction::new(
-                Arc::clone(catalog),
-                Arc::clone(&self.tables),
-            )),
+            Arc::new(VectorSearchFunction::new(Arc::clone(catalog), tables)),
         );
+    }
+
+    /// The table handles statements use now.
+    fn tables(&self) -> Arc<TableCache> {
+        Arc::clone(&self.tables.read().expect("table handles poisoned"))
+    }
+
+    /// After a `SET memwal.*`: tables open from now on with the options
+    /// the statement left, if they fit together (otherwise the setting is
+    /// undone and the error names the conflict). Tables already open keep
+    /// writing with the old ones until nothing uses them.
+    fn apply_writer_options(&self) -> Result<()> {
+        let current = self.tables();
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        let extensions = &mut state.config_mut().options_mut().extensions;
+        let wanted = extensions
+            .get::<MemwalConfig>()
+            .expect("registered at open")
+            .writer
+            .clone();
+        if let Err(e) = wanted.check() {
+            extensions.insert(MemwalConfig {
+                writer: current.options().clone(),
+            });
+            return Err(e);
+        }
+        drop(state);
+        let tables = match self.shared_tables {
+            true => TableCache::shared(self.root.url(), wanted),
+            false => Arc::new(TableCache::new(wanted)),
+        };
+        *self.tables.write().expect("table handles poisoned") = tables;
+        if let Some(catalog) = self.catalog.get() {
+            self.register(catalog);
+        }
+        Ok(())
     }
 
     /// The catalog, loaded now if it has not been yet; the error that keeps
@@ -274,7 +321,7 @@ impl MemwalSession {
             .as_deref()
             .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
         Ok(self
-            .tables
+            .tables()
             .get_or_open(catalog.root().store(), location, &meta))
     }
 
@@ -284,8 +331,9 @@ impl MemwalSession {
     /// table written through them that another process dropped meanwhile
     /// (closing may just have flushed some) is deleted.
     pub async fn close(&self) -> Result<()> {
-        let written = self.tables.locations();
-        let closed = self.tables.close().await;
+        let tables = self.tables();
+        let written = tables.locations();
+        let closed = tables.close().await;
         if written.is_empty() {
             return closed;
         }
@@ -364,7 +412,7 @@ impl MemwalSession {
                         .iter()
                         .any(|e| e.location.as_deref() == Some(location))
                 };
-                if let Err(e) = self.tables.close_unless(live).await {
+                if let Err(e) = self.tables().close_unless(live).await {
                     log::warn!("closing the writers of dropped tables failed: {e}");
                 }
                 if !dropped.is_empty()
@@ -387,6 +435,13 @@ impl MemwalSession {
         };
         let plan = state.statement_to_plan(statement).await?;
         self.files.check_plan(&plan)?;
+        if let LogicalPlan::Statement(Statement::SetVariable(set)) = &plan
+            && set.variable.to_ascii_lowercase().starts_with("memwal.")
+        {
+            let done = self.ctx.execute_logical_plan(plan).await?;
+            self.apply_writer_options()?;
+            return Ok(done);
+        }
         let plan = not_null::name_null_violations(plan)?;
         let plan = match (is_delete_without_where, plan) {
             (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(

@@ -141,6 +141,47 @@ impl WriterOptions {
         "load_memory_bytes",
     ];
 
+    /// The value of option `name` as [`WriterOptions::set`] reads it
+    /// (sizes in bytes, durations in milliseconds); `None` for an unknown
+    /// name.
+    pub fn get(&self, name: &str) -> Option<String> {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        Some(match name {
+            "durable" => self.durable.to_string(),
+            "wal_flush_interval" => ms(self.wal_flush_interval),
+            "wal_flush_bytes" => self.wal_flush_bytes.to_string(),
+            "max_unflushed_bytes" => self.max_unflushed_bytes.to_string(),
+            "memtable_bytes" => self.memtable_bytes.to_string(),
+            "max_sstables" => self.max_sstables.to_string(),
+            "sstable_grace" => ms(self.sstable_grace),
+            "append_retries" => self.append_retries.to_string(),
+            "owner_check_interval" => ms(self.owner_check_interval),
+            "index_threads" => self.index_threads.to_string(),
+            "fence_grace" => ms(self.fence_grace),
+            "load_memory_bytes" => self.load_memory_bytes.to_string(),
+            _ => return None,
+        })
+    }
+
+    /// One line on what option `name` does (see the field's documentation).
+    pub fn describe(name: &str) -> &'static str {
+        match name {
+            "durable" => "a put returns once its WAL entry exists (false: once indexed)",
+            "wal_flush_interval" => "group commit: at most one WAL append per interval",
+            "wal_flush_bytes" => "a WAL append starts early once this many bytes wait",
+            "max_unflushed_bytes" => "puts wait while more bytes than this are not in SSTables",
+            "memtable_bytes" => "a MemTable freezes and flushes at this size",
+            "max_sstables" => "compaction merges SSTables above this many per shard",
+            "sstable_grace" => "replaced SSTables are deleted this long after",
+            "append_retries" => "attempts at one WAL position after the first fails",
+            "owner_check_interval" => "point reads trust the writer's ownership this long",
+            "index_threads" => "threads inserting vectors into MemTable graphs",
+            "fence_grace" => "WAL fences are deleted this long after they were written",
+            "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
+            _ => "unknown option",
+        }
+    }
+
     /// Sets the option `name` (a field name, see [`WriterOptions::NAMES`])
     /// from `value`: `true`/`false`, a count, a size in bytes (`65536`,
     /// `64KiB`, `64MiB`, `1GiB`) or a duration (`100ms`, `2s`, `5min`; a bare

@@ -130,3 +130,53 @@ async fn a_shard_the_table_does_not_have_is_an_error() {
     assert!(err.contains("does not exist"), "{err}");
     assert!(table.writer(1).await.is_ok());
 }
+
+#[tokio::test]
+async fn set_memwal_options_apply_to_the_tables_the_session_uses_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = MemwalSession::open(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    let run = |sql: &'static str| {
+        let session = session.clone();
+        async move {
+            session
+                .sql(sql)
+                .await?
+                .collect()
+                .await
+                .map_err(memwal::Error::from)
+        }
+    };
+    run("CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')")
+        .await
+        .unwrap();
+    // 10,000 rows fit in memory by default: no SSTable yet.
+    run("INSERT INTO t SELECT value, 0 FROM generate_series(1, 10000)")
+        .await
+        .unwrap();
+    let table = session.table("t").await.unwrap();
+    assert_eq!(table.stats(0).await.unwrap().sstables, 0);
+    // With 16 KiB for a load, the next 10,000 go through SSTables, written
+    // by the shard's writer under the new options (which takes the shard
+    // over from the old one, losing nothing).
+    run("SET memwal.load_memory_bytes = '16KiB'").await.unwrap();
+    run("INSERT INTO t SELECT value, 1 FROM generate_series(10001, 20000)")
+        .await
+        .unwrap();
+    let table = session.table("t").await.unwrap();
+    assert!(table.stats(0).await.unwrap().sstables > 0);
+    assert_eq!(
+        count(&session, "t").await,
+        query(&session, "SELECT 20000 AS n, 10000 AS s").await
+    );
+    // A refused SET changes nothing.
+    let err = run("SET memwal.memtable_bytes = '1GiB'").await.unwrap_err();
+    assert!(err.to_string().contains("max_unflushed_bytes"), "{err}");
+    assert!(
+        query(&session, "SHOW memwal.memtable_bytes")
+            .await
+            .contains("67108864")
+    );
+    session.close().await.unwrap();
+}
