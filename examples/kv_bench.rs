@@ -140,9 +140,9 @@ async fn main() {
         o.wal_flush_interval = Duration::from_millis(args.interval_ms);
         o.memtable_bytes = args.memtable_mb << 20;
         o.max_sstables = args.max_sstables;
-        o.// Nothing reads while the bench writes = compaction inputs go at
-        // once; o.so the bytes on disk are the live ones.
-        sstable_grace = Duration::ZERO;
+        // Nothing reads while the bench writes: compaction inputs go at
+        // once, so the bytes on disk are the live ones.
+        o.sstable_grace = Duration::ZERO;
         o
     };
     let session = MemwalSession::open_with(&root, options.clone())

@@ -10,12 +10,12 @@
 //! | layer | modules |
 //! |---|---|
 //! | SQL | [`sql`] (DataFusion adapters, session) |
-//! | Rust API | [`table`] (routing, snapshots: where write and read meet) |
-//! | paths | [`read`], [`writer`], [`catalog`] |
-//! | layers | [`wal`], [`memtable`], [`sstable`] |
-//! | vectors | [`hnsw`] |
-//! | rows | [`schema`] (table definition, stored rows, keys, metric) |
-//! | storage | [`store`] (object names in `store::paths`), [`error`] |
+//! | Rust API | `table` (routing, snapshots: where write and read meet) |
+//! | paths | `read`, `writer`, [`catalog`] |
+//! | layers | `wal`, `memtable`, `sstable` |
+//! | vectors | `hnsw` |
+//! | rows | `schema` (table definition, stored rows, keys, metric) |
+//! | storage | `store` (object names in `store::paths`), [`error`] |
 
 #![warn(missing_docs)]
 

@@ -93,14 +93,10 @@ impl Load {
         }
     }
 
-    fn add(&mut self, parts: Vec<Part>) {
-        for part in parts {
-            self.bytes += part
-                .batches
-                .iter()
-                .map(|b| b.get_array_memory_size())
-                .sum::<usize>();
-            self.pending[part.shard as usize].extend(part.batches);
+    fn add(&mut self, parts: Vec<(u32, RecordBatch)>) {
+        for (shard, batch) in parts {
+            self.bytes += batch.get_array_memory_size();
+            self.pending[shard as usize].push(batch);
         }
     }
 
@@ -230,10 +226,12 @@ impl Table {
         self.writer_as(shard, false).await
     }
 
-    /// The counters of this process's writer of `shard`, which this opens
-    /// (claiming the shard) if it is not open yet.
-    pub async fn stats(&self, shard: u32) -> Result<WriterStats> {
-        Ok(self.shard_writer(shard).await?.stats())
+    /// The counters of this process's writer of `shard`, if it has one
+    /// open (asking never opens one: that would claim the shard).
+    pub fn stats(&self, shard: u32) -> Result<Option<WriterStats>> {
+        let slot = self.slot(shard)?;
+        let writer = slot.writer.read().expect("writer slot poisoned").clone();
+        Ok(writer.map(|w| w.stats()))
     }
 
     /// [`Table::writer`]; a writer opened to take the shard back from
@@ -307,7 +305,7 @@ impl Table {
     /// shard's rows are sorted and written to SSTables in runs of bounded
     /// size, which are added to the shard in one manifest commit (puts to
     /// the shard wait meanwhile; compaction merges them later;
-    /// see [`ShardWriter`]'s `load` module). Nothing is visible before a
+    /// see the writer's `load` module). Nothing is visible before a
     /// shard's commit. A shard another process takes over during the load
     /// is taken back for the commit, like a put's part.
     pub async fn put_stream<S>(&self, mut batches: S) -> Result<u64>
@@ -345,13 +343,13 @@ impl Table {
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
         for batch in first {
-            load.add(self.route(vec![batch])?);
+            load.add(self.split(batch)?);
         }
         self.spill(load).await?;
         while let Some(batch) = rest.next().await {
             let batch = batch?;
             if batch.num_rows() > 0 {
-                load.add(self.route(vec![self.schema.to_stored(&batch)?])?);
+                load.add(self.split(self.schema.to_stored(&batch)?)?);
             }
             if load.bytes > self.options.load_memory_bytes {
                 self.spill(load).await?;
@@ -459,6 +457,36 @@ impl Table {
         let rows = parts.iter().map(Part::rows_held).sum();
         futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
         Ok(rows)
+    }
+
+    /// Splits a stored batch by shard (for a load: without keeping the key
+    /// encodings, see [`key::shards_of`]).
+    fn split(&self, batch: RecordBatch) -> Result<Vec<(u32, RecordBatch)>> {
+        let shards = self.shards.len() as u32;
+        if !self.schema.has_key() {
+            let shard = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
+            return Ok(vec![(shard, batch)]);
+        }
+        if shards == 1 {
+            // Checks the key as routing would.
+            key::shards_of(&self.schema.key_columns(&batch), batch.num_rows(), 1)?;
+            return Ok(vec![(0, batch)]);
+        }
+        let of = key::shards_of(&self.schema.key_columns(&batch), batch.num_rows(), shards)?;
+        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+        for (row, &shard) in of.iter().enumerate() {
+            rows_of[shard as usize].push(row as u32);
+        }
+        let mut out = Vec::new();
+        for (shard, rows) in rows_of.into_iter().enumerate() {
+            if !rows.is_empty() {
+                out.push((
+                    shard as u32,
+                    take_record_batch(&batch, &UInt32Array::from(rows))?,
+                ));
+            }
+        }
+        Ok(out)
     }
 
     /// Splits stored rows by shard, each row's key encoded once (for
@@ -722,8 +750,7 @@ impl Table {
         Ok(None)
     }
 
-    /// Merges each shard's SSTables into one (see
-    /// [`ShardWriter::compact`]); opens the writers it needs.
+    /// Merges each shard's SSTables into one; opens the writers it needs.
     pub async fn compact(&self) -> Result<()> {
         for shard in 0..self.shards.len() as u32 {
             self.shard_writer(shard).await?.compact().await?;
@@ -753,29 +780,56 @@ impl Table {
 #[derive(Debug, Default)]
 pub struct TableCache {
     tables: Mutex<HashMap<String, Arc<Table>>>,
-    options: WriterOptions,
+    options: RwLock<WriterOptions>,
 }
+
+/// The process's shared caches (see [`TableCache::shared`]), by root URL
+/// and options.
+static SHARED_CACHES: OnceLock<Mutex<HashMap<String, Weak<TableCache>>>> = OnceLock::new();
 
 impl TableCache {
     /// An empty cache whose tables write with `options`.
     pub fn new(options: WriterOptions) -> Self {
         Self {
             tables: Mutex::default(),
-            options,
+            options: RwLock::new(options),
         }
     }
 
     /// The options its tables write with.
-    pub fn options(&self) -> &WriterOptions {
-        &self.options
+    pub fn options(&self) -> WriterOptions {
+        self.options.read().expect("options poisoned").clone()
+    }
+
+    /// Makes the tables write with `options` from now on: every open table
+    /// is closed (its writes made durable, as by [`Table::close`]) and
+    /// opens again on next use. A table handle taken before keeps the old
+    /// options. A shared cache stops being the one
+    /// [`TableCache::shared`] gives for its old options.
+    pub async fn reconfigure(self: &Arc<Self>, options: WriterOptions) -> Result<()> {
+        options.check()?;
+        {
+            let mut current = self.options.write().expect("options poisoned");
+            if format!("{options:?}") == format!("{current:?}") {
+                return Ok(());
+            }
+            *current = options;
+        }
+        if let Some(caches) = SHARED_CACHES.get() {
+            let me = Arc::downgrade(self);
+            caches
+                .lock()
+                .expect("table caches poisoned")
+                .retain(|_, cache| !cache.ptr_eq(&me));
+        }
+        self.close().await
     }
 
     /// The cache of this process for root `url` and `options`: the same
     /// one for as long as any holder keeps it alive.
     pub fn shared(url: &str, options: WriterOptions) -> Arc<Self> {
-        static CACHES: OnceLock<Mutex<HashMap<String, Weak<TableCache>>>> = OnceLock::new();
         let key = format!("{url}\n{options:?}");
-        let mut caches = CACHES
+        let mut caches = SHARED_CACHES
             .get_or_init(Mutex::default)
             .lock()
             .expect("table caches poisoned");
@@ -801,7 +855,7 @@ impl TableCache {
                 Arc::clone(store),
                 location,
                 meta,
-                self.options.clone(),
+                self.options(),
             ))
         }))
     }

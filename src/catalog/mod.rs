@@ -3,7 +3,7 @@
 //!
 //! Invariants:
 //! - every change is a new version committed through
-//!   [`VersionedObjects::commit`], so two racing creators of one id never
+//!   `VersionedObjects::commit` (the one commit primitive), so two racing creators of one id never
 //!   both win and no change is lost or applied twice;
 //! - mutations from one process that arrive while a commit is in flight are
 //!   committed together as one version (group commit); each keeps its own

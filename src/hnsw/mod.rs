@@ -20,7 +20,7 @@ pub use graph::Hit;
 use crate::schema::Metric;
 
 /// The kernels behind [`Metric`]: defined here, beside them, so the
-/// definition in [`crate::schema`] needs no SIMD.
+/// definition in `crate::schema` needs no SIMD.
 impl Metric {
     /// The exact distance between `a` and `b` with the fastest kernel.
     pub fn distance(self, a: &[f32], b: &[f32]) -> f32 {

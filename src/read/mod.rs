@@ -111,7 +111,7 @@ impl ShardSnapshot {
     }
 
     /// How to scan this snapshot in at most `parts` partitions, each over
-    /// a key range of its own (see [`ScanPart`]).
+    /// a key range of its own (see `ScanPart`).
     ///
     /// Rows of a key can be in every run (each SSTable, and the MemTables
     /// together), but runs written at different times mostly cover

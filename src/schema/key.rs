@@ -17,6 +17,7 @@
 //! part of the stored format: they must never change, on any platform.
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
+use datafusion::arrow::buffer::ScalarBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{
     DataType, Decimal128Type, Decimal256Type, Int64Type, UInt64Type,
@@ -37,6 +38,70 @@ pub fn encode_keys(columns: &[ArrayRef], rows: usize) -> Result<Vec<Box<[u8]>>> 
         append_column(column, &mut out)?;
     }
     Ok(out.into_iter().map(Vec::into_boxed_slice).collect())
+}
+
+/// The shard of each row's key among `shards`: [`shard_of`] of its
+/// [`encode_keys`] encoding, without keeping the encodings (and without
+/// allocating per row for a one-column integer key).
+pub fn shards_of(columns: &[ArrayRef], rows: usize, shards: u32) -> Result<Vec<u32>> {
+    if let [column] = columns {
+        match integer_keys(column)? {
+            Some(IntegerKeys::Signed(v)) => {
+                return Ok(v
+                    .iter()
+                    .map(|v| shard_of(&v.to_le_bytes(), shards))
+                    .collect());
+            }
+            Some(IntegerKeys::Unsigned(v)) => {
+                return Ok(v
+                    .iter()
+                    .map(|v| shard_of(&v.to_le_bytes(), shards))
+                    .collect());
+            }
+            None => {}
+        }
+    }
+    Ok(encode_keys(columns, rows)?
+        .iter()
+        .map(|k| shard_of(k, shards))
+        .collect())
+}
+
+/// A one-column key of an integer type (any width, signed or not, dates,
+/// timestamps) as 64-bit integers: the values whose little-endian bytes
+/// are its canonical encoding, ordered as the key orders.
+pub enum IntegerKeys {
+    /// Signed integers, dates and timestamps.
+    Signed(ScalarBuffer<i64>),
+    /// Unsigned integers.
+    Unsigned(ScalarBuffer<u64>),
+}
+
+/// `column` as [`IntegerKeys`], or `None` for another type; a NULL is an
+/// error, as in [`encode_keys`].
+pub fn integer_keys(column: &ArrayRef) -> Result<Option<IntegerKeys>> {
+    use DataType::*;
+    let signed = |column: &ArrayRef| -> Result<IntegerKeys> {
+        let wide = cast(column, &Int64)?;
+        Ok(IntegerKeys::Signed(
+            wide.as_primitive::<Int64Type>().values().clone(),
+        ))
+    };
+    let keys = match column.data_type() {
+        Int8 | Int16 | Int32 | Int64 | Date64 | Timestamp(_, _) => signed(column)?,
+        Date32 => signed(&cast(column, &Int32)?)?,
+        UInt8 | UInt16 | UInt32 | UInt64 => IntegerKeys::Unsigned(
+            cast(column, &UInt64)?
+                .as_primitive::<UInt64Type>()
+                .values()
+                .clone(),
+        ),
+        _ => return Ok(None),
+    };
+    if column.null_count() > 0 {
+        return Err(Error::invalid("a primary key column holds NULL"));
+    }
+    Ok(Some(keys))
 }
 
 /// The shard of an encoded key among `shards` (see the module doc).
@@ -128,6 +193,41 @@ mod tests {
     use super::*;
     use datafusion::arrow::array::{FixedSizeBinaryArray, Int32Array, Int64Array, StringArray};
     use std::sync::Arc;
+
+    #[test]
+    fn shards_of_routes_as_the_encodings_do() {
+        use datafusion::arrow::array::{Date32Array, UInt16Array};
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![-3, 0, 7, i64::MAX, 42])),
+            Arc::new(Int32Array::from(vec![-3, 0, 7, i32::MAX, 42])),
+            Arc::new(UInt16Array::from(vec![3, 0, 7, u16::MAX, 42])),
+            Arc::new(Date32Array::from(vec![-3, 0, 7, 19_000, 42])),
+            Arc::new(StringArray::from(vec!["a", "", "ccc", "d", "e"])),
+        ];
+        for column in &columns {
+            let one = std::slice::from_ref(column);
+            let expected: Vec<u32> = encode_keys(one, 5)
+                .unwrap()
+                .iter()
+                .map(|k| shard_of(k, 7))
+                .collect();
+            assert_eq!(
+                shards_of(one, 5, 7).unwrap(),
+                expected,
+                "{}",
+                column.data_type()
+            );
+        }
+        let both = shards_of(&columns[..2], 5, 7).unwrap();
+        let expected: Vec<u32> = encode_keys(&columns[..2], 5)
+            .unwrap()
+            .iter()
+            .map(|k| shard_of(k, 7))
+            .collect();
+        assert_eq!(both, expected);
+        let null: ArrayRef = Arc::new(Int64Array::from(vec![Some(1), None]));
+        assert!(shards_of(&[null], 2, 7).is_err());
+    }
 
     #[test]
     fn xxhash64_matches_the_reference() {

@@ -8,7 +8,7 @@
 //! the error that kept the catalog from loading. Loading is retried before
 //! each statement, so a repaired catalog is picked up.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
@@ -23,6 +23,8 @@ use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
 use super::catalog_provider::MemwalCatalogProvider;
+use datafusion::common::config::ConfigExtension;
+
 use super::config::MemwalConfig;
 use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
@@ -55,11 +57,7 @@ pub struct MemwalSession {
     ctx: SessionContext,
     root: ObjectRoot,
     catalog: Arc<OnceCell<Arc<Catalog>>>,
-    /// The table handles; replaced when `SET memwal.*` changes the options.
-    tables: Arc<RwLock<Arc<TableCache>>>,
-    /// Whether the handles are shared with this process's other sessions
-    /// on the root with the same options ([`SessionBuilder::open`]).
-    shared_tables: bool,
+    tables: Arc<TableCache>,
     files: FileAccess,
 }
 
@@ -119,8 +117,7 @@ impl SessionBuilder {
     pub async fn open(self) -> Result<MemwalSession> {
         let root = open_root(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
-        let session =
-            MemwalSession::with_tables(root, tables, true, self.file_access, self.progress);
+        let session = MemwalSession::with_tables(root, tables, self.file_access, self.progress);
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -178,7 +175,6 @@ impl MemwalSession {
             catalog.root().clone(),
             Arc::new(TableCache::new(options)),
             false,
-            false,
             None,
         );
         session.register(&catalog);
@@ -192,7 +188,6 @@ impl MemwalSession {
     fn with_tables(
         root: ObjectRoot,
         tables: Arc<TableCache>,
-        shared_tables: bool,
         file_access: bool,
         progress: Option<Arc<InsertProgress>>,
     ) -> Self {
@@ -201,7 +196,7 @@ impl MemwalSession {
             .with_create_default_catalog_and_schema(false)
             .with_default_catalog_and_schema(CATALOG_NAME, ROOT_SCHEMA)
             .with_option_extension(MemwalConfig {
-                writer: tables.options().clone(),
+                writer: tables.options(),
             });
         if let Some(progress) = progress {
             config = config.with_extension(progress);
@@ -220,8 +215,7 @@ impl MemwalSession {
             ctx,
             root,
             catalog: Arc::new(OnceCell::new()),
-            tables: Arc::new(RwLock::new(tables)),
-            shared_tables,
+            tables,
             files,
         }
     }
@@ -229,55 +223,62 @@ impl MemwalSession {
     /// Registers what needs the loaded catalog: the catalog provider and
     /// `vector_search`.
     fn register(&self, catalog: &Arc<Catalog>) {
-        let tables = self.tables();
         self.ctx.register_catalog(
             CATALOG_NAME,
             Arc::new(MemwalCatalogProvider::new(
                 Arc::clone(catalog),
-                Arc::clone(&tables),
+                Arc::clone(&self.tables),
             )),
         );
         self.ctx.register_udtf(
             "vector_search",
-            Arc::new(VectorSearchFunction::new(Arc::clone(catalog), tables)),
+            Arc::new(VectorSearchFunction::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
         );
     }
 
-    /// The table handles statements use now.
-    fn tables(&self) -> Arc<TableCache> {
-        Arc::clone(&self.tables.read().expect("table handles poisoned"))
+    /// After a `SET` or `RESET` of `memwal.*`: the tables write with the
+    /// options the statement left, if they fit together (otherwise the
+    /// change is undone and the error names the conflict). Open tables are
+    /// closed first (their writes made durable) and reopen with the new
+    /// options on next use, in every session sharing this one's table
+    /// handles (see [`SessionBuilder::open`]).
+    async fn apply_writer_options(&self) -> Result<()> {
+        let wanted = {
+            let state = self.ctx.state_ref();
+            let mut state = state.write();
+            let extensions = &mut state.config_mut().options_mut().extensions;
+            let wanted = extensions
+                .get::<MemwalConfig>()
+                .expect("registered at open")
+                .writer
+                .clone();
+            if let Err(e) = wanted.check() {
+                extensions.insert(MemwalConfig {
+                    writer: self.tables.options(),
+                });
+                return Err(e);
+            }
+            wanted
+        };
+        self.tables.reconfigure(wanted).await
     }
 
-    /// After a `SET memwal.*`: tables open from now on with the options
-    /// the statement left, if they fit together (otherwise the setting is
-    /// undone and the error names the conflict). Tables already open keep
-    /// writing with the old ones until nothing uses them.
-    fn apply_writer_options(&self) -> Result<()> {
-        let current = self.tables();
+    /// `RESET memwal.<option>`: the option's default (DataFusion resets
+    /// no extension's option itself).
+    fn reset_writer_option(&self, variable: &str) -> Result<()> {
+        let name = &variable[MemwalConfig::PREFIX.len() + 1..];
+        let default = WriterOptions::default().get(name).ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown writer option '{name}'; the options are: {}",
+                WriterOptions::NAMES.join(", ")
+            ))
+        })?;
         let state = self.ctx.state_ref();
         let mut state = state.write();
-        let extensions = &mut state.config_mut().options_mut().extensions;
-        let wanted = extensions
-            .get::<MemwalConfig>()
-            .expect("registered at open")
-            .writer
-            .clone();
-        if let Err(e) = wanted.check() {
-            extensions.insert(MemwalConfig {
-                writer: current.options().clone(),
-            });
-            return Err(e);
-        }
-        drop(state);
-        let tables = match self.shared_tables {
-            true => TableCache::shared(self.root.url(), wanted),
-            false => Arc::new(TableCache::new(wanted)),
-        };
-        *self.tables.write().expect("table handles poisoned") = tables;
-        if let Some(catalog) = self.catalog.get() {
-            self.register(catalog);
-        }
-        Ok(())
+        Ok(state.config_mut().options_mut().set(variable, &default)?)
     }
 
     /// The catalog, loaded now if it has not been yet; the error that keeps
@@ -321,7 +322,7 @@ impl MemwalSession {
             .as_deref()
             .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
         Ok(self
-            .tables()
+            .tables
             .get_or_open(catalog.root().store(), location, &meta))
     }
 
@@ -331,9 +332,8 @@ impl MemwalSession {
     /// table written through them that another process dropped meanwhile
     /// (closing may just have flushed some) is deleted.
     pub async fn close(&self) -> Result<()> {
-        let tables = self.tables();
-        let written = tables.locations();
-        let closed = tables.close().await;
+        let written = self.tables.locations();
+        let closed = self.tables.close().await;
         if written.is_empty() {
             return closed;
         }
@@ -412,7 +412,7 @@ impl MemwalSession {
                         .iter()
                         .any(|e| e.location.as_deref() == Some(location))
                 };
-                if let Err(e) = self.tables().close_unless(live).await {
+                if let Err(e) = self.tables.close_unless(live).await {
                     log::warn!("closing the writers of dropped tables failed: {e}");
                 }
                 if !dropped.is_empty()
@@ -435,12 +435,32 @@ impl MemwalSession {
         };
         let plan = state.statement_to_plan(statement).await?;
         self.files.check_plan(&plan)?;
-        if let LogicalPlan::Statement(Statement::SetVariable(set)) = &plan
-            && set.variable.to_ascii_lowercase().starts_with("memwal.")
-        {
+        let writer_option = |variable: &str| {
+            let variable = variable.to_ascii_lowercase();
+            variable
+                .strip_prefix(MemwalConfig::PREFIX)
+                .is_some_and(|rest| rest.starts_with('.'))
+                .then_some(variable)
+        };
+        let (set, reset) = match &plan {
+            LogicalPlan::Statement(Statement::SetVariable(set)) => {
+                (writer_option(&set.variable), None)
+            }
+            LogicalPlan::Statement(Statement::ResetVariable(reset)) => {
+                (None, writer_option(&reset.variable))
+            }
+            _ => (None, None),
+        };
+        if set.is_some() {
             let done = self.ctx.execute_logical_plan(plan).await?;
-            self.apply_writer_options()?;
+            self.apply_writer_options().await?;
             return Ok(done);
+        }
+        if let Some(variable) = reset {
+            self.reset_writer_option(&variable)?;
+            self.apply_writer_options().await?;
+            let done = LogicalPlanBuilder::empty(false).build()?;
+            return Ok(DataFrame::new(self.ctx.state(), done));
         }
         let plan = not_null::name_null_violations(plan)?;
         let plan = match (is_delete_without_where, plan) {

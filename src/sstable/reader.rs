@@ -546,9 +546,10 @@ impl SstableReader {
             }
             let (selection, rows_read) = pages_covering(&parquet, &first_key_stats, rg, &key[0])?;
             let rows = row_groups[rg].num_rows() as usize;
+            let (first, end) = (rows_read.0.min(rows), rows_read.1.min(rows));
             metrics
                 .rows_pruned_by_page_index
-                .add(rows - (rows_read.1.min(rows) - rows_read.0.min(rows)));
+                .add(rows - end.saturating_sub(first));
             let page_key = (file.path.clone(), rg, rows_read);
             let cached = self
                 .pages

@@ -70,7 +70,7 @@ const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
 /// this many entries (see [`ShardWriter::open_as`]).
 const SEAL_REPLAYED_ENTRIES: u64 = 256;
 
-/// Counters of one writer, read with [`ShardWriter::stats`].
+/// Counters of one shard writer (see [`crate::Table::stats`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriterStats {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::store::CommitOptions;
 
-/// How a [`ShardWriter`] makes puts durable.
+/// How a table's shard writers make puts durable, flush and compact.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct WriterOptions {

@@ -134,9 +134,23 @@ async fn a_shard_the_table_does_not_have_is_an_error() {
 #[tokio::test]
 async fn set_memwal_options_apply_to_the_tables_the_session_uses_next() {
     let dir = tempfile::tempdir().unwrap();
-    let session = MemwalSession::open(dir.path().to_str().unwrap())
+    // Not durable: acknowledged rows may be only in memory when the SET
+    // comes, and must survive the switch.
+    let mut options = WriterOptions::default();
+    options.durable = false;
+    options.wal_flush_interval = std::time::Duration::from_secs(3600);
+    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
         .await
         .unwrap();
+    // A second session sharing the table handles.
+    let other = MemwalSession::open_with(dir.path().to_str().unwrap(), {
+        let mut options = WriterOptions::default();
+        options.durable = false;
+        options.wal_flush_interval = std::time::Duration::from_secs(3600);
+        options
+    })
+    .await
+    .unwrap();
     let run = |sql: &'static str| {
         let session = session.clone();
         async move {
@@ -155,28 +169,50 @@ async fn set_memwal_options_apply_to_the_tables_the_session_uses_next() {
     run("INSERT INTO t SELECT value, 0 FROM generate_series(1, 10000)")
         .await
         .unwrap();
-    let table = session.table("t").await.unwrap();
-    assert_eq!(table.stats(0).await.unwrap().sstables, 0);
-    // With 16 KiB for a load, the next 10,000 go through SSTables, written
-    // by the shard's writer under the new options (which takes the shard
-    // over from the old one, losing nothing).
+    let stats = |session: &MemwalSession| {
+        let session = session.clone();
+        async move {
+            let table = session.table("t").await.unwrap();
+            table.stats(0).unwrap().expect("a writer is open")
+        }
+    };
+    assert_eq!(stats(&session).await.sstables, 0);
+    let epoch = stats(&session).await.epoch;
+    // With 16 KiB for a load, the next 10,000 go through SSTables.
     run("SET memwal.load_memory_bytes = '16KiB'").await.unwrap();
     run("INSERT INTO t SELECT value, 1 FROM generate_series(10001, 20000)")
         .await
         .unwrap();
-    let table = session.table("t").await.unwrap();
-    assert!(table.stats(0).await.unwrap().sstables > 0);
+    assert!(stats(&session).await.sstables > 0);
     assert_eq!(
         count(&session, "t").await,
         query(&session, "SELECT 20000 AS n, 10000 AS s").await
     );
-    // A refused SET changes nothing.
+    // The sessions sharing the handles share the new writer: writing
+    // through the other one takes nothing over.
+    other
+        .sql("INSERT INTO t VALUES (1, 5)")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let after = stats(&session).await;
+    assert!(after.epoch > epoch, "the SET reopened the writer");
+    assert_eq!(stats(&other).await.epoch, after.epoch);
+    // A refused SET changes nothing; RESET restores the default.
     let err = run("SET memwal.memtable_bytes = '1GiB'").await.unwrap_err();
     assert!(err.to_string().contains("max_unflushed_bytes"), "{err}");
     assert!(
         query(&session, "SHOW memwal.memtable_bytes")
             .await
             .contains("67108864")
+    );
+    run("RESET memwal.load_memory_bytes").await.unwrap();
+    assert!(
+        query(&session, "SHOW memwal.load_memory_bytes")
+            .await
+            .contains("268435456")
     );
     session.close().await.unwrap();
 }
