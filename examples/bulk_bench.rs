@@ -36,6 +36,9 @@ struct Args {
     /// Where the runs write (a fresh temporary directory by default).
     #[arg(long)]
     dir: Option<String>,
+    /// Runs only memwal's load (for profiling it); prints its figures alone.
+    #[arg(long)]
+    memwal_only: bool,
 }
 
 /// The rows both engines write.
@@ -136,6 +139,9 @@ async fn main() {
         std::fs::create_dir_all(&dir).unwrap();
         memwal.push(memwal_load(&args, &dir).await);
         std::fs::remove_dir_all(&dir).unwrap();
+        if args.memwal_only {
+            continue;
+        }
         let dir = base.path().join(format!("datafusion-{run}"));
         std::fs::create_dir_all(&dir).unwrap();
         datafusion.push(datafusion_write(&args, &dir, false).await);
@@ -144,6 +150,10 @@ async fn main() {
         std::fs::create_dir_all(&dir).unwrap();
         sorted.push(datafusion_write(&args, &dir, true).await);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+    if args.memwal_only {
+        println!("{}", summary(args.rows, &memwal));
+        return;
     }
     let (m, d, o) = (
         summary(args.rows, &memwal),

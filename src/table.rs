@@ -38,6 +38,8 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 
 use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
@@ -45,7 +47,7 @@ use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{self, ReadMetrics, SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
-use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
+use crate::writer::{LoadRun, ShardManifest, ShardWriter, WriterOptions, WriterStats};
 
 /// How long a write keeps taking back a shard that other writers keep
 /// taking over before it gives up with [`Error::Fenced`].
@@ -70,17 +72,21 @@ impl Part {
     }
 }
 
-/// Shards a bulk load sorts and writes at once.
+/// Runs of a bulk load sorted and written at once.
 const LOAD_CONCURRENCY: usize = 2;
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
 struct Load {
-    /// Rows not yet in a run, and their bytes over all shards.
+    /// Rows not yet in a run, by shard, and the bytes they hold.
     pending: Vec<Vec<RecordBatch>>,
     bytes: usize,
-    /// Runs written, oldest first.
-    runs: Vec<Vec<SstableFile>>,
+    /// Runs written, by shard, oldest first.
+    runs: Vec<Vec<LoadRun>>,
     runs_written: u64,
+    /// The runs being written (aborted if the load is dropped), at most
+    /// [`LOAD_CONCURRENCY`] at a time.
+    writing: JoinSet<(usize, Result<LoadRun>)>,
+    permits: Arc<Semaphore>,
 }
 
 impl Load {
@@ -90,20 +96,40 @@ impl Load {
             bytes: 0,
             runs: vec![Vec::new(); shards],
             runs_written: 0,
+            writing: JoinSet::new(),
+            permits: Arc::new(Semaphore::new(LOAD_CONCURRENCY)),
         }
     }
 
-    fn add(&mut self, parts: Vec<(u32, RecordBatch)>) {
+    /// Adds the shards' parts of a batch of `bytes` (its parts may share
+    /// its buffers: a string view's `take` does, so their own sizes would
+    /// count those buffers once per shard).
+    fn add(&mut self, parts: Vec<(u32, RecordBatch)>, bytes: usize) {
+        self.bytes += bytes;
         for (shard, batch) in parts {
-            self.bytes += batch.get_array_memory_size();
             self.pending[shard as usize].push(batch);
         }
     }
 
+    /// Waits for the runs being written; the first error, once all ended.
+    async fn written(&mut self) -> Result<()> {
+        let mut failed = None;
+        while let Some(joined) = self.writing.join_next().await {
+            match joined {
+                Ok((shard, Ok(run))) => self.runs[shard].push(run),
+                Ok((_, Err(e))) => failed = Some(e),
+                Err(e) => failed = Some(Error::Poisoned(format!("writing a load's run: {e}"))),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
     /// Deletes the runs of a load that failed before their commit.
-    async fn discard(&self, store: &Arc<dyn ObjectStore>) {
+    async fn discard(&mut self, store: &Arc<dyn ObjectStore>) {
+        let _ = self.written().await;
         for runs in &self.runs {
-            sstable::discard_all(store, runs).await;
+            let files: Vec<SstableFile> = runs.iter().map(|r| r.file.clone()).collect();
+            sstable::discard_all(store, &files).await;
         }
     }
 }
@@ -337,27 +363,36 @@ impl Table {
         }
     }
 
-    /// The bulk load of [`Table::put_stream`]: `first`, then `rest`.
+    /// The bulk load of [`Table::put_stream`]: `first`, then `rest`. Half
+    /// the memory budget holds rows read, the other half the runs being
+    /// sorted and written meanwhile.
     async fn load<S>(&self, load: &mut Load, first: Vec<RecordBatch>, mut rest: S) -> Result<u64>
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
+        let half = self.options.load_memory_bytes / 2;
         for batch in first {
-            load.add(self.split(batch)?);
+            let bytes = batch.get_array_memory_size();
+            load.add(self.split(batch)?, bytes);
+            if load.bytes > half {
+                self.spill(load).await?;
+            }
         }
-        self.spill(load).await?;
         while let Some(batch) = rest.next().await {
             let batch = batch?;
             if batch.num_rows() > 0 {
-                load.add(self.split(self.schema.to_stored(&batch)?)?);
+                let batch = self.schema.to_stored(&batch)?;
+                let bytes = batch.get_array_memory_size();
+                load.add(self.split(batch)?, bytes);
             }
-            if load.bytes > self.options.load_memory_bytes {
+            if load.bytes > half {
                 self.spill(load).await?;
             }
         }
         self.spill(load).await?;
+        load.written().await?;
         // Each shard's runs are committed on their own.
-        let shards: Vec<(u32, Vec<SstableFile>)> = std::mem::take(&mut load.runs)
+        let shards: Vec<(u32, Vec<LoadRun>)> = std::mem::take(&mut load.runs)
             .into_iter()
             .enumerate()
             .filter(|(_, runs)| !runs.is_empty())
@@ -375,11 +410,13 @@ impl Table {
     /// process took the shard over meanwhile, takes it back and commits
     /// them again (for up to [`TAKEOVER_PATIENCE`]), like a put. Returns
     /// the rows the shard holds for them.
-    async fn commit_runs(&self, shard: u32, mut runs: Vec<SstableFile>) -> Result<u64> {
-        let rows = match self.shard_writer(shard).await?.finish_runs(&mut runs).await {
+    async fn commit_runs(&self, shard: u32, mut runs: Vec<LoadRun>) -> Result<u64> {
+        let counted = self.shard_writer(shard).await?.finish_runs(&mut runs).await;
+        let files: Vec<SstableFile> = runs.into_iter().map(|r| r.file).collect();
+        let rows = match counted {
             Ok(rows) => rows,
             Err(e) => {
-                sstable::discard_all(&self.store, &runs).await;
+                sstable::discard_all(&self.store, &files).await;
                 return Err(e);
             }
         };
@@ -389,7 +426,7 @@ impl Table {
         let mut attempt = 0;
         loop {
             let writer = self.writer_as(shard, attempt > 0).await?;
-            match writer.ingest(runs.clone()).await {
+            match writer.ingest(files.clone()).await {
                 Ok(()) => return Ok(rows),
                 Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
                     attempt += 1;
@@ -404,10 +441,11 @@ impl Table {
         }
     }
 
-    /// Writes every shard's pending rows of `load` as a run.
+    /// Starts writing every shard's pending rows of `load` as a run, once
+    /// the runs started before are written.
     async fn spill(&self, load: &mut Load) -> Result<()> {
+        load.written().await?;
         let seq = load.runs_written + 1;
-        let mut jobs = Vec::new();
         for (shard, pending) in load.pending.iter_mut().enumerate() {
             if pending.is_empty() {
                 continue;
@@ -415,23 +453,16 @@ impl Table {
             // The shard's writer now (another process may have taken the
             // shard over since the last run: a run is no manifest change).
             let writer = self.shard_writer(shard as u32).await?;
-            jobs.push((shard, writer, std::mem::take(pending)));
+            let rows = std::mem::take(pending);
+            let permits = Arc::clone(&load.permits);
+            load.writing.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                (shard, writer.write_run(rows, seq).await)
+            });
         }
         load.bytes = 0;
         load.runs_written = seq;
-        let written: Vec<(usize, Result<SstableFile>)> = futures::stream::iter(jobs)
-            .map(|(shard, writer, rows)| async move { (shard, writer.write_run(rows, seq).await) })
-            .buffer_unordered(LOAD_CONCURRENCY)
-            .collect()
-            .await;
-        let mut failed = None;
-        for (shard, run) in written {
-            match run {
-                Ok(run) => load.runs[shard].push(run),
-                Err(e) => failed = Some(e),
-            }
-        }
-        failed.map_or(Ok(()), Err)
+        Ok(())
     }
 
     /// Deletes the keys in `keys` (exactly the key columns, in key order),

@@ -7,6 +7,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, RecordBatch, new_null_array,
 };
 use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
+use datafusion::arrow::row::{RowConverter, Rows, SortField};
 
 use datafusion::arrow::datatypes::{Field, Schema};
 
@@ -173,6 +174,17 @@ impl TableSchema {
             .iter()
             .map(|&k| Arc::clone(stored.column(k)))
             .collect()
+    }
+
+    /// The keys of a batch's rows (stored or user form) in Arrow's row
+    /// format: rows compare as their keys sort (the SSTable order).
+    pub fn key_rows(&self, stored: &RecordBatch) -> Result<Rows> {
+        let fields = self
+            .key
+            .iter()
+            .map(|&k| SortField::new(self.schema.field(k).data_type().clone()))
+            .collect();
+        Ok(RowConverter::new(fields)?.convert_columns(&self.key_columns(stored))?)
     }
 
     /// The canonical key encoding of each row of a batch (stored or user

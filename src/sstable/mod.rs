@@ -69,7 +69,6 @@ use bytes::Bytes;
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::DataType;
-use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::parquet::basic::{Compression, ZstdLevel};
 use datafusion::parquet::file::metadata::SortingColumn;
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -116,12 +115,7 @@ fn sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<(RecordBatch,
         Some(IntegerKeys::Signed(values)) => newest_per_value(&values),
         Some(IntegerKeys::Unsigned(values)) => newest_per_value(&values),
         None => {
-            let fields = schema
-                .key
-                .iter()
-                .map(|&k| SortField::new(schema.schema.field(k).data_type().clone()))
-                .collect();
-            let keys = RowConverter::new(fields)?.convert_columns(&columns)?;
+            let keys = schema.key_rows(&all)?;
             // By key, and within a key newest (highest position) first.
             let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
             order.sort_unstable_by(|&a, &b| {

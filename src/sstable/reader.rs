@@ -411,6 +411,13 @@ impl SstableReader {
         }
     }
 
+    /// The rows of each row group of `file`, in file order.
+    pub async fn row_group_rows(&self, file: &SstableFile) -> Result<Vec<u64>> {
+        let footer = self.footer(file).await?;
+        let groups = footer.meta.metadata().row_groups();
+        Ok(groups.iter().map(|g| g.num_rows() as u64).collect())
+    }
+
     /// The rows of `file` (stored form projected to `columns`, indices
     /// into the stored schema) in file order (by key), as a stream: all of
     /// them, or those of `row_groups`.

@@ -8,7 +8,8 @@
 //!    again). A crash leaves orphans, which a later writer of the shard
 //!    deletes once they are [`ORPHAN_RUN_AGE`] old;
 //! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
-//!    distinct keys they hold (a merge of their key columns);
+//!    distinct keys they hold (a merge of the key columns of the row groups
+//!    whose key ranges overlap another run's: none for a load in key order);
 //! 3. [`ShardWriter::ingest`] makes the runs the shard's next generations
 //!    (a later run's row of a key wins, as it would in a MemTable) in one
 //!    manifest commit; compaction merges them later, in the background.
@@ -20,14 +21,17 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::row::OwnedRow;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
-use crate::sstable::{self, ReadMetrics, SstableFile, merge};
+use crate::schema::TableSchema;
+use crate::sstable::{self, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
 use crate::store::paths;
 
 /// Rows per batch a run is written in.
@@ -41,24 +45,63 @@ const MAX_RUNS: usize = 16;
 /// long, in another process.
 pub(super) const ORPHAN_RUN_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
+/// The first and last key of some rows sorted by key.
+type KeyRange = (OwnedRow, OwnedRow);
+
+/// A run of a load: an SSTable no manifest names yet.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadRun {
+    pub file: SstableFile,
+    /// The key range of each of its row groups (`by_row_group`), or one
+    /// range spanning the file; empty for a table without a key.
+    ranges: Vec<KeyRange>,
+    by_row_group: bool,
+}
+
+impl LoadRun {
+    /// The key range of each row group of `body` (sorted by key) written
+    /// in row groups of [`ROW_GROUP_ROWS`] rows.
+    fn row_group_ranges(schema: &TableSchema, body: &RecordBatch) -> Result<Vec<KeyRange>> {
+        let rows = body.num_rows() as u32;
+        if !schema.has_key() || rows == 0 {
+            return Ok(Vec::new());
+        }
+        let ends: Vec<u32> = (0..rows)
+            .step_by(ROW_GROUP_ROWS)
+            .flat_map(|first| [first, (first + ROW_GROUP_ROWS as u32).min(rows) - 1])
+            .collect();
+        let keys = schema.key_rows(&take_record_batch(body, &UInt32Array::from(ends))?)?;
+        Ok((0..keys.num_rows())
+            .step_by(2)
+            .map(|at| (keys.row(at).owned(), keys.row(at + 1).owned()))
+            .collect())
+    }
+
+    /// The range of every key of the run.
+    fn range(&self) -> Option<KeyRange> {
+        let (first, last) = (self.ranges.first()?, self.ranges.last()?);
+        Some((first.0.clone(), last.1.clone()))
+    }
+}
+
 impl ShardWriter {
     /// Writes `batches` (stored form, rows of this shard, oldest first) as
     /// one sorted run of a load, numbered `seq` (later runs have higher
     /// numbers and win over earlier ones), not yet part of the shard.
-    pub(crate) async fn write_run(
-        &self,
-        batches: Vec<RecordBatch>,
-        seq: u64,
-    ) -> Result<SstableFile> {
+    pub(crate) async fn write_run(&self, batches: Vec<RecordBatch>, seq: u64) -> Result<LoadRun> {
         let shared = &self.shared;
         if let Some(e) = self.stopped() {
             return Err(e);
         }
         let schema = Arc::clone(&shared.schema);
-        let body =
-            tokio::task::spawn_blocking(move || sstable::newest_per_key_sorted(&schema, &batches))
-                .await
-                .map_err(|e| Error::Poisoned(format!("sorting a load's rows failed: {e}")))??;
+        let (body, ranges) = tokio::task::spawn_blocking(move || {
+            let body = sstable::newest_per_key_sorted(&schema, &batches)?;
+            drop(batches);
+            let ranges = LoadRun::row_group_ranges(&schema, &body)?;
+            Ok::<_, Error>((body, ranges))
+        })
+        .await
+        .map_err(|e| Error::Poisoned(format!("sorting a load's rows failed: {e}")))??;
         let slices: Vec<_> = (0..body.num_rows())
             .step_by(RUN_BATCH_ROWS)
             .map(|at| Ok(body.slice(at, RUN_BATCH_ROWS.min(body.num_rows() - at))))
@@ -68,17 +111,24 @@ impl ShardWriter {
             futures::stream::iter(slices),
         ));
         let path = paths::new_load_run(&shared.shard_dir, seq, shared.epoch);
-        sstable::write_stream(&shared.store, path, (seq, seq), &shared.schema, rows).await
+        let file =
+            sstable::write_stream(&shared.store, path, (seq, seq), &shared.schema, rows).await?;
+        Ok(LoadRun {
+            file,
+            ranges,
+            by_row_group: true,
+        })
     }
 
     /// Builds the graphs of the runs of a load (oldest first) and counts
-    /// the rows they hold together: distinct keys, by a merge of their key
-    /// columns (streaming), or every row of a table without a key.
+    /// the rows they hold together: distinct keys (a streaming merge of
+    /// the key columns of the row groups that may share a key with another
+    /// run), or every row of a table without a key.
     /// More than [`MAX_RUNS`] runs are first merged in groups (oldest
     /// first, a group's merge replacing it), so that memory stays bounded
     /// by a few batches of at most that many runs, here and in the
     /// compactions after the commit.
-    pub(crate) async fn finish_runs(&self, runs: &mut Vec<SstableFile>) -> Result<u64> {
+    pub(crate) async fn finish_runs(&self, runs: &mut Vec<LoadRun>) -> Result<u64> {
         let shared = &self.shared;
         while runs.len() > MAX_RUNS {
             let mut merged = Vec::with_capacity(runs.len().div_ceil(MAX_RUNS));
@@ -86,41 +136,82 @@ impl ShardWriter {
                 merged.push(match group {
                     [one] => one.clone(),
                     _ => {
-                        let output = shared.merge(group, true, true).await?;
-                        sstable::discard_all(&shared.store, group).await;
-                        output
+                        let files: Vec<SstableFile> =
+                            group.iter().map(|r| r.file.clone()).collect();
+                        let file = shared.merge(&files, true, true).await?;
+                        sstable::discard_all(&shared.store, &files).await;
+                        // The group's keys lie within the union of its ranges.
+                        let ranges = group
+                            .iter()
+                            .filter_map(LoadRun::range)
+                            .reduce(|(first, last), (f, l)| (first.min(f), last.max(l)));
+                        LoadRun {
+                            file,
+                            ranges: ranges.into_iter().collect(),
+                            by_row_group: false,
+                        }
                     }
                 });
             }
             *runs = merged;
         }
         for run in runs.iter_mut() {
-            shared.build_graphs(run).await?;
+            shared.build_graphs(&mut run.file).await?;
         }
         let schema = &shared.schema;
+        let total = runs.iter().map(|r| r.file.rows).sum();
         if !schema.has_key() {
-            return Ok(runs.iter().map(|r| r.rows).sum());
+            return Ok(total);
         }
+        // Each run holds a key once: only the row groups whose key range
+        // meets another run's can hold a key twice, so only those are
+        // merged (none for runs of a load in key order).
+        let whole: Vec<Option<KeyRange>> = runs.iter().map(LoadRun::range).collect();
         let mut columns = schema.key.clone();
         columns.push(schema.stored.fields().len() - 1);
-        let mut streams = Vec::with_capacity(runs.len());
-        for run in runs.iter() {
+        let (mut streams, mut merged) = (Vec::new(), 0);
+        for (i, run) in runs.iter().enumerate() {
+            let meets = |(first, last): &KeyRange| {
+                whole.iter().enumerate().any(|(j, other)| {
+                    j != i && other.as_ref().is_some_and(|(f, l)| first <= l && f <= last)
+                })
+            };
+            let groups: Vec<usize> = (0..run.ranges.len())
+                .filter(|&g| meets(&run.ranges[g]))
+                .collect();
+            if groups.is_empty() {
+                continue;
+            }
+            let sizes = shared.reader.row_group_rows(&run.file).await?;
+            let row_groups = match run.by_row_group && sizes.len() == run.ranges.len() {
+                true => {
+                    merged += groups.iter().map(|&g| sizes[g]).sum::<u64>();
+                    Some(groups)
+                }
+                false => {
+                    merged += run.file.rows;
+                    None
+                }
+            };
             streams.push(merge::Run {
                 rows: shared
                     .reader
-                    .stream(run, None, &columns, &ReadMetrics::default())
+                    .stream(&run.file, row_groups, &columns, &ReadMetrics::default())
                     .await?,
-                seq: run.generation,
+                seq: run.file.generation,
             });
+        }
+        if streams.is_empty() {
+            return Ok(total);
         }
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
         let mut keys =
             merge::merge_runs(schema, &columns, streams, false, &pool, merge::unrecorded())?;
-        let mut count = 0;
+        let mut distinct = 0;
         while let Some(batch) = keys.next().await {
-            count += batch?.num_rows() as u64;
+            distinct += batch?.num_rows() as u64;
         }
-        Ok(count)
+        Ok(total - merged + distinct)
     }
 
     /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of

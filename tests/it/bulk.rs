@@ -260,6 +260,66 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     session.close().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
+    // Runs of about 100 K rows (two row groups and a part), keys ascending
+    // but every 1,000th row repeating a key 150 K rows back, in an earlier
+    // run: only the row groups that meet another run's keys are merged to
+    // count, and the count must still be exact.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.load_memory_bytes = 4 << 20;
+    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
+    )
+    .await;
+    let table = session.table("k").await.unwrap();
+    let schema = table.schema();
+    let mut model = BTreeMap::new();
+    let batches: Vec<RecordBatch> = (0..60i64)
+        .map(|b| {
+            let values: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
+            let ids: Vec<i64> = values
+                .iter()
+                .map(|&v| if v % 1000 == 7 { v - 150_001 } else { v })
+                .collect();
+            for (&id, &v) in ids.iter().zip(&values) {
+                model.insert(id, v);
+            }
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(values)),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    assert_eq!(table.put_stream(stream).await.unwrap(), model.len() as u64);
+    let stats = table.stats(0).unwrap().unwrap();
+    assert!(
+        stats.sstables >= 4,
+        "the load wrote several runs ({stats:?})"
+    );
+    let got = run(&session, "SELECT count(*), sum(v) FROM k").await;
+    assert_eq!(
+        (
+            got[0].column(0).as_primitive::<Int64Type>().value(0),
+            got[0].column(1).as_primitive::<Int64Type>().value(0)
+        ),
+        (model.len() as i64, model.values().sum::<i64>())
+    );
+    session.close().await.unwrap();
+}
+
 /// Runs `memwal` with `args`, returning its stdout and peak RSS in bytes.
 fn run_measured(args: &[&str]) -> (String, u64) {
     // Reaped below by wait4, which std's wait cannot stand in for.
