@@ -124,36 +124,31 @@ impl ShardWriter {
     /// the rows they hold together: distinct keys (a streaming merge of
     /// the key columns of the row groups that may share a key with another
     /// run), or every row of a table without a key.
-    /// More than [`MAX_RUNS`] runs are first merged in groups (oldest
-    /// first, a group's merge replacing it), so that memory stays bounded
-    /// by a few batches of at most that many runs, here and in the
-    /// compactions after the commit.
+    /// More than [`MAX_RUNS`] runs are first brought down to that many by
+    /// merging the oldest in groups (a group's merge replacing it), so that
+    /// memory stays bounded by a few batches of at most that many runs,
+    /// here and in the compactions after the commit.
     pub(crate) async fn finish_runs(&self, runs: &mut Vec<LoadRun>) -> Result<u64> {
         let shared = &self.shared;
         while runs.len() > MAX_RUNS {
-            let mut merged = Vec::with_capacity(runs.len().div_ceil(MAX_RUNS));
-            for group in runs.chunks(MAX_RUNS) {
-                merged.push(match group {
-                    [one] => one.clone(),
-                    _ => {
-                        let files: Vec<SstableFile> =
-                            group.iter().map(|r| r.file.clone()).collect();
-                        let file = shared.merge(&files, true, true).await?;
-                        sstable::discard_all(&shared.store, &files).await;
-                        // The group's keys lie within the union of its ranges.
-                        let ranges = group
-                            .iter()
-                            .filter_map(LoadRun::range)
-                            .reduce(|(first, last), (f, l)| (first.min(f), last.max(l)));
-                        LoadRun {
-                            file,
-                            ranges: ranges.into_iter().collect(),
-                            by_row_group: false,
-                        }
+            // The oldest runs, in groups of at most MAX_RUNS, as few as
+            // bring the count down to MAX_RUNS. On an error `runs` still
+            // names every run not yet deleted, for the caller to discard.
+            let mut excess = runs.len() - MAX_RUNS;
+            let mut rest = std::mem::take(runs).into_iter();
+            while excess > 0 && rest.len() > 1 {
+                let size = (excess + 1).min(MAX_RUNS).min(rest.len());
+                let group: Vec<LoadRun> = rest.by_ref().take(size).collect();
+                match self.merge_runs(&group).await {
+                    Ok(merged) => runs.push(merged),
+                    Err(e) => {
+                        runs.extend(group.into_iter().chain(rest));
+                        return Err(e);
                     }
-                });
+                }
+                excess -= size - 1;
             }
-            *runs = merged;
+            runs.extend(rest);
         }
         for run in runs.iter_mut() {
             shared.build_graphs(&mut run.file).await?;
@@ -212,6 +207,25 @@ impl ShardWriter {
             distinct += batch?.num_rows() as u64;
         }
         Ok(total - merged + distinct)
+    }
+
+    /// Merges `group` (consecutive runs, oldest first) into one run and
+    /// deletes them.
+    async fn merge_runs(&self, group: &[LoadRun]) -> Result<LoadRun> {
+        let shared = &self.shared;
+        let files: Vec<SstableFile> = group.iter().map(|r| r.file.clone()).collect();
+        let file = shared.merge(&files, true, true).await?;
+        sstable::discard_all(&shared.store, &files).await;
+        // The group's keys lie within the union of its ranges.
+        let range = group
+            .iter()
+            .filter_map(LoadRun::range)
+            .reduce(|(first, last), (f, l)| (first.min(f), last.max(l)));
+        Ok(LoadRun {
+            file,
+            ranges: range.into_iter().collect(),
+            by_row_group: false,
+        })
     }
 
     /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of

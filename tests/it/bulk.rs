@@ -103,8 +103,8 @@ async fn a_load_upserts_like_a_put_and_orders_with_the_puts_around_it() {
     // Rows in MemTables before the load, which the load overwrites.
     assert_eq!(table.put(&batch(&schema, 0..500, -1)).await.unwrap(), 500);
     // 40 batches of 1,000 rows over 25,000 keys: keys repeat across the
-    // runs the 16 KiB budget cuts (one per batch and shard, merged in
-    // groups of 16 before the commit), and the last batch of a key wins.
+    // runs the 16 KiB budget cuts (one per batch and shard, the oldest
+    // merged before the commit to leave 16), and the last batch of a key wins.
     let mut model: BTreeMap<i64, i64> = (0..500).map(|id| (id, -1)).collect();
     let batches: Vec<RecordBatch> = (0..40)
         .map(|i| {
