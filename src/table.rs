@@ -83,6 +83,8 @@ struct Load {
     /// Runs written, by shard, oldest first.
     runs: Vec<Vec<LoadRun>>,
     runs_written: u64,
+    /// Input rows read so far (errors number rows of the whole load).
+    rows_read: usize,
     /// The runs being written (aborted if the load is dropped), at most
     /// [`LOAD_CONCURRENCY`] at a time.
     writing: JoinSet<(usize, Result<LoadRun>)>,
@@ -90,8 +92,9 @@ struct Load {
 }
 
 impl Load {
-    fn new(shards: usize) -> Self {
+    fn new(shards: usize, rows_read: usize) -> Self {
         Self {
+            rows_read,
             pending: vec![Vec::new(); shards],
             bytes: 0,
             runs: vec![Vec::new(); shards],
@@ -316,10 +319,12 @@ impl Table {
     /// is checked before anything is written. Returns what
     /// [`Table::put`] returns.
     pub async fn put_all(&self, batches: &[RecordBatch]) -> Result<u64> {
-        let stored = batches
-            .iter()
-            .map(|b| self.schema.to_stored(b))
-            .collect::<Result<Vec<_>>>()?;
+        let mut rows_before = 0;
+        let mut stored = Vec::with_capacity(batches.len());
+        for batch in batches {
+            stored.push(self.schema.to_stored_at(batch, rows_before)?);
+            rows_before += batch.num_rows();
+        }
         self.write(stored).await
     }
 
@@ -339,17 +344,18 @@ impl Table {
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
         let budget = self.options.load_memory_bytes;
-        let (mut stored, mut bytes) = (Vec::new(), 0);
+        let (mut stored, mut bytes, mut rows) = (Vec::new(), 0, 0);
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
-            let batch = self.schema.to_stored(&batch)?;
+            let batch = self.schema.to_stored_at(&batch, rows)?;
+            rows += batch.num_rows();
             bytes += batch.get_array_memory_size();
             stored.push(batch);
             if bytes > budget {
-                let mut load = Load::new(self.shards.len());
+                let mut load = Load::new(self.shards.len(), rows);
                 let loaded = self.load(&mut load, stored, batches).await;
                 if loaded.is_err() {
                     load.discard(&self.store).await;
@@ -381,7 +387,8 @@ impl Table {
         while let Some(batch) = rest.next().await {
             let batch = batch?;
             if batch.num_rows() > 0 {
-                let batch = self.schema.to_stored(&batch)?;
+                let batch = self.schema.to_stored_at(&batch, load.rows_read)?;
+                load.rows_read += batch.num_rows();
                 let bytes = batch.get_array_memory_size();
                 load.add(self.split(batch)?, bytes);
             }

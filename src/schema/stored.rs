@@ -102,6 +102,13 @@ impl TableSchema {
     /// a NOT NULL column, vectors finite, at least one row) and returns it in
     /// stored form. Nothing is written when this fails.
     pub fn to_stored(&self, batch: &RecordBatch) -> Result<RecordBatch> {
+        self.to_stored_at(batch, 0)
+    }
+
+    /// [`TableSchema::to_stored`] for a batch that follows `rows_before`
+    /// rows of the same write: errors number rows from the write's first
+    /// (1-based).
+    pub fn to_stored_at(&self, batch: &RecordBatch, rows_before: usize) -> Result<RecordBatch> {
         if batch.num_rows() == 0 {
             return Err(Error::invalid("a put needs at least one row"));
         }
@@ -128,6 +135,7 @@ impl TableSchema {
                 self.schema.field(v.index).name(),
                 batch.column(v.index),
                 v.dim,
+                rows_before,
             )?;
         }
         let mut columns = batch.columns().to_vec();
@@ -253,8 +261,9 @@ impl TableSchema {
 
 /// Every non-null vector of `column` must have `dim` finite, non-null
 /// values. A NULL vector (the row has none) is fine: it is stored, not
-/// indexed, and never found by a search.
-fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
+/// indexed, and never found by a search. Errors number rows from 1 after
+/// `rows_before`.
+fn check_vectors(name: &str, column: &ArrayRef, dim: i32, rows_before: usize) -> Result<()> {
     let DataType::FixedSizeList(_, got) = column.data_type() else {
         return Err(Error::invalid(format!(
             "vector column '{name}' is not FLOAT[{dim}]"
@@ -273,11 +282,12 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
             continue;
         }
         let start = list.value_offset(row) as usize;
+        let number = rows_before + row + 1;
         if let Some(nulls) = values.nulls()
             && let Some(at) = (0..width).find(|&i| nulls.is_null(start + i))
         {
             return Err(Error::invalid(format!(
-                "vector column '{name}' holds NULL at element {} of {dim} in row {row} \
+                "vector column '{name}' holds NULL at element {} of {dim} in row {number} \
                  (a vector is all numbers, or NULL as a whole)",
                 at + 1
             )));
@@ -285,7 +295,7 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32) -> Result<()> {
         let slice = &values.values()[start..start + width];
         if let Some(bad) = slice.iter().find(|v| !v.is_finite()) {
             return Err(Error::invalid(format!(
-                "vector column '{name}' holds a non-finite value ({bad}) in row {row}"
+                "vector column '{name}' holds a non-finite value ({bad}) in row {number}"
             )));
         }
     }
@@ -352,7 +362,7 @@ mod tests {
         assert!(matches!(err, Error::InvalidInput(_)), "{err:?}");
         let text = err.to_string();
         assert!(
-            text.contains("vector column 'emb' holds NULL at element 2 of 3 in row 1"),
+            text.contains("vector column 'emb' holds NULL at element 2 of 3 in row 2"),
             "{text}"
         );
         // Whatever value the NULL slot holds (0, or NaN).
@@ -368,13 +378,13 @@ mod tests {
         t.to_stored(&sliced).unwrap();
         let sliced = batch(&t, [1.0; 6], [true; 2], null_inside).slice(1, 1);
         let err = t.to_stored(&sliced).unwrap_err();
-        assert!(err.to_string().contains("in row 0"), "{err}");
+        assert!(err.to_string().contains("in row 1"), "{err}");
 
         let mut values = [1.0; 6];
         values[2] = f32::INFINITY;
         let err = t.to_stored(&batch(&t, values, [true; 2], all)).unwrap_err();
         assert!(
-            err.to_string().contains("non-finite value (inf) in row 0"),
+            err.to_string().contains("non-finite value (inf) in row 1"),
             "{err}"
         );
     }

@@ -180,3 +180,56 @@ async fn random_api_arguments_never_panic() {
     assert!(row.column(0).is_valid(0));
     session.close().await.unwrap();
 }
+
+/// A refused vector is named by its row in the whole write, counted from 1
+/// across the batches of `put_all` and of a stream.
+#[tokio::test]
+async fn a_refused_vector_names_its_row_in_the_whole_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = MemwalSession::open(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    session
+        .sql("CREATE TABLE t (id BIGINT PRIMARY KEY, emb FLOAT[3])")
+        .await
+        .unwrap();
+    let table = session.table("t").await.unwrap();
+    let schema = table.schema();
+    // Three batches of two rows; the fifth row's vector holds NaN.
+    let batches: Vec<RecordBatch> = (0..3)
+        .map(|b| {
+            let values: Vec<f32> = (0..6)
+                .map(|i| if b == 2 && i == 1 { f32::NAN } else { 1.0 })
+                .collect();
+            let emb = FixedSizeListArray::try_new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                3,
+                Arc::new(Float32Array::from(values)),
+                None,
+            )
+            .unwrap();
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(vec![2 * b, 2 * b + 1])),
+                    Arc::new(emb),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let err = table.put_all(&batches).await.unwrap_err().to_string();
+    assert!(err.contains("non-finite value (NaN) in row 5"), "{err}");
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    let err = table.put_stream(stream).await.unwrap_err().to_string();
+    assert!(err.contains("non-finite value (NaN) in row 5"), "{err}");
+    let rows: usize = table
+        .scan()
+        .await
+        .unwrap()
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(rows, 0, "nothing was written");
+    session.close().await.unwrap();
+}
