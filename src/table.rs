@@ -72,6 +72,13 @@ impl Part {
     }
 }
 
+/// What a put holds per row beyond the row's Arrow data (the key's
+/// encoding, the MemTable's index entry, their allocations: about 100–150
+/// bytes measured for a `BIGINT` key), for [`Table::put_stream`] to turn
+/// a write of many small rows into a bulk load before it outgrows its
+/// memory budget.
+const PUT_ROW_BYTES: usize = 128;
+
 /// Runs of a bulk load sorted and written at once.
 const LOAD_CONCURRENCY: usize = 2;
 
@@ -332,7 +339,8 @@ impl Table {
     /// [`Table::put_all`] (all or none per shard, across crashes; the same
     /// count), holding at most about [`WriterOptions::load_memory_bytes`]
     /// of rows in memory whatever the stream's size. A write within that
-    /// bound is one put per shard; a larger one is a bulk load: each
+    /// bound (its rows' bytes, and about 128 bytes a row that a put's key
+    /// index takes) is one put per shard; a larger one is a bulk load: each
     /// shard's rows are sorted and written to SSTables in runs of bounded
     /// size, which are added to the shard in one manifest commit (puts to
     /// the shard wait meanwhile; compaction merges them later;
@@ -344,7 +352,7 @@ impl Table {
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
         let budget = self.options.load_memory_bytes;
-        let (mut stored, mut bytes, mut rows) = (Vec::new(), 0, 0);
+        let (mut stored, mut held, mut rows) = (Vec::new(), 0, 0);
         while let Some(batch) = batches.next().await {
             let batch = batch?;
             if batch.num_rows() == 0 {
@@ -352,9 +360,9 @@ impl Table {
             }
             let batch = self.schema.to_stored_at(&batch, rows)?;
             rows += batch.num_rows();
-            bytes += batch.get_array_memory_size();
+            held += batch.get_array_memory_size() + batch.num_rows() * PUT_ROW_BYTES;
             stored.push(batch);
-            if bytes > budget {
+            if held > budget {
                 let mut load = Load::new(self.shards.len(), rows);
                 let loaded = self.load(&mut load, stored, batches).await;
                 if loaded.is_err() {

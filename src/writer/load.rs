@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
-use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::row::OwnedRow;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -95,8 +95,11 @@ impl ShardWriter {
         }
         let schema = Arc::clone(&shared.schema);
         let (body, ranges) = tokio::task::spawn_blocking(move || {
-            let body = sstable::newest_per_key_sorted(&schema, &batches)?;
+            // One batch, and the parts dropped before the sort copies it.
+            let all = concat_batches(&schema.stored, &batches)?;
             drop(batches);
+            let body = sstable::newest_per_key_sorted(&schema, std::slice::from_ref(&all))?;
+            drop(all);
             let ranges = LoadRun::row_group_ranges(&schema, &body)?;
             Ok::<_, Error>((body, ranges))
         })

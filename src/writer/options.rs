@@ -64,7 +64,8 @@ pub struct WriterOptions {
     pub fence_grace: Duration,
     /// A write given as a stream ([`crate::Table::put_stream`], SQL
     /// `INSERT`) holds at most about this many bytes of rows in memory; a
-    /// larger one is loaded through SSTables (default 256 MiB).
+    /// larger one (counting about 128 bytes more a row, for a put's key
+    /// index) is loaded through SSTables (default 256 MiB).
     pub load_memory_bytes: usize,
 }
 

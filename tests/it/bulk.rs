@@ -320,6 +320,47 @@ async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
     session.close().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_rows_are_loaded_before_a_put_would_outgrow_the_budget() {
+    // 300,000 rows of 17 bytes of Arrow: 5 MB, well within a 32 MiB
+    // budget, but a put would also hold a key index entry a row (over
+    // 100 bytes each), so the write is a bulk load: in SSTables at once.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.load_memory_bytes = 32 << 20;
+    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
+    )
+    .await;
+    let table = session.table("k").await.unwrap();
+    let schema = table.schema();
+    let batches: Vec<Result<RecordBatch, memwal::Error>> = (0..30i64)
+        .map(|b| {
+            let ids: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
+            Ok(RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(ids.clone())),
+                    Arc::new(Int64Array::from(ids)),
+                ],
+            )
+            .unwrap())
+        })
+        .collect();
+    let loaded = table.put_stream(futures::stream::iter(batches)).await;
+    assert_eq!(loaded.unwrap(), 300_000);
+    let stats = table.stats(0).unwrap().unwrap();
+    assert!(stats.sstables >= 1, "loaded into SSTables ({stats:?})");
+    assert_eq!(stats.rows, 0, "no put ({stats:?})");
+    session.close().await.unwrap();
+}
+
 /// Runs `memwal` with `args`, returning its stdout and peak RSS in bytes.
 fn run_measured(args: &[&str]) -> (String, u64) {
     // Reaped below by wait4, which std's wait cannot stand in for.
