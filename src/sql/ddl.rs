@@ -22,7 +22,7 @@ use datafusion::sql::sqlparser::ast::{
     Statement, Value,
 };
 
-use super::{CATALOG_NAME, namespace_to_schema, not_null, schema_to_namespace};
+use super::{CATALOG_NAME, insert_checks, namespace_to_schema, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, Outcome};
 use crate::error::{Error, Result};
 use crate::schema::TableMeta;
@@ -161,7 +161,7 @@ async fn insert_rows(state: &SessionState, path: &ObjectPath, query: LogicalPlan
         InsertOp::Append,
     )?
     .build()?;
-    let plan = not_null::name_null_violations(plan)?;
+    let plan = insert_checks::check_inserts(plan)?;
     let plan = state.create_physical_plan(&plan).await?;
     datafusion::physical_plan::collect(plan, state.task_ctx()).await?;
     Ok(())

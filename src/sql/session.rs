@@ -31,7 +31,7 @@ use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, not_null};
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, insert_checks};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -462,7 +462,7 @@ impl MemwalSession {
             let done = LogicalPlanBuilder::empty(false).build()?;
             return Ok(DataFrame::new(self.ctx.state(), done));
         }
-        let plan = not_null::name_null_violations(plan)?;
+        let plan = insert_checks::check_inserts(plan)?;
         let plan = match (is_delete_without_where, plan) {
             (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,

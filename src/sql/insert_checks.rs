@@ -1,5 +1,6 @@
 //! INSERT into a memwal table: a NULL in a primary-key or NOT NULL column
-//! is an error that names the column.
+//! is an error that names the column, and a vector of the wrong length an
+//! error that says so.
 //!
 //! DataFusion checks NOT NULL columns itself, but by position or by the
 //! name of a `VALUES` column (`Column 'column1' is declared as non-nullable
@@ -7,16 +8,25 @@
 //! the session rewrites an insert into a memwal table: `VALUES` rows no
 //! longer claim the target's nullability, and each NOT NULL column passes
 //! through [`NotNull`], which fails with the column's name.
+//!
+//! DataFusion turns a list into a `FLOAT[n]` vector with a cast, which
+//! fails on a list of another length with Arrow's words, while planning
+//! for a constant (`Optimizer rule 'simplify_expressions' failed ...
+//! Cannot cast to FixedSizeList(3): value at index 0 has length 2`). The
+//! rewrite replaces each such cast in the insert's input with
+//! [`ToVector`], which checks the lengths when the insert runs.
 
 use std::sync::Arc;
 
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
+    Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility, WriteOp,
 };
 
@@ -25,7 +35,7 @@ use crate::error::Error;
 
 /// Rewrites every insert into a memwal table in `plan` (see the module
 /// doc); other plans are returned as they are.
-pub(crate) fn name_null_violations(plan: LogicalPlan) -> Result<LogicalPlan> {
+pub(crate) fn check_inserts(plan: LogicalPlan) -> Result<LogicalPlan> {
     plan.transform_up(|node| match node {
         LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Insert(_)) => check_insert(dml),
         other => Ok(Transformed::no(other)),
@@ -39,9 +49,14 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
         return Ok(Transformed::no(LogicalPlan::Dml(dml)));
     };
     let target = dml.target.schema();
-    let input = Arc::unwrap_or_clone(dml.input).transform_up(|node| match node {
-        LogicalPlan::Values(values) => Ok(Transformed::yes(LogicalPlan::Values(nullable(values)?))),
-        other => other.recompute_schema().map(Transformed::yes),
+    let input = Arc::unwrap_or_clone(dml.input).transform_up(|node| {
+        let node = node.map_expressions(|e| e.transform_up(vector_cast))?.data;
+        match node {
+            LogicalPlan::Values(values) => {
+                Ok(Transformed::yes(LogicalPlan::Values(nullable(values)?)))
+            }
+            other => other.recompute_schema().map(Transformed::yes),
+        }
     })?;
     let input = input.data;
     if input.schema().fields().len() != target.fields().len() {
@@ -136,5 +151,74 @@ impl ScalarUDFImpl for NotNull {
             return Err(Error::invalid(self.message.clone()).into());
         }
         Ok(value)
+    }
+}
+
+/// A cast to a vector type becomes [`ToVector`].
+fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
+    match expr {
+        Expr::Cast(Cast { expr, field }) => match field.data_type() {
+            DataType::FixedSizeList(item, dim) => {
+                let to_vector = ToVector {
+                    item: Arc::clone(item),
+                    dim: *dim,
+                };
+                Ok(Transformed::yes(
+                    ScalarUDF::from(to_vector).call(vec![*expr]),
+                ))
+            }
+            _ => Ok(Transformed::no(Expr::Cast(Cast { expr, field }))),
+        },
+        other => Ok(Transformed::no(other)),
+    }
+}
+
+/// `to_vector(list)`: the cast of a list to `FixedSizeList(item, dim)`, or
+/// an error naming the length and the dimension if a list has another
+/// length. Volatile, like [`NotNull`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToVector {
+    item: FieldRef,
+    dim: i32,
+}
+
+impl ScalarUDFImpl for ToVector {
+    fn name(&self) -> &str {
+        "to_vector"
+    }
+
+    fn signature(&self) -> &Signature {
+        static SIGNATURE: std::sync::LazyLock<Signature> =
+            std::sync::LazyLock::new(|| Signature::any(1, Volatility::Volatile));
+        &SIGNATURE
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::FixedSizeList(Arc::clone(&self.item), self.dim))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let value = args.args.into_iter().next().expect("one argument");
+        let array = value.into_array(rows)?;
+        let lengths: Box<dyn Iterator<Item = Option<usize>>> = match array.data_type() {
+            DataType::List(_) => {
+                Box::new(array.as_list::<i32>().iter().map(|l| l.map(|l| l.len())))
+            }
+            DataType::LargeList(_) => {
+                Box::new(array.as_list::<i64>().iter().map(|l| l.map(|l| l.len())))
+            }
+            _ => Box::new(std::iter::empty()),
+        };
+        for length in lengths.flatten() {
+            if length != self.dim as usize {
+                return Err(Error::invalid(format!(
+                    "a FLOAT[{}] column was given a vector of length {length}",
+                    self.dim
+                ))
+                .into());
+            }
+        }
+        Ok(ColumnarValue::Array(cast(&array, &self.return_type(&[])?)?))
     }
 }
