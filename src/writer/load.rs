@@ -180,8 +180,14 @@ impl ShardWriter {
             if groups.is_empty() {
                 continue;
             }
+            // The ranges were cut every ROW_GROUP_ROWS rows: used only if
+            // the file's row groups are exactly those.
             let sizes = shared.reader.row_group_rows(&run.file).await?;
-            let row_groups = match run.by_row_group && sizes.len() == run.ranges.len() {
+            let cut =
+                |g: usize| (run.file.rows - (g * ROW_GROUP_ROWS) as u64).min(ROW_GROUP_ROWS as u64);
+            let aligned = sizes.len() == run.ranges.len()
+                && sizes.iter().enumerate().all(|(g, &rows)| rows == cut(g));
+            let row_groups = match run.by_row_group && aligned {
                 true => {
                     merged += groups.iter().map(|&g| sizes[g]).sum::<u64>();
                     Some(groups)
