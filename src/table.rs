@@ -144,6 +144,18 @@ impl Load {
     }
 }
 
+/// Holds the compaction of shard writers while it lives (see
+/// [`ShardWriter::hold_compaction`]).
+struct CompactionHold(Vec<Arc<ShardWriter>>);
+
+impl Drop for CompactionHold {
+    fn drop(&mut self) {
+        for writer in &self.0 {
+            writer.release_compaction();
+        }
+    }
+}
+
 /// One shard as seen by this process.
 struct Shard {
     index: u32,
@@ -413,11 +425,19 @@ impl Table {
             .filter(|(_, runs)| !runs.is_empty())
             .map(|(shard, runs)| (shard as u32, runs))
             .collect();
+        // Compaction of the shards committed first waits for the others.
+        let mut held = CompactionHold(Vec::with_capacity(shards.len()));
+        for (shard, _) in &shards {
+            let writer = self.shard_writer(*shard).await?;
+            writer.hold_compaction();
+            held.0.push(writer);
+        }
         let rows = futures::stream::iter(shards)
             .map(|(shard, runs)| self.commit_runs(shard, runs))
             .buffer_unordered(LOAD_CONCURRENCY)
             .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
             .await?;
+        drop(held);
         Ok(rows)
     }
 

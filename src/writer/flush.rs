@@ -77,6 +77,16 @@ impl Shared {
                     .cloned()
             };
             let Some(generation) = sealed else {
+                if self.compaction_holds.load(Ordering::Acquire) == 0
+                    && self.compaction_due.swap(false, Ordering::AcqRel)
+                {
+                    let _one_at_a_time = self.maintenance.lock().await;
+                    if let Err(e) = self.compact().await {
+                        self.stop(e);
+                        return;
+                    }
+                    continue;
+                }
                 if self.closing.load(Ordering::Acquire)
                     && self.wal_done.load(Ordering::Acquire)
                     && self.index_done.load(Ordering::Acquire)
@@ -456,6 +466,11 @@ impl Shared {
     /// deletes what that retired if the grace period is zero.
     async fn compact(&self) -> Result<()> {
         self.delete_retired().await?;
+        if self.compaction_holds.load(Ordering::Acquire) > 0 {
+            // The flush task compacts once the holds are released.
+            self.compaction_due.store(true, Ordering::Release);
+            return Ok(());
+        }
         loop {
             let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
             let Some(start) = run_to_merge(&files, self.options.max_sstables) else {

@@ -20,6 +20,7 @@
 //!    there or not at all, across crashes.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
@@ -235,6 +236,21 @@ impl ShardWriter {
             ranges: range.into_iter().collect(),
             by_row_group: false,
         })
+    }
+
+    /// Holds the shard's compaction until as many
+    /// [`ShardWriter::release_compaction`]s: a bulk load holds every shard
+    /// it loads while it commits them, so that compacting the shards
+    /// committed first does not slow the commits of the others.
+    pub(crate) fn hold_compaction(&self) {
+        self.shared.compaction_holds.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Ends a [`ShardWriter::hold_compaction`]; the flush task compacts
+    /// what became due meanwhile once no hold is left.
+    pub(crate) fn release_compaction(&self) {
+        self.shared.compaction_holds.fetch_sub(1, Ordering::AcqRel);
+        self.shared.flush_wake.notify_one();
     }
 
     /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of

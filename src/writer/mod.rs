@@ -41,7 +41,7 @@ mod replay;
 mod wal_task;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -245,6 +245,11 @@ struct Shared {
     /// Puts hold it shared while they enter the MemTable; a bulk load
     /// holds it alone while it commits (see [`load`]).
     ingest_gate: tokio::sync::RwLock<()>,
+    /// Bulk loads still committing other shards of the table: compaction
+    /// waits for them (marked due meanwhile) so it does not compete with
+    /// them for the cores (see [`ShardWriter::hold_compaction`]).
+    compaction_holds: AtomicUsize,
+    compaction_due: AtomicBool,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
@@ -431,6 +436,8 @@ impl ShardWriter {
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
             maintenance: tokio::sync::Mutex::new(()),
             ingest_gate: tokio::sync::RwLock::new(()),
+            compaction_holds: AtomicUsize::new(0),
+            compaction_due: AtomicBool::new(false),
         });
         // The claim made this writer the owner.
         shared.confirm_owned(claimed_at);
