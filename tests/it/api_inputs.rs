@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::helpers::scanned_rows;
 use datafusion::arrow::array::{
     Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, RecordBatch,
     StringArray,
@@ -223,13 +224,6 @@ async fn a_refused_vector_names_its_row_in_the_whole_write() {
     let stream = futures::stream::iter(batches.into_iter().map(Ok));
     let err = table.put_stream(stream).await.unwrap_err().to_string();
     assert!(err.contains("non-finite value (NaN) in row 5"), "{err}");
-    let rows: usize = table
-        .scan()
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.num_rows())
-        .sum();
-    assert_eq!(rows, 0, "nothing was written");
+    assert_eq!(scanned_rows(&table).await, 0, "nothing was written");
     session.close().await.unwrap();
 }

@@ -260,16 +260,15 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     session.close().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
-    // Runs of about 100 K rows (two row groups and a part), keys ascending
-    // but every 1,000th row repeating a key 150 K rows back, in an earlier
-    // run: only the row groups that meet another run's keys are merged to
-    // count, and the count must still be exact.
-    let dir = tempfile::tempdir().unwrap();
+/// A session on `root` loading with `load_memory_bytes`, and its
+/// one-shard table `k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)`.
+async fn one_shard_table(
+    root: &std::path::Path,
+    load_memory_bytes: usize,
+) -> (MemwalSession, Arc<Table>) {
     let mut options = options();
-    options.load_memory_bytes = 4 << 20;
-    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+    options.load_memory_bytes = load_memory_bytes;
+    let session = MemwalSession::builder(root.to_str().unwrap())
         .writer_options(options)
         .open()
         .await
@@ -280,6 +279,17 @@ async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
     )
     .await;
     let table = session.table("k").await.unwrap();
+    (session, table)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
+    // Runs of about 100 K rows (two row groups and a part), keys ascending
+    // but every 1,000th row repeating a key 150 K rows back, in an earlier
+    // run: only the row groups that meet another run's keys are merged to
+    // count, and the count must still be exact.
+    let dir = tempfile::tempdir().unwrap();
+    let (session, table) = one_shard_table(dir.path(), 4 << 20).await;
     let schema = table.schema();
     let mut model = BTreeMap::new();
     let batches: Vec<RecordBatch> = (0..60i64)
@@ -326,19 +336,7 @@ async fn many_small_rows_are_loaded_before_a_put_would_outgrow_the_budget() {
     // budget, but a put would also hold a key index entry a row (over
     // 100 bytes each), so the write is a bulk load: in SSTables at once.
     let dir = tempfile::tempdir().unwrap();
-    let mut options = options();
-    options.load_memory_bytes = 32 << 20;
-    let session = MemwalSession::builder(dir.path().to_str().unwrap())
-        .writer_options(options)
-        .open()
-        .await
-        .unwrap();
-    run(
-        &session,
-        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
-    )
-    .await;
-    let table = session.table("k").await.unwrap();
+    let (session, table) = one_shard_table(dir.path(), 32 << 20).await;
     let schema = table.schema();
     let batches: Vec<Result<RecordBatch, memwal::Error>> = (0..30i64)
         .map(|b| {

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::helpers::scanned_rows;
 use datafusion::arrow::array::{Int64Array, RecordBatch};
 use memwal::{MemwalSession, WriterOptions};
 use object_store::ObjectStoreExt;
@@ -107,14 +108,7 @@ async fn a_thousand_short_lived_writers_leave_a_bounded_number_of_objects() {
     assert!(second < 400, "{second} objects");
     assert!(second <= first + 50, "still growing: {first} then {second}");
     let table = session.table("t").await.unwrap();
-    let rows: usize = table
-        .scan()
-        .await
-        .unwrap()
-        .iter()
-        .map(|b| b.num_rows())
-        .sum();
-    assert_eq!(rows as i64, 2 * writers);
+    assert_eq!(scanned_rows(&table).await as i64, 2 * writers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,3 +24,9 @@ pub fn files(dir: &Path) -> Vec<PathBuf> {
 pub async fn run(session: &MemwalSession, sql: &str) -> Vec<RecordBatch> {
     session.sql(sql).await.unwrap().collect().await.unwrap()
 }
+
+/// The rows a scan of `table` returns.
+pub async fn scanned_rows(table: &memwal::Table) -> usize {
+    let batches = table.scan().await.unwrap();
+    batches.iter().map(|b| b.num_rows()).sum()
+}
