@@ -396,24 +396,15 @@ impl Table {
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        let half = self.options.load_memory_bytes / 2;
         for batch in first {
-            let bytes = batch.get_array_memory_size();
-            load.add(self.split(batch)?, bytes);
-            if load.bytes > half {
-                self.spill(load).await?;
-            }
+            self.load_batch(load, batch).await?;
         }
         while let Some(batch) = rest.next().await {
             let batch = batch?;
             if batch.num_rows() > 0 {
                 let batch = self.schema.to_stored_at(&batch, load.rows_read)?;
                 load.rows_read += batch.num_rows();
-                let bytes = batch.get_array_memory_size();
-                load.add(self.split(batch)?, bytes);
-            }
-            if load.bytes > half {
-                self.spill(load).await?;
+                self.load_batch(load, batch).await?;
             }
         }
         self.spill(load).await?;
@@ -439,6 +430,17 @@ impl Table {
             .await?;
         drop(held);
         Ok(rows)
+    }
+
+    /// Adds a stored batch to `load`, and starts writing runs once half
+    /// the memory budget holds rows read.
+    async fn load_batch(&self, load: &mut Load, batch: RecordBatch) -> Result<()> {
+        let bytes = batch.get_array_memory_size();
+        load.add(self.split(batch)?, bytes);
+        if load.bytes > self.options.load_memory_bytes / 2 {
+            self.spill(load).await?;
+        }
+        Ok(())
     }
 
     /// Counts and commits the runs of a load of `shard`; when another
