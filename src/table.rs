@@ -32,9 +32,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
@@ -81,6 +81,30 @@ const PUT_ROW_BYTES: usize = 128;
 
 /// Runs of a bulk load sorted and written at once.
 const LOAD_CONCURRENCY: usize = 2;
+
+/// `batch` with its string and binary view columns copied into buffers
+/// of their own: a shard's part of a load holds only its rows' bytes, in
+/// row order, copied while the input batch is still in the cache (a part
+/// that shares the input's buffers makes each later pass over its values,
+/// the sort's and the Parquet writer's, stride through all the input).
+fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let view = |c: &ArrayRef| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView);
+    if !batch.columns().iter().any(view) {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
 struct Load {
@@ -435,8 +459,11 @@ impl Table {
     /// Adds a stored batch to `load`, and starts writing runs once half
     /// the memory budget holds rows read.
     async fn load_batch(&self, load: &mut Load, batch: RecordBatch) -> Result<()> {
-        let bytes = batch.get_array_memory_size();
-        load.add(self.split(batch)?, bytes);
+        // Counted after the split: the parts hold their rows' bytes alone
+        // (see `compact_views`), often less than the input's buffers.
+        let parts = self.split(batch)?;
+        let bytes = parts.iter().map(|(_, p)| p.get_array_memory_size()).sum();
+        load.add(parts, bytes);
         if load.bytes > self.options.load_memory_bytes / 2 {
             self.spill(load).await?;
         }
@@ -547,10 +574,8 @@ impl Table {
         let mut out = Vec::new();
         for (shard, rows) in rows_of.into_iter().enumerate() {
             if !rows.is_empty() {
-                out.push((
-                    shard as u32,
-                    take_record_batch(&batch, &UInt32Array::from(rows))?,
-                ));
+                let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
+                out.push((shard as u32, compact_views(part)?));
             }
         }
         Ok(out)
