@@ -82,6 +82,37 @@ const PUT_ROW_BYTES: usize = 128;
 /// Runs of a bulk load sorted and written at once.
 const LOAD_CONCURRENCY: usize = 2;
 
+/// Splits a stored batch of a load by shard (without keeping the key
+/// encodings, see [`key::shards_of`]); a table without a key puts it
+/// whole in shard `append_to`.
+fn split(
+    schema: &TableSchema,
+    shards: u32,
+    append_to: u32,
+    batch: RecordBatch,
+) -> Result<Vec<(u32, RecordBatch)>> {
+    if !schema.has_key() {
+        return Ok(vec![(append_to, batch)]);
+    }
+    if shards == 1 {
+        // Stored rows were checked: no key holds NULL.
+        return Ok(vec![(0, batch)]);
+    }
+    let of = key::shards_of(&schema.key_columns(&batch), batch.num_rows(), shards)?;
+    let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+    for (row, &shard) in of.iter().enumerate() {
+        rows_of[shard as usize].push(row as u32);
+    }
+    let mut out = Vec::new();
+    for (shard, rows) in rows_of.into_iter().enumerate() {
+        if !rows.is_empty() {
+            let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
+            out.push((shard as u32, compact_views(part)?));
+        }
+    }
+    Ok(out)
+}
+
 /// `batch` with its string and binary view columns copied into buffers
 /// of their own: a shard's part of a load holds only its rows' bytes, in
 /// row order, copied while the input batch is still in the cache (a part
@@ -114,8 +145,6 @@ struct Load {
     /// Runs written, by shard, oldest first.
     runs: Vec<Vec<LoadRun>>,
     runs_written: u64,
-    /// Input rows read so far (errors number rows of the whole load).
-    rows_read: usize,
     /// The runs being written (aborted if the load is dropped), at most
     /// [`LOAD_CONCURRENCY`] at a time.
     writing: JoinSet<(usize, Result<LoadRun>)>,
@@ -123,9 +152,8 @@ struct Load {
 }
 
 impl Load {
-    fn new(shards: usize, rows_read: usize) -> Self {
+    fn new(shards: usize) -> Self {
         Self {
-            rows_read,
             pending: vec![Vec::new(); shards],
             bytes: 0,
             runs: vec![Vec::new(); shards],
@@ -135,11 +163,13 @@ impl Load {
         }
     }
 
-    /// Adds the shards' parts of a batch of `bytes` (its parts may share
-    /// its buffers: a string view's `take` does, so their own sizes would
-    /// count those buffers once per shard).
-    fn add(&mut self, parts: Vec<(u32, RecordBatch)>, bytes: usize) {
-        self.bytes += bytes;
+    /// Adds the shards' parts of a batch (see [`split`]).
+    fn add(&mut self, parts: Vec<(u32, RecordBatch)>) {
+        // Each part holds its rows' bytes alone (see `compact_views`).
+        self.bytes += parts
+            .iter()
+            .map(|(_, p)| p.get_array_memory_size())
+            .sum::<usize>();
         for (shard, batch) in parts {
             self.pending[shard as usize].push(batch);
         }
@@ -399,8 +429,8 @@ impl Table {
             held += batch.get_array_memory_size() + batch.num_rows() * PUT_ROW_BYTES;
             stored.push(batch);
             if held > budget {
-                let mut load = Load::new(self.shards.len(), rows);
-                let loaded = self.load(&mut load, stored, batches).await;
+                let mut load = Load::new(self.shards.len());
+                let loaded = self.load(&mut load, stored, rows, batches).await;
                 if loaded.is_err() {
                     load.discard(&self.store).await;
                 }
@@ -413,22 +443,52 @@ impl Table {
         }
     }
 
-    /// The bulk load of [`Table::put_stream`]: `first`, then `rest`. Half
-    /// the memory budget holds rows read, the other half the runs being
-    /// sorted and written meanwhile.
-    async fn load<S>(&self, load: &mut Load, first: Vec<RecordBatch>, mut rest: S) -> Result<u64>
+    /// The bulk load of [`Table::put_stream`]: `first` (stored, the
+    /// first `rows_read` rows), then `rest`. Half the memory budget holds
+    /// rows read, the other half the runs being sorted and written
+    /// meanwhile. Batches are split by shard on tasks of their own while
+    /// the next is read.
+    async fn load<S>(
+        &self,
+        load: &mut Load,
+        first: Vec<RecordBatch>,
+        mut rows_read: usize,
+        rest: S,
+    ) -> Result<u64>
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        for batch in first {
-            self.load_batch(load, batch).await?;
-        }
-        while let Some(batch) = rest.next().await {
-            let batch = batch?;
-            if batch.num_rows() > 0 {
-                let batch = self.schema.to_stored_at(&batch, load.rows_read)?;
-                load.rows_read += batch.num_rows();
-                self.load_batch(load, batch).await?;
+        let schema = Arc::clone(&self.schema);
+        let rest = rest.filter_map(move |batch| {
+            // Errors number rows of the whole load.
+            let stored = batch.and_then(|batch| {
+                let stored = schema.to_stored_at(&batch, rows_read)?;
+                rows_read += batch.num_rows();
+                Ok(stored)
+            });
+            std::future::ready(match stored {
+                Ok(batch) if batch.num_rows() == 0 => None,
+                stored => Some(stored),
+            })
+        });
+        let shards = self.shards.len() as u32;
+        let mut split = futures::stream::iter(first.into_iter().map(Ok))
+            .chain(rest)
+            .map(|batch| {
+                let append_to = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
+                let schema = Arc::clone(&self.schema);
+                async move {
+                    let batch = batch?;
+                    tokio::task::spawn_blocking(move || split(&schema, shards, append_to, batch))
+                        .await
+                        .map_err(|e| Error::Poisoned(format!("splitting a load's rows: {e}")))?
+                }
+            })
+            .buffered(LOAD_CONCURRENCY);
+        while let Some(parts) = split.try_next().await? {
+            load.add(parts);
+            if load.bytes > self.options.load_memory_bytes / 2 {
+                self.spill(load).await?;
             }
         }
         self.spill(load).await?;
@@ -454,20 +514,6 @@ impl Table {
             .await?;
         drop(held);
         Ok(rows)
-    }
-
-    /// Adds a stored batch to `load`, and starts writing runs once half
-    /// the memory budget holds rows read.
-    async fn load_batch(&self, load: &mut Load, batch: RecordBatch) -> Result<()> {
-        // Counted after the split: the parts hold their rows' bytes alone
-        // (see `compact_views`), often less than the input's buffers.
-        let parts = self.split(batch)?;
-        let bytes = parts.iter().map(|(_, p)| p.get_array_memory_size()).sum();
-        load.add(parts, bytes);
-        if load.bytes > self.options.load_memory_bytes / 2 {
-            self.spill(load).await?;
-        }
-        Ok(())
     }
 
     /// Counts and commits the runs of a load of `shard`; when another
@@ -552,33 +598,6 @@ impl Table {
         let rows = parts.iter().map(Part::rows_held).sum();
         futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
         Ok(rows)
-    }
-
-    /// Splits a stored batch by shard (for a load: without keeping the key
-    /// encodings, see [`key::shards_of`]).
-    fn split(&self, batch: RecordBatch) -> Result<Vec<(u32, RecordBatch)>> {
-        let shards = self.shards.len() as u32;
-        if !self.schema.has_key() {
-            let shard = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
-            return Ok(vec![(shard, batch)]);
-        }
-        if shards == 1 {
-            // Stored rows were checked: no key holds NULL.
-            return Ok(vec![(0, batch)]);
-        }
-        let of = key::shards_of(&self.schema.key_columns(&batch), batch.num_rows(), shards)?;
-        let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
-        for (row, &shard) in of.iter().enumerate() {
-            rows_of[shard as usize].push(row as u32);
-        }
-        let mut out = Vec::new();
-        for (shard, rows) in rows_of.into_iter().enumerate() {
-            if !rows.is_empty() {
-                let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
-                out.push((shard as u32, compact_views(part)?));
-            }
-        }
-        Ok(out)
     }
 
     /// Splits stored rows by shard, each row's key encoded once (for

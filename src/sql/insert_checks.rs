@@ -25,6 +25,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
+use datafusion::logical_expr::sort_properties::ExprProperties;
 use datafusion::logical_expr::{
     Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
     ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility, WriteOp,
@@ -139,6 +140,16 @@ impl ScalarUDFImpl for NotNull {
             arg.data_type().clone(),
             false,
         )))
+    }
+
+    // The value itself: rows in order by it stay in order (an insert of
+    // rows in key order is loaded without a sort).
+    fn preserves_lex_ordering(&self, _: &[ExprProperties]) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn strictly_order_preserving(&self, _: &[ExprProperties]) -> Result<bool> {
+        Ok(true)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {

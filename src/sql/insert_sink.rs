@@ -6,11 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::datasource::sink::DataSink;
 use datafusion::error::Result;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_plan::{DisplayAs, DisplayFormatType};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{LexRequirement, PhysicalSortExpr};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan};
 use futures::StreamExt;
 
 use crate::table::Table;
@@ -27,6 +30,36 @@ impl fmt::Debug for InsertProgress {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("InsertProgress")
     }
+}
+
+/// The key order an insert's `input` already has, to be kept when the
+/// plan merges its partitions (a sorted file, a generated series): a bulk
+/// load of rows in key order needs no sort, and its runs do not overlap.
+/// `None` for input in no such order (which is not sorted for the load).
+pub(crate) fn key_order_of(
+    input: &dyn ExecutionPlan,
+    key: &[usize],
+) -> Result<Option<LexRequirement>> {
+    let schema = input.schema();
+    if key.iter().any(|&k| k >= schema.fields().len()) {
+        return Ok(None);
+    }
+    let order: Vec<PhysicalSortExpr> = key
+        .iter()
+        .map(|&k| {
+            let column = Arc::new(Column::new(schema.field(k).name(), k));
+            PhysicalSortExpr::new(column, SortOptions::new(false, false))
+        })
+        .collect();
+    if order.is_empty()
+        || !input
+            .properties()
+            .equivalence_properties()
+            .ordering_satisfy(order.clone())?
+    {
+        return Ok(None);
+    }
+    Ok(LexRequirement::new(order.into_iter().map(Into::into)))
 }
 
 /// Routes inserted rows to the shard writers (see [`Table::put_stream`]);

@@ -24,7 +24,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 
 use super::delete_exec::DeleteExec;
-use super::insert_sink::InsertSink;
+use super::insert_sink::{InsertSink, key_order_of};
 use super::scan_exec::{ScanExec, ScanMode};
 use crate::catalog::ObjectPath;
 use crate::read::KeyBounds;
@@ -269,8 +269,9 @@ impl TableProvider for MemwalTable {
                 "{insert_op} is not supported by memwal tables; INSERT INTO appends (upserts by primary key)"
             )));
         }
+        let order = key_order_of(input.as_ref(), &self.meta.primary_key_indices())?;
         let sink = InsertSink::new(Arc::clone(&self.table));
-        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), None)))
+        Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), order)))
     }
 
     /// Deletes the live rows matching every filter. An empty filter list is

@@ -14,6 +14,7 @@ use datafusion::arrow::array::{
     AsArray, FixedSizeListArray, Float32Array, Int64Array, RecordBatch,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, SchemaRef};
+use datafusion::arrow::util::pretty::pretty_format_batches;
 use futures::StreamExt;
 use memwal::{MemwalSession, Table, WriterOptions};
 
@@ -258,6 +259,77 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     assert_eq!(rows(&table).await, model);
     other.close().await.unwrap();
     session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_insert_keeps_the_key_order_of_its_input_and_sorts_no_other() {
+    // Rows in key order over four partitions are merged in that order (no
+    // interleaving, so the load's runs need no sort); rows in no key order
+    // are not sorted by the plan (the load sorts each run in its budget).
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.load_memory_bytes = 2 << 20;
+    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    run(&session, "SET datafusion.execution.target_partitions = 4").await;
+    run(
+        &session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '4')",
+    )
+    .await;
+    let ordered = "INSERT INTO k SELECT value AS id, value AS v FROM generate_series(1, 300000)";
+    let shuffled = "INSERT INTO k SELECT (value * 7919) % 300000, -value \
+                    FROM generate_series(1, 150000)";
+    let plan = |sql: &str| {
+        let session = &session;
+        let sql = format!("EXPLAIN {sql}");
+        async move {
+            let batches = run(session, &sql).await;
+            pretty_format_batches(&batches).unwrap().to_string()
+        }
+    };
+    let text = plan(ordered).await;
+    assert!(text.contains("SortPreservingMergeExec"), "{text}");
+    assert!(
+        !text.contains("CoalescePartitionsExec") && !text.contains("SortExec"),
+        "{text}"
+    );
+    let text = plan(shuffled).await;
+    assert!(
+        !text.contains("SortExec") && !text.contains("SortPreservingMergeExec"),
+        "{text}"
+    );
+
+    let mut model: BTreeMap<i64, i64> = (1..=300_000).map(|v| (v, v)).collect();
+    for value in 1..=150_000i64 {
+        model.insert((value * 7919) % 300_000, -value);
+    }
+    assert_eq!(count(&run(&session, ordered).await), 300_000);
+    assert_eq!(count(&run(&session, shuffled).await), 150_000);
+    let table = session.table("k").await.unwrap();
+    let mut got = BTreeMap::new();
+    for b in table.scan().await.unwrap() {
+        let (ids, vs) = (
+            b.column(0).as_primitive::<Int64Type>(),
+            b.column(1).as_primitive::<Int64Type>(),
+        );
+        for i in 0..b.num_rows() {
+            assert!(got.insert(ids.value(i), vs.value(i)).is_none());
+        }
+    }
+    assert_eq!(got, model);
+    session.close().await.unwrap();
+}
+
+/// The count an INSERT returns.
+fn count(out: &[RecordBatch]) -> u64 {
+    out[0]
+        .column(0)
+        .as_primitive::<datafusion::arrow::datatypes::UInt64Type>()
+        .value(0)
 }
 
 /// A session on `root` loading with `load_memory_bytes`, and its
