@@ -37,7 +37,8 @@ use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStore;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -45,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{self, ReadMetrics, SstableFile, SstableReader};
-use crate::store::{Versioned, VersionedObjects, paths};
+use crate::store::{Versioned, VersionedObjects, delete_if_present, paths};
 use crate::wal::WalLog;
 use crate::writer::{LoadRun, ShardManifest, ShardWriter, WriterOptions, WriterStats};
 
@@ -113,6 +114,14 @@ fn split(
     Ok(out)
 }
 
+/// Writes (or rewrites) each of a load's `markers`, empty.
+async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
+    for marker in markers {
+        store.put(marker, PutPayload::new()).await?;
+    }
+    Ok(())
+}
+
 /// `batch` with its string and binary view columns copied into buffers
 /// of their own: a shard's part of a load holds only its rows' bytes, in
 /// row order, copied while the input batch is still in the cache (a part
@@ -139,6 +148,11 @@ fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
 struct Load {
+    /// Names its runs and markers (see [`paths::load_marker`]).
+    id: u64,
+    /// Its marker in every shard, rewritten by `heartbeat` while it runs.
+    markers: Vec<Path>,
+    heartbeat: JoinSet<()>,
     /// Rows not yet in a run, by shard, and the bytes they hold.
     pending: Vec<Vec<RecordBatch>>,
     bytes: usize,
@@ -152,8 +166,14 @@ struct Load {
 }
 
 impl Load {
-    fn new(shards: usize) -> Self {
+    fn new(table_location: &str, shards: usize) -> Self {
+        let id = rand::random();
         Self {
+            id,
+            markers: (0..shards as u32)
+                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), id))
+                .collect(),
+            heartbeat: JoinSet::new(),
             pending: vec![Vec::new(); shards],
             bytes: 0,
             runs: vec![Vec::new(); shards],
@@ -186,6 +206,34 @@ impl Load {
             }
         }
         failed.map_or(Ok(()), Err)
+    }
+
+    /// Writes the load's markers, and rewrites them every `heartbeat`
+    /// until [`Load::end`]: runs are written only after, so a writer of
+    /// the shard never takes them for a crashed load's.
+    async fn begin(&mut self, store: &Arc<dyn ObjectStore>, heartbeat: Duration) -> Result<()> {
+        mark(store, &self.markers).await?;
+        let (store, markers) = (Arc::clone(store), self.markers.clone());
+        self.heartbeat.spawn(async move {
+            loop {
+                tokio::time::sleep(heartbeat).await;
+                if let Err(e) = mark(&store, &markers).await {
+                    log::warn!("a bulk load could not rewrite its markers: {e}");
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Stops rewriting the markers and deletes them (a load dropped
+    /// before leaves them to age).
+    async fn end(&mut self, store: &Arc<dyn ObjectStore>) {
+        self.heartbeat.abort_all();
+        for marker in &self.markers {
+            if let Err(e) = delete_if_present(store.as_ref(), marker).await {
+                log::debug!("deleting the load marker {marker}: {e}");
+            }
+        }
     }
 
     /// Deletes the runs of a load that failed before their commit.
@@ -429,11 +477,14 @@ impl Table {
             held += batch.get_array_memory_size() + batch.num_rows() * PUT_ROW_BYTES;
             stored.push(batch);
             if held > budget {
-                let mut load = Load::new(self.shards.len());
+                let mut load = Load::new(&self.location, self.shards.len());
+                load.begin(&self.store, self.options.load_heartbeat())
+                    .await?;
                 let loaded = self.load(&mut load, stored, rows, batches).await;
                 if loaded.is_err() {
                     load.discard(&self.store).await;
                 }
+                load.end(&self.store).await;
                 return loaded;
             }
         }
@@ -555,7 +606,7 @@ impl Table {
     /// the runs started before are written.
     async fn spill(&self, load: &mut Load) -> Result<()> {
         load.written().await?;
-        let seq = load.runs_written + 1;
+        let (id, seq) = (load.id, load.runs_written + 1);
         for (shard, pending) in load.pending.iter_mut().enumerate() {
             if pending.is_empty() {
                 continue;
@@ -567,7 +618,7 @@ impl Table {
             let permits = Arc::clone(&load.permits);
             load.writing.spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                (shard, writer.write_run(rows, seq).await)
+                (shard, writer.write_run(rows, id, seq).await)
             });
         }
         load.bytes = 0;

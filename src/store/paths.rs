@@ -123,13 +123,29 @@ pub fn loads_dir(shard_dir: &Path) -> Path {
     shard_dir.clone().join("load")
 }
 
-/// `<shard dir>/load/<20-digit seq>-<20-digit epoch>-<16 hex>/data.parquet`:
-/// a fresh name for run `seq` of a bulk load (see [`loads_dir`]); an
+/// `<shard dir>/load/<16 hex load>-<20-digit seq>-<20-digit epoch>-<16 hex>/data.parquet`:
+/// a fresh name for run `seq` of bulk load `load` (see [`loads_dir`]); an
 /// SSTable like any other once a manifest names it.
-pub fn new_load_run(shard_dir: &Path, seq: u64, epoch: u64) -> Path {
-    loads_dir(shard_dir)
-        .join(format!("{seq:020}-{epoch:020}-{:016x}", rand::random::<u64>()).as_str())
-        .join(SSTABLE_DATA)
+pub fn new_load_run(shard_dir: &Path, load: u64, seq: u64, epoch: u64) -> Path {
+    let name = format!(
+        "{load:016x}-{seq:020}-{epoch:020}-{:016x}",
+        rand::random::<u64>()
+    );
+    loads_dir(shard_dir).join(name.as_str()).join(SSTABLE_DATA)
+}
+
+/// `<shard dir>/load/<16 hex load>.alive`: rewritten while bulk load
+/// `load` runs, so that its runs are not taken for a crashed load's.
+pub fn load_marker(shard_dir: &Path, load: u64) -> Path {
+    loads_dir(shard_dir).join(format!("{load:016x}.alive").as_str())
+}
+
+/// The load a run or marker under [`loads_dir`] belongs to (`None` for a
+/// run named by an older build, without one).
+pub fn load_of(path: &str) -> Option<u64> {
+    let name = path.rsplit_once("/load/")?.1;
+    let id = name.split(['-', '.']).next()?;
+    (id.len() == 16).then(|| u64::from_str_radix(id, 16).ok())?
 }
 
 /// The data object's name inside an SSTable directory.
@@ -214,6 +230,20 @@ pub fn new_table_location(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_runs_and_markers_name_their_load() {
+        let shard = shard_dir("t", 1);
+        let run = new_load_run(&shard, 0xab, 3, 7);
+        assert_eq!(load_of(run.as_ref()), Some(0xab));
+        assert_eq!(
+            load_of(load_marker(&shard, u64::MAX).as_ref()),
+            Some(u64::MAX)
+        );
+        let older = "t/shards/1/load/00000000000000000003-00000000000000000007-00000000000000ab/data.parquet";
+        assert_eq!(load_of(older), None);
+        assert_eq!(load_of("t/shards/1/sst/x/data.parquet"), None);
+    }
 
     #[test]
     fn version_names_sort_and_parse() {

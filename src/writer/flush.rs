@@ -35,6 +35,7 @@ use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectMeta;
 use object_store::path::Path;
 
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
@@ -419,30 +420,13 @@ impl Shared {
             .await?;
         // Only older epochs' files: a newer writer (one that fenced this
         // one since) may be about to commit its own.
-        let mut orphans: Vec<Path> = listed
+        let orphans: Vec<Path> = listed
             .into_iter()
             .filter(|path| {
                 !named.contains(paths::sstable_dir(path.as_ref()))
                     && paths::sstable_epoch(path.as_ref()) < self.epoch
             })
             .collect();
-        // Runs of bulk loads that never committed: a load may still be
-        // running in another process, so only old ones.
-        let now_ms = now_ms() as i64;
-        let old_runs: Vec<Path> = self
-            .store
-            .list(Some(&paths::loads_dir(&self.shard_dir)))
-            .try_filter(|meta| {
-                let age_ms = now_ms - meta.last_modified.timestamp_millis();
-                std::future::ready(
-                    age_ms > super::load::ORPHAN_RUN_AGE.as_millis() as i64
-                        && !named.contains(paths::sstable_dir(meta.location.as_ref())),
-                )
-            })
-            .map_ok(|meta| meta.location)
-            .try_collect()
-            .await?;
-        orphans.extend(old_runs);
         if !leftovers.is_empty() || !orphans.is_empty() {
             log::debug!(
                 "deleting {} WAL entries and {} SSTables left behind in {}",
@@ -458,7 +442,70 @@ impl Shared {
             .await?;
         self.wal_deleted_through
             .fetch_max(m.replay_after, Ordering::AcqRel);
-        Ok(())
+        self.delete_dead_loads().await
+    }
+
+    /// Deletes the runs of bulk loads that crashed, and their markers: a
+    /// load whose markers are older than
+    /// [`super::WriterOptions::load_grace`] (or that has
+    /// none) is dead, and its runs that no manifest names and that are as
+    /// old go. Listed before the newest manifest is read, so a run whose
+    /// load commits meanwhile is either named there or listed with a fresh
+    /// marker.
+    async fn delete_dead_loads(&self) -> Result<()> {
+        let listed: Vec<ObjectMeta> = self
+            .store
+            .list(Some(&paths::loads_dir(&self.shard_dir)))
+            .try_collect()
+            .await?;
+        if listed.is_empty() {
+            return Ok(());
+        }
+        let known = self.manifest().version;
+        let manifest = self
+            .versions
+            .load_latest(known, ShardManifest::decode)
+            .await?;
+        let m = &manifest.state;
+        let named: HashSet<&str> = m
+            .sstables
+            .iter()
+            .map(|f| paths::sstable_dir(&f.path))
+            .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
+            .collect();
+        let now_ms = now_ms() as i64;
+        let old = |meta: &ObjectMeta| {
+            now_ms - meta.last_modified.timestamp_millis()
+                > self.options.load_grace.as_millis() as i64
+        };
+        let marker = |meta: &ObjectMeta| meta.location.as_ref().ends_with(".alive");
+        let running: HashSet<u64> = listed
+            .iter()
+            .filter(|meta| marker(meta) && !old(meta))
+            .filter_map(|meta| paths::load_of(meta.location.as_ref()))
+            .collect();
+        let dead: Vec<Path> = listed
+            .into_iter()
+            .filter(|meta| {
+                let path = meta.location.as_ref();
+                old(meta)
+                    && !paths::load_of(path).is_some_and(|load| running.contains(&load))
+                    && (marker(meta) || !named.contains(paths::sstable_dir(path)))
+            })
+            .map(|meta| meta.location)
+            .collect();
+        if !dead.is_empty() {
+            log::debug!(
+                "deleting {} objects of crashed loads in {}",
+                dead.len(),
+                self.shard_dir
+            );
+        }
+        futures::stream::iter(dead)
+            .map(|path| async move { delete_if_present(self.store.as_ref(), &path).await })
+            .buffer_unordered(DELETES)
+            .try_collect()
+            .await
     }
 
     /// Deletes retired SSTables whose grace period is over, merges
@@ -471,12 +518,20 @@ impl Shared {
             self.compaction_due.store(true, Ordering::Release);
             return Ok(());
         }
+        let mut merged = false;
         loop {
             let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
             let Some(start) = run_to_merge(&files, self.options.max_sstables) else {
+                if merged {
+                    // Now and then, not only when a writer opens the shard.
+                    if let Err(e) = self.delete_dead_loads().await {
+                        log::warn!("deleting the runs of crashed loads failed: {e}");
+                    }
+                }
                 return self.delete_retired().await;
             };
             self.merge_suffix(&files[start..], start == 0).await?;
+            merged = true;
         }
     }
 
@@ -494,7 +549,7 @@ impl Shared {
     /// by their merge, and retires them.
     async fn merge_suffix(&self, inputs: &[SstableFile], oldest: bool) -> Result<()> {
         let output = self
-            .retrying("compaction", || self.merge(inputs, oldest, false))
+            .retrying("compaction", || self.merge(inputs, oldest, None))
             .await?;
         let retired_at_ms = now_ms();
         self.commit(
@@ -534,7 +589,7 @@ impl Shared {
         &self,
         inputs: &[SstableFile],
         oldest: bool,
-        load: bool,
+        load: Option<u64>,
     ) -> Result<SstableFile> {
         let schema = &self.schema;
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
@@ -564,8 +619,8 @@ impl Shared {
             inputs[inputs.len() - 1].generation,
         );
         let path = match load {
-            true => paths::new_load_run(&self.shard_dir, generations.1, self.epoch),
-            false => paths::new_sstable_file(&self.shard_dir, generations.1, self.epoch),
+            Some(load) => paths::new_load_run(&self.shard_dir, load, generations.1, self.epoch),
+            None => paths::new_sstable_file(&self.shard_dir, generations.1, self.epoch),
         };
         let mut output =
             sstable::write_stream(&self.store, path, generations, schema, rows).await?;

@@ -5,8 +5,10 @@
 //!    writes it as an SSTable that no manifest names yet, under the shard's
 //!    `load/` directory, where writers that take the shard over meanwhile
 //!    leave it alone (the load then commits through a writer of its own
-//!    again). A crash leaves orphans, which a later writer of the shard
-//!    deletes once they are [`ORPHAN_RUN_AGE`] old;
+//!    again). While it runs, the load rewrites a marker per shard (see
+//!    [`super::WriterOptions::load_grace`]); a crash leaves runs whose
+//!    markers age, which a writer of the shard deletes once they are as old
+//!    as that;
 //! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
 //!    distinct keys they hold (a merge of the key columns of the row groups
 //!    whose key ranges overlap another run's: none for a load in key order);
@@ -28,6 +30,7 @@ use datafusion::arrow::row::OwnedRow;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
@@ -40,11 +43,6 @@ const RUN_BATCH_ROWS: usize = 8192;
 
 /// The most runs of one shard a load merges at once (and commits).
 const MAX_RUNS: usize = 16;
-
-/// A shard's next writer deletes runs of loads that never committed once
-/// their objects were last modified this long ago: a load may run for
-/// long, in another process.
-pub(super) const ORPHAN_RUN_AGE: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The first and last key of some rows sorted by key.
 type KeyRange = (OwnedRow, OwnedRow);
@@ -89,7 +87,12 @@ impl ShardWriter {
     /// Writes `batches` (stored form, rows of this shard, oldest first) as
     /// one sorted run of a load, numbered `seq` (later runs have higher
     /// numbers and win over earlier ones), not yet part of the shard.
-    pub(crate) async fn write_run(&self, batches: Vec<RecordBatch>, seq: u64) -> Result<LoadRun> {
+    pub(crate) async fn write_run(
+        &self,
+        batches: Vec<RecordBatch>,
+        load: u64,
+        seq: u64,
+    ) -> Result<LoadRun> {
         let shared = &self.shared;
         if let Some(e) = self.stopped() {
             return Err(e);
@@ -114,7 +117,7 @@ impl ShardWriter {
             body.schema(),
             futures::stream::iter(slices),
         ));
-        let path = paths::new_load_run(&shared.shard_dir, seq, shared.epoch);
+        let path = paths::new_load_run(&shared.shard_dir, load, seq, shared.epoch);
         let file =
             sstable::write_stream(&shared.store, path, (seq, seq), &shared.schema, rows).await?;
         Ok(LoadRun {
@@ -224,7 +227,9 @@ impl ShardWriter {
     async fn merge_runs(&self, group: &[LoadRun]) -> Result<LoadRun> {
         let shared = &self.shared;
         let files: Vec<SstableFile> = group.iter().map(|r| r.file.clone()).collect();
-        let file = shared.merge(&files, true, true).await?;
+        // The merged run is the same load's (see `Shared::delete_dead_loads`).
+        let load = paths::load_of(group[0].file.path.as_ref()).unwrap_or_default();
+        let file = shared.merge(&files, true, Some(load)).await?;
         sstable::discard_all(&shared.store, &files).await;
         // The group's keys lie within the union of its ranges.
         let range = group
@@ -259,6 +264,20 @@ impl ShardWriter {
     /// them. See the module doc.
     pub(crate) async fn ingest(&self, mut runs: Vec<SstableFile>) -> Result<()> {
         let shared = &self.shared;
+        // A load silent for longer than `load_grace` (a stalled host) may
+        // have lost its runs to a writer that took it for crashed: never
+        // name a run that is gone.
+        let present = runs.iter().map(|run| async move {
+            match shared.store.head(&run.path.as_str().into()).await {
+                Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
+                    "run {} of this bulk load (deleted as a crashed load's: the load \
+                     was silent for longer than load_grace)",
+                    run.path
+                ))),
+                other => other.map(|_| ()).map_err(Error::from),
+            }
+        });
+        futures::future::try_join_all(present).await?;
         let _no_puts = shared.ingest_gate.write().await;
         let generation = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");

@@ -67,6 +67,12 @@ pub struct WriterOptions {
     /// larger one (counting about 128 bytes more a row, for a put's key
     /// index) is loaded through SSTables (default 256 MiB).
     pub load_memory_bytes: usize,
+    /// A bulk load rewrites a marker in each shard every quarter of this
+    /// (at most every minute) while it runs; a writer of the shard deletes
+    /// the runs no manifest names of a load whose markers are older than
+    /// this, a crashed load's (default 1 h). Processes that load one table
+    /// should agree on it, and a loading host must not stall this long.
+    pub load_grace: Duration,
 }
 
 impl Default for WriterOptions {
@@ -89,6 +95,7 @@ impl Default for WriterOptions {
             index_threads: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             fence_grace: Duration::from_secs(120),
             load_memory_bytes: 256 << 20,
+            load_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -99,6 +106,12 @@ impl WriterOptions {
     /// [`WriterOptions::fence_grace`].
     pub(super) fn lease(&self) -> Duration {
         self.fence_grace / 4
+    }
+
+    /// How often a running bulk load rewrites its markers: a quarter of
+    /// [`WriterOptions::load_grace`], at most a minute.
+    pub(crate) fn load_heartbeat(&self) -> Duration {
+        (self.load_grace / 4).min(Duration::from_secs(60))
     }
 
     /// The turn a writer that took a shard back from another one holds it
@@ -123,6 +136,9 @@ impl WriterOptions {
         if self.lease().is_zero() {
             return Err(Error::invalid("fence_grace must be at least 1 ms"));
         }
+        if self.load_heartbeat().is_zero() {
+            return Err(Error::invalid("load_grace must be at least 1 ms"));
+        }
         Ok(())
     }
 
@@ -140,6 +156,7 @@ impl WriterOptions {
         "index_threads",
         "fence_grace",
         "load_memory_bytes",
+        "load_grace",
     ];
 
     /// The value of option `name` as [`WriterOptions::set`] reads it
@@ -160,6 +177,7 @@ impl WriterOptions {
             "index_threads" => self.index_threads.to_string(),
             "fence_grace" => ms(self.fence_grace),
             "load_memory_bytes" => self.load_memory_bytes.to_string(),
+            "load_grace" => ms(self.load_grace),
             _ => return None,
         })
     }
@@ -179,6 +197,7 @@ impl WriterOptions {
             "index_threads" => "threads inserting vectors into MemTable graphs",
             "fence_grace" => "WAL fences are deleted this long after they were written",
             "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
+            "load_grace" => "runs of a load silent this long are a crashed load's, deleted",
             _ => "unknown option",
         }
     }
@@ -205,6 +224,7 @@ impl WriterOptions {
             "index_threads" => self.index_threads = parse_count::<usize>(name, value)?.max(1),
             "fence_grace" => self.fence_grace = parse_duration(name, value)?,
             "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
+            "load_grace" => self.load_grace = parse_duration(name, value)?,
             _ => {
                 return Err(Error::invalid(format!(
                     "unknown writer option '{name}'; the options are: {}",

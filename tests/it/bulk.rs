@@ -18,7 +18,7 @@ use datafusion::arrow::util::pretty::pretty_format_batches;
 use futures::StreamExt;
 use memwal::{MemwalSession, Table, WriterOptions};
 
-use crate::helpers::{files, run};
+use crate::helpers::{files, run, scanned_rows};
 
 const DIM: i32 = 4;
 
@@ -222,16 +222,26 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
 async fn a_load_survives_another_writer_taking_its_shards_over() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let session = open(root).await;
+    // The load's early runs grow older than `load_grace` while it runs:
+    // each writer that takes a shard over and looks for crashed loads'
+    // runs must see the load's markers, rewritten every 250 ms, and keep
+    // them.
+    let mut options = options();
+    options.load_grace = Duration::from_secs(1);
+    let session = MemwalSession::builder(root)
+        .writer_options(options.clone())
+        .open()
+        .await
+        .unwrap();
     let table = create(&session, "t", true).await;
     let schema = table.schema();
     // Handles of their own: writes through them take the shards over,
     // like another process's.
-    let other = MemwalSession::new(session.catalog().await.unwrap(), options());
+    let other = MemwalSession::new(session.catalog().await.unwrap(), options);
     let other_table = other.table("t").await.unwrap();
-    // A load that takes a while: a batch every 20 ms.
+    // A load that takes a while: a batch every 20 ms, 2 s in all.
     let load_schema = Arc::clone(&schema);
-    let slow = futures::stream::iter(0..30).then(move |i| {
+    let slow = futures::stream::iter(0..100).then(move |i| {
         let schema = Arc::clone(&load_schema);
         async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -243,7 +253,7 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
         async move { table.put_stream(Box::pin(slow)).await }
     });
     // Puts of other keys meanwhile, each taking the shards over.
-    let mut model: BTreeMap<i64, i64> = (0..30_000).map(|id| (id, 1)).collect();
+    let mut model: BTreeMap<i64, i64> = (0..100_000).map(|id| (id, 1)).collect();
     let mut i = 0;
     while !load.is_finished() {
         let ids = (0..8).map(|j| 1_000_000 + i * 8 + j);
@@ -254,7 +264,7 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
         model.extend(ids.map(|id| (id, 2)));
         i += 1;
     }
-    assert_eq!(load.await.unwrap().unwrap(), 30_000);
+    assert_eq!(load.await.unwrap().unwrap(), 100_000);
     assert!(i >= 2, "puts ran during the load ({i})");
     assert_eq!(rows(&table).await, model);
     other.close().await.unwrap();
@@ -428,6 +438,71 @@ async fn many_small_rows_are_loaded_before_a_put_would_outgrow_the_budget() {
     let stats = table.stats(0).unwrap().unwrap();
     assert!(stats.sstables >= 1, "loaded into SSTables ({stats:?})");
     assert_eq!(stats.rows, 0, "no put ({stats:?})");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')";
+    run_measured(&["--root", root, "-q", "-c", create]);
+    // A load far from its commit (a 1 MiB budget, 3 M rows) is killed
+    // once it has written runs.
+    let load = "INSERT INTO t SELECT value, 1 FROM generate_series(1, 3000000)";
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args([
+            "--root",
+            root,
+            "-q",
+            "--option",
+            "load_memory_bytes=1MiB",
+            "-c",
+            load,
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let loads = || -> Vec<String> {
+        files(dir.path())
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .filter(|p| p.contains("/load/"))
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !loads().iter().any(|p| p.ends_with("data.parquet")) {
+        assert!(std::time::Instant::now() < deadline, "no run written");
+        assert!(child.try_wait().unwrap().is_none(), "the load ended");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = loads();
+    assert!(left.iter().any(|p| p.ends_with(".alive")), "{left:?}");
+
+    // Writers that deem a load silent for 200 ms crashed delete its runs
+    // and markers when they open the shards; the table never held them.
+    let mut options = options();
+    options.load_grace = Duration::from_millis(200);
+    tokio::time::sleep(options.load_grace).await;
+    let session = MemwalSession::builder(root)
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &session,
+        "INSERT INTO t SELECT value, 2 FROM generate_series(1, 100)",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !loads().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "left: {:?}", loads());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let table = session.table("t").await.unwrap();
+    assert_eq!(scanned_rows(&table).await, 100);
     session.close().await.unwrap();
 }
 
