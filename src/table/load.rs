@@ -1,0 +1,340 @@
+//! Bulk loads of a [`Table`] (see [`Table::put_stream`]): the input is
+//! split by shard as it is read, each shard's rows are written as sorted
+//! runs of bounded size (see the writer's `load` module), and every
+//! shard's runs are committed at once, shard by shard.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
+use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::datatypes::DataType;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::{TAKEOVER_PATIENCE, Table};
+use crate::error::{Error, Result};
+use crate::schema::{TableSchema, key};
+use crate::sstable::{self, SstableFile};
+use crate::store::{delete_if_present, paths};
+use crate::writer::{LoadRun, ShardWriter};
+
+/// Runs of a bulk load sorted and written at once.
+const LOAD_CONCURRENCY: usize = 2;
+
+/// Splits a stored batch of a load by shard (without keeping the key
+/// encodings, see [`key::shards_of`]); a table without a key puts it
+/// whole in shard `append_to`.
+fn split(
+    schema: &TableSchema,
+    shards: u32,
+    append_to: u32,
+    batch: RecordBatch,
+) -> Result<Vec<(u32, RecordBatch)>> {
+    if !schema.has_key() {
+        return Ok(vec![(append_to, batch)]);
+    }
+    if shards == 1 {
+        // Stored rows were checked: no key holds NULL.
+        return Ok(vec![(0, batch)]);
+    }
+    let of = key::shards_of(&schema.key_columns(&batch), batch.num_rows(), shards)?;
+    let mut rows_of: Vec<Vec<u32>> = vec![Vec::new(); shards as usize];
+    for (row, &shard) in of.iter().enumerate() {
+        rows_of[shard as usize].push(row as u32);
+    }
+    let mut out = Vec::new();
+    for (shard, rows) in rows_of.into_iter().enumerate() {
+        if !rows.is_empty() {
+            let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
+            out.push((shard as u32, compact_views(part)?));
+        }
+    }
+    Ok(out)
+}
+
+/// Writes (or rewrites) each of a load's `markers`, empty.
+async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
+    for marker in markers {
+        store.put(marker, PutPayload::new()).await?;
+    }
+    Ok(())
+}
+
+/// `batch` with its string and binary view columns copied into buffers
+/// of their own: a shard's part of a load holds only its rows' bytes, in
+/// row order, copied while the input batch is still in the cache (a part
+/// that shares the input's buffers makes each later pass over its values,
+/// the sort's and the Parquet writer's, stride through all the input).
+fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let view = |c: &ArrayRef| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView);
+    if !batch.columns().iter().any(view) {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// A bulk load in progress (see [`Table::put_stream`]), by shard.
+pub(super) struct Load {
+    /// Names its runs and markers (see [`paths::load_marker`]).
+    id: u64,
+    /// Its marker in every shard, rewritten by `heartbeat` while it runs.
+    markers: Vec<Path>,
+    heartbeat: JoinSet<()>,
+    /// Rows not yet in a run, by shard, and the bytes they hold.
+    pending: Vec<Vec<RecordBatch>>,
+    bytes: usize,
+    /// Runs written, by shard, oldest first.
+    runs: Vec<Vec<LoadRun>>,
+    runs_written: u64,
+    /// The runs being written (aborted if the load is dropped), at most
+    /// [`LOAD_CONCURRENCY`] at a time.
+    writing: JoinSet<(usize, Result<LoadRun>)>,
+    permits: Arc<Semaphore>,
+}
+
+impl Load {
+    pub(super) fn new(table_location: &str, shards: usize) -> Self {
+        let id = rand::random();
+        Self {
+            id,
+            markers: (0..shards as u32)
+                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), id))
+                .collect(),
+            heartbeat: JoinSet::new(),
+            pending: vec![Vec::new(); shards],
+            bytes: 0,
+            runs: vec![Vec::new(); shards],
+            runs_written: 0,
+            writing: JoinSet::new(),
+            permits: Arc::new(Semaphore::new(LOAD_CONCURRENCY)),
+        }
+    }
+
+    /// Adds the shards' parts of a batch (see [`split`]).
+    fn add(&mut self, parts: Vec<(u32, RecordBatch)>) {
+        // Each part holds its rows' bytes alone (see `compact_views`).
+        self.bytes += parts
+            .iter()
+            .map(|(_, p)| p.get_array_memory_size())
+            .sum::<usize>();
+        for (shard, batch) in parts {
+            self.pending[shard as usize].push(batch);
+        }
+    }
+
+    /// Waits for the runs being written; the first error, once all ended.
+    async fn written(&mut self) -> Result<()> {
+        let mut failed = None;
+        while let Some(joined) = self.writing.join_next().await {
+            match joined {
+                Ok((shard, Ok(run))) => self.runs[shard].push(run),
+                Ok((_, Err(e))) => failed = Some(e),
+                Err(e) => failed = Some(Error::Poisoned(format!("writing a load's run: {e}"))),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Writes the load's markers, and rewrites them every `heartbeat`
+    /// until [`Load::end`]: runs are written only after, so a writer of
+    /// the shard never takes them for a crashed load's.
+    pub(super) async fn begin(
+        &mut self,
+        store: &Arc<dyn ObjectStore>,
+        heartbeat: Duration,
+    ) -> Result<()> {
+        mark(store, &self.markers).await?;
+        let (store, markers) = (Arc::clone(store), self.markers.clone());
+        self.heartbeat.spawn(async move {
+            loop {
+                tokio::time::sleep(heartbeat).await;
+                if let Err(e) = mark(&store, &markers).await {
+                    log::warn!("a bulk load could not rewrite its markers: {e}");
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Stops rewriting the markers and deletes them (a load dropped
+    /// before leaves them to age).
+    pub(super) async fn end(&mut self, store: &Arc<dyn ObjectStore>) {
+        self.heartbeat.abort_all();
+        for marker in &self.markers {
+            if let Err(e) = delete_if_present(store.as_ref(), marker).await {
+                log::debug!("deleting the load marker {marker}: {e}");
+            }
+        }
+    }
+
+    /// Deletes the runs of a load that failed before their commit.
+    pub(super) async fn discard(&mut self, store: &Arc<dyn ObjectStore>) {
+        let _ = self.written().await;
+        for runs in &self.runs {
+            let files: Vec<SstableFile> = runs.iter().map(|r| r.file.clone()).collect();
+            sstable::discard_all(store, &files).await;
+        }
+    }
+}
+
+/// Holds the compaction of shard writers while it lives (see
+/// [`ShardWriter::hold_compaction`]).
+struct CompactionHold(Vec<Arc<ShardWriter>>);
+
+impl Drop for CompactionHold {
+    fn drop(&mut self) {
+        for writer in &self.0 {
+            writer.release_compaction();
+        }
+    }
+}
+
+impl Table {
+    /// The bulk load of [`Table::put_stream`]: `first` (stored, the
+    /// first `rows_read` rows), then `rest`. Half the memory budget holds
+    /// rows read, the other half the runs being sorted and written
+    /// meanwhile. Batches are split by shard on tasks of their own while
+    /// the next is read.
+    pub(super) async fn load<S>(
+        &self,
+        load: &mut Load,
+        first: Vec<RecordBatch>,
+        mut rows_read: usize,
+        rest: S,
+    ) -> Result<u64>
+    where
+        S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        let schema = Arc::clone(&self.schema);
+        let rest = rest.filter_map(move |batch| {
+            // Errors number rows of the whole load.
+            let stored = batch.and_then(|batch| {
+                let stored = schema.to_stored_at(&batch, rows_read)?;
+                rows_read += batch.num_rows();
+                Ok(stored)
+            });
+            std::future::ready(match stored {
+                Ok(batch) if batch.num_rows() == 0 => None,
+                stored => Some(stored),
+            })
+        });
+        let shards = self.shards.len() as u32;
+        let mut split = futures::stream::iter(first.into_iter().map(Ok))
+            .chain(rest)
+            .map(|batch| {
+                let append_to = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
+                let schema = Arc::clone(&self.schema);
+                async move {
+                    let batch = batch?;
+                    tokio::task::spawn_blocking(move || split(&schema, shards, append_to, batch))
+                        .await
+                        .map_err(|e| Error::Poisoned(format!("splitting a load's rows: {e}")))?
+                }
+            })
+            .buffered(LOAD_CONCURRENCY);
+        while let Some(parts) = split.try_next().await? {
+            load.add(parts);
+            if load.bytes > self.options.load_memory_bytes / 2 {
+                self.spill(load).await?;
+            }
+        }
+        self.spill(load).await?;
+        load.written().await?;
+        // Each shard's runs are committed on their own.
+        let shards: Vec<(u32, Vec<LoadRun>)> = std::mem::take(&mut load.runs)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, runs)| !runs.is_empty())
+            .map(|(shard, runs)| (shard as u32, runs))
+            .collect();
+        // Compaction of the shards committed first waits for the others.
+        let mut held = CompactionHold(Vec::with_capacity(shards.len()));
+        for (shard, _) in &shards {
+            let writer = self.shard_writer(*shard).await?;
+            writer.hold_compaction();
+            held.0.push(writer);
+        }
+        let rows = futures::stream::iter(shards)
+            .map(|(shard, runs)| self.commit_runs(shard, runs))
+            .buffer_unordered(LOAD_CONCURRENCY)
+            .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
+            .await?;
+        drop(held);
+        Ok(rows)
+    }
+
+    /// Counts and commits the runs of a load of `shard`; when another
+    /// process took the shard over meanwhile, takes it back and commits
+    /// them again (for up to [`TAKEOVER_PATIENCE`]), like a put. Returns
+    /// the rows the shard holds for them.
+    async fn commit_runs(&self, shard: u32, mut runs: Vec<LoadRun>) -> Result<u64> {
+        let counted = self.shard_writer(shard).await?.finish_runs(&mut runs).await;
+        let files: Vec<SstableFile> = runs.into_iter().map(|r| r.file).collect();
+        let rows = match counted {
+            Ok(rows) => rows,
+            Err(e) => {
+                sstable::discard_all(&self.store, &files).await;
+                return Err(e);
+            }
+        };
+        // From here the commit's outcome decides: runs of a failed one are
+        // left to a later writer of the shard to delete.
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let writer = self.writer_as(shard, attempt > 0).await?;
+            match writer.ingest(files.clone()).await {
+                Ok(()) => return Ok(rows),
+                Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
+                    attempt += 1;
+                    log::debug!(
+                        "shard {shard} of {}: {e}; taking it back for a load",
+                        self.location
+                    );
+                    tokio::time::sleep(self.options.commit.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Starts writing every shard's pending rows of `load` as a run, once
+    /// the runs started before are written.
+    async fn spill(&self, load: &mut Load) -> Result<()> {
+        load.written().await?;
+        let (id, seq) = (load.id, load.runs_written + 1);
+        for (shard, pending) in load.pending.iter_mut().enumerate() {
+            if pending.is_empty() {
+                continue;
+            }
+            // The shard's writer now (another process may have taken the
+            // shard over since the last run: a run is no manifest change).
+            let writer = self.shard_writer(shard as u32).await?;
+            let rows = std::mem::take(pending);
+            let permits = Arc::clone(&load.permits);
+            load.writing.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                (shard, writer.write_run(rows, id, seq).await)
+            });
+        }
+        load.bytes = 0;
+        load.runs_written = seq;
+        Ok(())
+    }
+}
