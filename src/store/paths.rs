@@ -134,10 +134,17 @@ pub fn new_load_run(shard_dir: &Path, load: u64, seq: u64, epoch: u64) -> Path {
     loads_dir(shard_dir).join(name.as_str()).join(SSTABLE_DATA)
 }
 
-/// `<shard dir>/load/<16 hex load>.alive`: rewritten while bulk load
-/// `load` runs, so that its runs are not taken for a crashed load's.
-pub fn load_marker(shard_dir: &Path, load: u64) -> Path {
-    loads_dir(shard_dir).join(format!("{load:016x}.alive").as_str())
+/// `<shard dir>/load/<16 hex load>-<grace ms>.alive`: rewritten while
+/// bulk load `load` runs, so that its runs are not taken for a crashed
+/// load's before the marker is `grace_ms` old.
+pub fn load_marker(shard_dir: &Path, load: u64, grace_ms: u64) -> Path {
+    loads_dir(shard_dir).join(format!("{load:016x}-{grace_ms}.alive").as_str())
+}
+
+/// The grace (ms) a [`load_marker`] names.
+pub fn marker_grace(path: &str) -> Option<u64> {
+    let name = path.strip_suffix(".alive")?.rsplit_once("/load/")?.1;
+    name.split_once('-')?.1.parse().ok()
 }
 
 /// The load a run or marker under [`loads_dir`] belongs to (`None` for a
@@ -236,10 +243,10 @@ mod tests {
         let shard = shard_dir("t", 1);
         let run = new_load_run(&shard, 0xab, 3, 7);
         assert_eq!(load_of(run.as_ref()), Some(0xab));
-        assert_eq!(
-            load_of(load_marker(&shard, u64::MAX).as_ref()),
-            Some(u64::MAX)
-        );
+        let marker = load_marker(&shard, u64::MAX, 3_600_000);
+        assert_eq!(load_of(marker.as_ref()), Some(u64::MAX));
+        assert_eq!(marker_grace(marker.as_ref()), Some(3_600_000));
+        assert_eq!(marker_grace(run.as_ref()), None);
         let older = "t/shards/1/load/00000000000000000003-00000000000000000007-00000000000000ab/data.parquet";
         assert_eq!(load_of(older), None);
         assert_eq!(load_of("t/shards/1/sst/x/data.parquet"), None);

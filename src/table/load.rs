@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::schema::{TableSchema, key};
 use crate::sstable::{self, SstableFile};
 use crate::store::{delete_if_present, paths};
-use crate::writer::{LoadRun, ShardWriter};
+use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
 
 /// Runs of a bulk load sorted and written at once.
 const LOAD_CONCURRENCY: usize = 2;
@@ -109,12 +109,13 @@ pub(super) struct Load {
 }
 
 impl Load {
-    pub(super) fn new(table_location: &str, shards: usize) -> Self {
+    pub(super) fn new(table_location: &str, shards: usize, grace: Duration) -> Self {
         let id = rand::random();
+        let grace_ms = grace.as_millis() as u64;
         Self {
             id,
             markers: (0..shards as u32)
-                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), id))
+                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), id, grace_ms))
                 .collect(),
             heartbeat: JoinSet::new(),
             pending: vec![Vec::new(); shards],
@@ -206,6 +207,27 @@ impl Drop for CompactionHold {
 }
 
 impl Table {
+    /// Deletes the runs of crashed loads in every shard (see
+    /// [`delete_dead_loads`]), before a load: a shard no writer of this
+    /// process opens is cleaned too. A failure is only logged.
+    pub(super) async fn delete_dead_loads(&self) {
+        let grace = self.options.load_grace;
+        futures::future::join_all(self.shards.iter().map(|shard| async move {
+            let (versions, known) = {
+                let reader = shard.reader.lock().await;
+                (
+                    reader.versions.clone(),
+                    reader.manifest.as_ref().map_or(0, |m| m.version),
+                )
+            };
+            let dir = paths::shard_dir(&self.location, shard.index);
+            if let Err(e) = delete_dead_loads(&self.store, &dir, &versions, known, grace).await {
+                log::warn!("deleting the runs of crashed loads in {dir} failed: {e}");
+            }
+        }))
+        .await;
+    }
+
     /// The bulk load of [`Table::put_stream`]: `first` (stored, the
     /// first `rows_read` rows), then `rest`. Half the memory budget holds
     /// rows read, the other half the runs being sorted and written

@@ -300,7 +300,9 @@ impl Table {
             held += batch.get_array_memory_size() + batch.num_rows() * PUT_ROW_BYTES;
             stored.push(batch);
             if held > budget {
-                let mut load = Load::new(&self.location, self.shards.len());
+                self.delete_dead_loads().await;
+                let grace = self.options.load_grace;
+                let mut load = Load::new(&self.location, self.shards.len(), grace);
                 load.begin(&self.store, self.options.load_heartbeat())
                     .await?;
                 let loaded = self.load(&mut load, stored, rows, batches).await;

@@ -35,7 +35,6 @@ use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectMeta;
 use object_store::path::Path;
 
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
@@ -445,72 +444,18 @@ impl Shared {
         self.delete_dead_loads().await
     }
 
-    /// Deletes the runs of bulk loads that crashed, and their markers: a
-    /// load whose markers are older than
-    /// [`super::WriterOptions::load_grace`] (or that has
-    /// none) is dead, and its runs that no manifest names and that are as
-    /// old go. Listed before the newest manifest is read, so a run whose
-    /// load commits meanwhile is either named there or listed with a fresh
-    /// marker.
+    /// See [`super::load::delete_dead_loads`].
     async fn delete_dead_loads(&self) -> Result<()> {
-        let listed: Vec<ObjectMeta> = self
-            .store
-            .list(Some(&paths::loads_dir(&self.shard_dir)))
-            .try_collect()
-            .await?;
-        if listed.is_empty() {
-            return Ok(());
-        }
         let known = self.manifest().version;
-        let manifest = self
-            .versions
-            .load_latest(known, ShardManifest::decode)
-            .await?;
-        let m = &manifest.state;
-        let named: HashSet<&str> = m
-            .sstables
-            .iter()
-            .map(|f| paths::sstable_dir(&f.path))
-            .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
-            .collect();
-        let now_ms = now_ms() as i64;
-        let old = |meta: &ObjectMeta| {
-            now_ms - meta.last_modified.timestamp_millis()
-                > self.options.load_grace.as_millis() as i64
-        };
-        let marker = |meta: &ObjectMeta| meta.location.as_ref().ends_with(".alive");
-        let running: HashSet<u64> = listed
-            .iter()
-            .filter(|meta| marker(meta) && !old(meta))
-            .filter_map(|meta| paths::load_of(meta.location.as_ref()))
-            .collect();
-        let dead: Vec<Path> = listed
-            .into_iter()
-            .filter(|meta| {
-                let path = meta.location.as_ref();
-                old(meta)
-                    && !paths::load_of(path).is_some_and(|load| running.contains(&load))
-                    && (marker(meta) || !named.contains(paths::sstable_dir(path)))
-            })
-            .map(|meta| meta.location)
-            .collect();
-        if !dead.is_empty() {
-            log::debug!(
-                "deleting {} objects of crashed loads in {}",
-                dead.len(),
-                self.shard_dir
-            );
-        }
-        futures::stream::iter(dead)
-            .map(|path| async move { delete_if_present(self.store.as_ref(), &path).await })
-            .buffer_unordered(DELETES)
-            .try_collect()
+        let grace = self.options.load_grace;
+        super::load::delete_dead_loads(&self.store, &self.shard_dir, &self.versions, known, grace)
             .await
     }
 
     /// Deletes retired SSTables whose grace period is over, merges
     /// SSTables while the shard has more than the configured number, and
-    /// deletes what that retired if the grace period is zero.
+    /// deletes what that retired if the grace period is zero; after a
+    /// merge, also the runs of crashed loads.
     async fn compact(&self) -> Result<()> {
         self.delete_retired().await?;
         if self.compaction_holds.load(Ordering::Acquire) > 0 {

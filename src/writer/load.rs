@@ -21,28 +21,98 @@
 //!    moment the load becomes visible and durable: a shard's part is all
 //!    there or not at all, across crashes.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::row::OwnedRow;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt;
-use object_store::ObjectStoreExt;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
+use super::manifest::{ShardManifest, now_ms};
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 use crate::sstable::{self, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
-use crate::store::paths;
+use crate::store::{VersionedObjects, delete_if_present, paths};
 
 /// Rows per batch a run is written in.
 const RUN_BATCH_ROWS: usize = 8192;
 
 /// The most runs of one shard a load merges at once (and commits).
 const MAX_RUNS: usize = 16;
+
+/// Deletes the runs of crashed bulk loads in the shard at `shard_dir`,
+/// and their markers. A load whose markers are older than the grace they
+/// name (see [`paths::load_marker`]) crashed; so did one without markers
+/// whose runs are older than `grace`; of their runs those that no
+/// manifest names go. Listed before the newest manifest (after version
+/// `known`) is read, so a run whose load commits meanwhile is either named
+/// there or listed beside a fresh marker.
+pub(crate) async fn delete_dead_loads(
+    store: &Arc<dyn ObjectStore>,
+    shard_dir: &Path,
+    versions: &VersionedObjects,
+    known: u64,
+    grace: Duration,
+) -> Result<()> {
+    let listed: Vec<ObjectMeta> = store
+        .list(Some(&paths::loads_dir(shard_dir)))
+        .try_collect()
+        .await?;
+    if listed.is_empty() {
+        return Ok(());
+    }
+    let manifest = versions.load_latest(known, ShardManifest::decode).await?;
+    let m = &manifest.state;
+    let named: HashSet<&str> = m
+        .sstables
+        .iter()
+        .map(|f| paths::sstable_dir(&f.path))
+        .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
+        .collect();
+    let now_ms = now_ms() as i64;
+    let older_than =
+        |meta: &ObjectMeta, ms: u64| now_ms - meta.last_modified.timestamp_millis() > ms as i64;
+    // Each load's markers, and whether they are fresh by its own grace.
+    let mut loads: HashMap<u64, bool> = HashMap::new();
+    for meta in &listed {
+        let path = meta.location.as_ref();
+        if let (Some(load), Some(its_grace)) = (paths::load_of(path), paths::marker_grace(path)) {
+            *loads.entry(load).or_default() |= !older_than(meta, its_grace);
+        }
+    }
+    let dead: Vec<Path> = listed
+        .into_iter()
+        .filter(|meta| {
+            let path = meta.location.as_ref();
+            let run = !path.ends_with(".alive");
+            let crashed = match paths::load_of(path).and_then(|load| loads.get(&load)) {
+                Some(&fresh) => !fresh,
+                None => run && older_than(meta, grace.as_millis() as u64),
+            };
+            crashed && !(run && named.contains(paths::sstable_dir(path)))
+        })
+        .map(|meta| meta.location)
+        .collect();
+    if !dead.is_empty() {
+        log::debug!(
+            "deleting {} objects of crashed loads in {shard_dir}",
+            dead.len()
+        );
+    }
+    futures::stream::iter(dead)
+        .map(|path| async move { delete_if_present(store.as_ref(), &path).await })
+        .buffer_unordered(16)
+        .try_collect()
+        .await
+}
 
 /// The first and last key of some rows sorted by key.
 type KeyRange = (OwnedRow, OwnedRow);

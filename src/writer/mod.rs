@@ -51,7 +51,7 @@ use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-pub(crate) use load::LoadRun;
+pub(crate) use load::{LoadRun, delete_dead_loads};
 pub use manifest::ShardManifest;
 pub(crate) use manifest::versions as manifest_versions;
 pub use options::WriterOptions;

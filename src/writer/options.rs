@@ -68,10 +68,11 @@ pub struct WriterOptions {
     /// index) is loaded through SSTables (default 256 MiB).
     pub load_memory_bytes: usize,
     /// A bulk load rewrites a marker in each shard every quarter of this
-    /// (at most every minute) while it runs; a writer of the shard deletes
-    /// the runs no manifest names of a load whose markers are older than
-    /// this, a crashed load's (default 1 h). Processes that load one table
-    /// should agree on it, and a loading host must not stall this long.
+    /// (at most every minute) while it runs, and names this grace in the
+    /// marker; a load whose markers are older than their grace crashed,
+    /// and the runs of it no manifest names are deleted (by the shard's
+    /// writers and by later loads of the table). A loading host must not
+    /// stall this long. Default 1 h, at least 1 s.
     pub load_grace: Duration,
 }
 
@@ -136,8 +137,11 @@ impl WriterOptions {
         if self.lease().is_zero() {
             return Err(Error::invalid("fence_grace must be at least 1 ms"));
         }
-        if self.load_heartbeat().is_zero() {
-            return Err(Error::invalid("load_grace must be at least 1 ms"));
+        if self.load_grace < Duration::from_secs(1) {
+            return Err(Error::invalid("load_grace must be at least 1 s"));
+        }
+        if self.load_memory_bytes == 0 {
+            return Err(Error::invalid("load_memory_bytes must be positive"));
         }
         Ok(())
     }
@@ -280,12 +284,13 @@ fn parse_bytes(name: &str, value: &str) -> Result<usize> {
 }
 
 fn parse_duration(name: &str, value: &str) -> Result<Duration> {
-    let expected = "a duration (100ms, 2s, 5min; a bare number is milliseconds)";
+    let expected = "a duration (100ms, 2s, 5min, 1h; a bare number is milliseconds)";
     let (number, unit) = split_unit(value).ok_or_else(|| bad(name, value, expected))?;
     let millis = match unit.as_str() {
         "" | "ms" => Some(number),
         "s" => number.checked_mul(1_000),
         "min" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
         _ => None,
     };
     millis

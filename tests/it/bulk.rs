@@ -222,12 +222,14 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
 async fn a_load_survives_another_writer_taking_its_shards_over() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    // The load's early runs grow older than `load_grace` while it runs:
-    // each writer that takes a shard over and looks for crashed loads'
-    // runs must see the load's markers, rewritten every 250 ms, and keep
-    // them.
+    // The load's markers name a grace of 60 s and are rewritten every
+    // 15 s: while it runs they grow older than the other writers'
+    // `load_grace` (1 s), and so do its runs. Writers that take a shard
+    // over, and the other process's own load (which looks at every
+    // shard first), must judge the load by the grace its markers name,
+    // and keep its runs.
     let mut options = options();
-    options.load_grace = Duration::from_secs(1);
+    options.load_grace = Duration::from_secs(60);
     let session = MemwalSession::builder(root)
         .writer_options(options.clone())
         .open()
@@ -237,11 +239,12 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     let schema = table.schema();
     // Handles of their own: writes through them take the shards over,
     // like another process's.
+    options.load_grace = Duration::from_secs(1);
     let other = MemwalSession::new(session.catalog().await.unwrap(), options);
     let other_table = other.table("t").await.unwrap();
-    // A load that takes a while: a batch every 20 ms, 2 s in all.
+    // A load that takes a while: a batch every 20 ms, 3 s in all.
     let load_schema = Arc::clone(&schema);
-    let slow = futures::stream::iter(0..100).then(move |i| {
+    let slow = futures::stream::iter(0..150).then(move |i| {
         let schema = Arc::clone(&load_schema);
         async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -252,10 +255,24 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
         let table = Arc::clone(&table);
         async move { table.put_stream(Box::pin(slow)).await }
     });
-    // Puts of other keys meanwhile, each taking the shards over.
-    let mut model: BTreeMap<i64, i64> = (0..100_000).map(|id| (id, 1)).collect();
+    // Puts of other keys meanwhile, each taking the shards over, and once
+    // the markers are 1.5 s old a load of other keys.
+    let mut model: BTreeMap<i64, i64> = (0..150_000).map(|id| (id, 1)).collect();
+    let (started, mut loaded_too) = (std::time::Instant::now(), false);
     let mut i = 0;
     while !load.is_finished() {
+        if !loaded_too && started.elapsed() > Duration::from_millis(1500) {
+            let ids = 2_000_000..2_010_000;
+            let batches = ids
+                .clone()
+                .step_by(1000)
+                .map(|at| Ok(batch(&schema, at..at + 1000, 3)));
+            let other_load = other_table.put_stream(futures::stream::iter(batches));
+            assert_eq!(other_load.await.unwrap(), 10_000);
+            model.extend(ids.map(|id| (id, 3)));
+            loaded_too = true;
+            continue;
+        }
         let ids = (0..8).map(|j| 1_000_000 + i * 8 + j);
         other_table
             .put(&batch(&schema, ids.clone(), 2))
@@ -264,8 +281,11 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
         model.extend(ids.map(|id| (id, 2)));
         i += 1;
     }
-    assert_eq!(load.await.unwrap().unwrap(), 100_000);
-    assert!(i >= 2, "puts ran during the load ({i})");
+    assert_eq!(load.await.unwrap().unwrap(), 150_000);
+    assert!(
+        i >= 2 && loaded_too,
+        "puts ran during the load ({i}, {loaded_too})"
+    );
     assert_eq!(rows(&table).await, model);
     other.close().await.unwrap();
     session.close().await.unwrap();
@@ -448,17 +468,15 @@ async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
     let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')";
     run_measured(&["--root", root, "-q", "-c", create]);
     // A load far from its commit (a 1 MiB budget, 3 M rows) is killed
-    // once it has written runs.
+    // once it has written runs; its markers name a grace of 1 s.
     let load = "INSERT INTO t SELECT value, 1 FROM generate_series(1, 3000000)";
     let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", root, "-q", "-c", load])
         .args([
-            "--root",
-            root,
-            "-q",
             "--option",
             "load_memory_bytes=1MiB",
-            "-c",
-            load,
+            "--option",
+            "load_grace=1s",
         ])
         .stdout(Stdio::null())
         .spawn()
@@ -478,31 +496,38 @@ async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    let left = loads();
-    assert!(left.iter().any(|p| p.ends_with(".alive")), "{left:?}");
+    let killed: Vec<String> = loads()
+        .iter()
+        .filter_map(|p| p.strip_suffix(".alive"))
+        .map(|p| p.rsplit_once('/').unwrap().1[..16].to_string())
+        .collect();
+    assert_eq!(killed.len(), 4, "a marker per shard: {:?}", loads());
+    let of_killed = || -> Vec<String> {
+        let left = loads();
+        left.into_iter()
+            .filter(|p| killed.iter().any(|id| p.contains(id.as_str())))
+            .collect()
+    };
 
-    // Writers that deem a load silent for 200 ms crashed delete its runs
-    // and markers when they open the shards; the table never held them.
-    let mut options = options();
-    options.load_grace = Duration::from_millis(200);
-    tokio::time::sleep(options.load_grace).await;
-    let session = MemwalSession::builder(root)
-        .writer_options(options)
-        .open()
-        .await
-        .unwrap();
+    // Once the markers are older than the grace they name, the next load
+    // (of another process, with its default grace) deletes the killed
+    // load's runs and markers in every shard before it starts; the table
+    // never held them.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let session = open(root).await;
     run(
         &session,
-        "INSERT INTO t SELECT value, 2 FROM generate_series(1, 100)",
+        "INSERT INTO t SELECT value, 2 FROM generate_series(1, 10000)",
     )
     .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !loads().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "left: {:?}", loads());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert_eq!(of_killed(), Vec::<String>::new());
+    assert!(
+        !loads().iter().any(|p| p.ends_with(".alive")),
+        "{:?}",
+        loads()
+    );
     let table = session.table("t").await.unwrap();
-    assert_eq!(scanned_rows(&table).await, 100);
+    assert_eq!(scanned_rows(&table).await, 10_000);
     session.close().await.unwrap();
 }
 
