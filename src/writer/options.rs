@@ -314,7 +314,9 @@ mod tests {
         o.set("load_memory_bytes", "1GiB").unwrap();
         o.set("wal_flush_bytes", "65536").unwrap();
         o.set("max_sstables", "3").unwrap();
+        o.set("load_grace", "2h").unwrap();
         assert!(!o.durable);
+        assert_eq!(o.load_grace, Duration::from_secs(7200));
         assert_eq!(o.wal_flush_interval, Duration::from_millis(250));
         assert_eq!(o.fence_grace, Duration::from_secs(120));
         assert_eq!(o.sstable_grace, Duration::from_secs(5));
@@ -333,7 +335,7 @@ mod tests {
         for (name, value) in [
             ("memtable_bytes", "64TB"),
             ("memtable_bytes", "-1"),
-            ("wal_flush_interval", "1h"),
+            ("wal_flush_interval", "1d"),
             ("wal_flush_interval", "99999999999999999999"),
             ("max_sstables", "1.5"),
             ("durable", "yes please"),
@@ -344,6 +346,8 @@ mod tests {
         assert!(o.check().is_ok());
         for (name, value) in [
             ("fence_grace", "0"),
+            ("load_grace", "999ms"),
+            ("load_memory_bytes", "0"),
             ("max_sstables", "0"),
             ("memtable_bytes", "1GiB"),
         ] {
