@@ -12,6 +12,7 @@ mod describe;
 mod files;
 mod insert_checks;
 mod insert_sink;
+mod key_filters;
 mod scan_exec;
 mod session;
 mod streams;

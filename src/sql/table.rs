@@ -10,21 +10,21 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::arrow::datatypes::{Field, SchemaRef};
 use datafusion::catalog::Session;
-use datafusion::common::{Constraint, Constraints, DFSchema, ScalarValue};
+use datafusion::common::{Constraint, Constraints, DFSchema};
 use datafusion::datasource::sink::DataSinkExec;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::FilterExec;
 
 use super::delete_exec::DeleteExec;
 use super::insert_sink::{InsertSink, key_order_of};
+use super::key_filters::{lookup_keys, narrow_key_bounds, point_keys};
 use super::scan_exec::{ScanExec, ScanMode};
 use crate::catalog::ObjectPath;
 use crate::read::KeyBounds;
@@ -79,126 +79,6 @@ impl MemwalTable {
         };
         Some(self.table.table_schema().schema.field(*key))
     }
-
-    /// The literal keys `filter` selects, if it is `key = const`,
-    /// `key IN (consts)` or an OR of those, on a one-column key.
-    fn point_keys(&self, filter: &Expr) -> Option<Vec<ScalarValue>> {
-        let key_field = self.key_field()?;
-        let is_key = |e: &Expr| is_key(e, key_field);
-        let literal = |e: &Expr| match e {
-            Expr::Literal(v, _) if !v.is_null() => Some(v.clone()),
-            _ => None,
-        };
-        match filter {
-            Expr::BinaryExpr(BinaryExpr {
-                left,
-                op: Operator::Eq,
-                right,
-            }) => {
-                if is_key(left) {
-                    Some(vec![literal(right)?])
-                } else if is_key(right) {
-                    Some(vec![literal(left)?])
-                } else {
-                    None
-                }
-            }
-            Expr::InList(list) if !list.negated && is_key(&list.expr) => {
-                list.list.iter().map(literal).collect()
-            }
-            // DataFusion rewrites a short `IN` list to `=` terms joined by OR.
-            Expr::BinaryExpr(BinaryExpr {
-                left,
-                op: Operator::Or,
-                right,
-            }) => {
-                let mut keys = self.point_keys(left)?;
-                keys.extend(self.point_keys(right)?);
-                Some(keys)
-            }
-            _ => None,
-        }
-    }
-
-    /// Narrows `bounds` by `filter` if it is a range on a one-column key
-    /// (`key > const`, `<`, `>=`, `<=`, either way round, or `BETWEEN`)
-    /// whose literal the key's type holds exactly; returns whether it did.
-    fn narrow_key_bounds(&self, filter: &Expr, bounds: &mut KeyBounds) -> bool {
-        let Some(key_field) = self.key_field() else {
-            return false;
-        };
-        let is_key = |e: &Expr| is_key(e, key_field);
-        // The literal as a key value, if it converts both ways unchanged.
-        let exact = |e: &Expr| match e {
-            Expr::Literal(v, _) if !v.is_null() => {
-                let key = v.cast_to(key_field.data_type()).ok()?;
-                (key.cast_to(&v.data_type()).ok()? == *v).then_some(key)
-            }
-            _ => None,
-        };
-        match filter {
-            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
-                let (op, value) = if is_key(left) {
-                    (*op, right)
-                } else if is_key(right) {
-                    let Some(swapped) = op.swap() else {
-                        return false;
-                    };
-                    (swapped, left)
-                } else {
-                    return false;
-                };
-                let Some(value) = exact(value) else {
-                    return false;
-                };
-                match op {
-                    Operator::Gt => bounds.above(value, false),
-                    Operator::GtEq => bounds.above(value, true),
-                    Operator::Lt => bounds.below(value, false),
-                    Operator::LtEq => bounds.below(value, true),
-                    _ => return false,
-                }
-                true
-            }
-            Expr::Between(between) if !between.negated && is_key(&between.expr) => {
-                let (Some(low), Some(high)) = (exact(&between.low), exact(&between.high)) else {
-                    return false;
-                };
-                bounds.above(low, true);
-                bounds.below(high, true);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The keys selected by every point filter among `filters` (their
-    /// intersection is what matters; using one of them is enough, the
-    /// filters still apply above the scan).
-    fn lookup_keys(&self, filters: &[Expr]) -> Result<Option<RecordBatch>> {
-        let Some(values) = filters.iter().find_map(|f| self.point_keys(f)) else {
-            return Ok(None);
-        };
-        let schema = &self.table.table_schema().schema;
-        let key_type = schema.field(self.table.table_schema().key[0]).data_type();
-        let mut keys = Vec::with_capacity(values.len());
-        let mut seen = std::collections::HashSet::new();
-        for value in values {
-            // A literal the key's type cannot hold: scan instead.
-            let Ok(key) = value.cast_to(key_type) else {
-                return Ok(None);
-            };
-            if key.is_null() {
-                return Ok(None);
-            }
-            if seen.insert(key.clone()) {
-                keys.push(key);
-            }
-        }
-        let array = ScalarValue::iter_to_array(keys)?;
-        let key_schema = Arc::new(schema.project(&self.table.table_schema().key)?);
-        Ok(Some(RecordBatch::try_new(key_schema, vec![array])?))
-    }
 }
 
 #[async_trait]
@@ -219,14 +99,16 @@ impl TableProvider for MemwalTable {
         &self,
         filters: &[&Expr],
     ) -> Result<Vec<TableProviderFilterPushDown>> {
+        let used = |f: &Expr| {
+            self.key_field().is_some_and(|key| {
+                point_keys(key, f).is_some() || narrow_key_bounds(key, f, &mut KeyBounds::all())
+            })
+        };
         Ok(filters
             .iter()
-            .map(|f| {
-                let range = self.narrow_key_bounds(f, &mut KeyBounds::all());
-                match self.point_keys(f).is_some() || range {
-                    true => TableProviderFilterPushDown::Inexact,
-                    false => TableProviderFilterPushDown::Unsupported,
-                }
+            .map(|f| match used(f) {
+                true => TableProviderFilterPushDown::Inexact,
+                false => TableProviderFilterPushDown::Unsupported,
             })
             .collect())
     }
@@ -238,13 +120,16 @@ impl TableProvider for MemwalTable {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let mode = match self.lookup_keys(filters)? {
-            Some(keys) => ScanMode::Keys(keys),
-            None => ScanMode::All,
-        };
-        let mut bounds = KeyBounds::all();
-        for filter in filters {
-            self.narrow_key_bounds(filter, &mut bounds);
+        let (mut mode, mut bounds) = (ScanMode::All, KeyBounds::all());
+        if let Some(key) = self.key_field() {
+            let schema = &self.table.table_schema();
+            let key_schema = Arc::new(schema.schema.project(&schema.key)?);
+            if let Some(keys) = lookup_keys(&key_schema, filters)? {
+                mode = ScanMode::Keys(keys);
+            }
+            for filter in filters {
+                narrow_key_bounds(key, filter, &mut bounds);
+            }
         }
         Ok(Arc::new(
             ScanExec::new(
@@ -310,35 +195,6 @@ impl TableProvider for MemwalTable {
     }
 }
 
-/// Whether `e` is the key column `key`, or a cast of it that keeps
-/// distinct keys distinct and in order (DataFusion adds one to compare a
-/// fixed-size binary key with a binary literal, or a narrow integer with a
-/// wide one).
-fn is_key(e: &Expr, key: &Field) -> bool {
-    match e {
-        Expr::Column(c) => c.name == *key.name(),
-        Expr::Cast(cast) => {
-            matches!(cast.expr.as_ref(), Expr::Column(c) if c.name == *key.name())
-                && injective_cast(key.data_type(), cast.field.data_type())
-        }
-        _ => false,
-    }
-}
-
-/// Whether casting `from` to `to` keeps distinct values distinct, so a
-/// literal cast back to `from` names the one key that can match.
-fn injective_cast(from: &DataType, to: &DataType) -> bool {
-    use DataType::*;
-    let binary = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView | FixedSizeBinary(_));
-    let string = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
-    let signed = |t: &DataType| matches!(t, Int8 | Int16 | Int32 | Int64);
-    let unsigned = |t: &DataType| matches!(t, UInt8 | UInt16 | UInt32 | UInt64);
-    (binary(from) && binary(to))
-        || (string(from) && string(to))
-        || (signed(from) && *to == Int64)
-        || (unsigned(from) && (*to == UInt64 || *to == Int64 && *from != UInt64))
-}
-
 impl MemwalTable {
     fn require_key(&self) -> Result<()> {
         if self.table.table_schema().has_key() {
@@ -354,7 +210,7 @@ impl MemwalTable {
 
 #[cfg(test)]
 mod tests {
-    use datafusion::arrow::datatypes::Schema;
+    use datafusion::arrow::datatypes::{DataType, Schema};
     use datafusion::logical_expr::{col, lit};
     use object_store::memory::InMemory;
 
@@ -386,140 +242,17 @@ mod tests {
         t.supports_filters_pushdown(&[filter]).unwrap().remove(0)
     }
 
-    fn bounds(t: &MemwalTable, filters: &[Expr]) -> KeyBounds {
-        let mut bounds = KeyBounds::all();
-        for f in filters {
-            t.narrow_key_bounds(f, &mut bounds);
-        }
-        bounds
-    }
-
     #[test]
-    fn point_filters_on_the_key_become_lookups() {
+    fn filters_on_a_one_column_key_are_pushed_inexactly() {
+        use TableProviderFilterPushDown::{Inexact, Unsupported};
         let t = provider(DataType::Int64, false);
-        assert_eq!(
-            t.point_keys(&col("id").eq(lit(7i64))),
-            Some(vec![7i64.into()])
-        );
-        assert_eq!(
-            t.point_keys(&lit(7i64).eq(col("id"))),
-            Some(vec![7i64.into()])
-        );
-        let list = col("id").in_list(vec![lit(1i64), lit(2i64), lit(1i64)], false);
-        assert_eq!(t.point_keys(&list).map(|k| k.len()), Some(3));
-        let or = col("id").eq(lit(1i64)).or(col("id").eq(lit(5i64)));
-        assert_eq!(t.point_keys(&or), Some(vec![1i64.into(), 5i64.into()]));
-        // Repeated keys are looked up once.
-        let keys = t.lookup_keys(&[list]).unwrap().unwrap();
-        assert_eq!(keys.num_rows(), 2);
-
-        // Not a point filter: another column, a negation, an OR with a
-        // non-key term, NULL, a comparison.
-        for f in [
-            col("v").eq(lit(7i64)),
-            col("id").in_list(vec![lit(1i64)], true),
-            col("id").eq(lit(1i64)).or(col("v").eq(lit(2i64))),
-            col("id").eq(lit(ScalarValue::Int64(None))),
-            col("id").gt(lit(3i64)),
-            col("id").eq(col("v")),
-        ] {
-            assert_eq!(t.point_keys(&f), None, "{f}");
-        }
-        assert_eq!(
-            pushdown(&t, &col("v").eq(lit(7i64))),
-            TableProviderFilterPushDown::Unsupported
-        );
         // Pushed filters are still applied above the scan.
-        assert_eq!(
-            pushdown(&t, &col("id").eq(lit(7i64))),
-            TableProviderFilterPushDown::Inexact
-        );
-        // A literal the key's type cannot hold is no lookup.
-        assert!(
-            t.lookup_keys(&[col("id").eq(lit("seven"))])
-                .unwrap()
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn a_compound_key_is_never_a_lookup_or_a_range() {
+        assert_eq!(pushdown(&t, &col("id").eq(lit(7i64))), Inexact);
+        assert_eq!(pushdown(&t, &col("id").gt(lit(7i64))), Inexact);
+        assert_eq!(pushdown(&t, &col("v").eq(lit(7i64))), Unsupported);
+        // A compound key is never a lookup or a range.
         let t = provider(DataType::Int64, true);
-        assert_eq!(t.point_keys(&col("id").eq(lit(7i64))), None);
-        assert_eq!(bounds(&t, &[col("id").gt(lit(7i64))]), KeyBounds::all());
-        assert_eq!(
-            pushdown(&t, &col("id").eq(lit(7i64))),
-            TableProviderFilterPushDown::Unsupported
-        );
-    }
-
-    #[test]
-    fn ranges_on_the_key_narrow_the_bounds_exactly() {
-        let t = provider(DataType::Int32, false);
-        let b = bounds(&t, &[col("id").gt(lit(3i32)), col("id").lt_eq(lit(9i32))]);
-        assert_eq!(b.lower, Some((3i32.into(), false)));
-        assert_eq!(b.upper, Some((9i32.into(), true)));
-        // Either way round, the operator swapped.
-        let b = bounds(&t, &[lit(3i32).lt(col("id"))]);
-        assert_eq!(b.lower, Some((3i32.into(), false)));
-        // BETWEEN is inclusive; the tighter of two bounds wins.
-        let b = bounds(
-            &t,
-            &[
-                col("id").between(lit(1i32), lit(100i32)),
-                col("id").gt_eq(lit(5i32)),
-            ],
-        );
-        assert_eq!(b.lower, Some((5i32.into(), true)));
-        assert_eq!(b.upper, Some((100i32.into(), true)));
-        // A literal the key cannot hold exactly narrows nothing: 3.5 is no
-        // Int32, and 2^40 overflows it.
-        assert_eq!(bounds(&t, &[col("id").gt(lit(3.5f64))]), KeyBounds::all());
-        assert_eq!(
-            bounds(&t, &[col("id").lt(lit(1i64 << 40))]),
-            KeyBounds::all()
-        );
-        // A wider literal that converts both ways unchanged does.
-        assert_eq!(
-            bounds(&t, &[col("id").lt(lit(40i64))]).upper,
-            Some((40i32.into(), false))
-        );
-        // Not ranges: NOT BETWEEN, <>, another column.
-        for f in [
-            col("id").not_between(lit(1i32), lit(5i32)),
-            col("id").not_eq(lit(1i32)),
-            col("v").gt(lit(1i64)),
-        ] {
-            assert_eq!(
-                bounds(&t, std::slice::from_ref(&f)),
-                KeyBounds::all(),
-                "{f}"
-            );
-        }
-    }
-
-    #[test]
-    fn only_casts_that_keep_keys_distinct_count_as_the_key() {
-        use DataType::*;
-        for (from, to) in [
-            (Int8, Int64),
-            (Int32, Int64),
-            (UInt32, Int64),
-            (UInt64, UInt64),
-            (Utf8, Utf8View),
-            (FixedSizeBinary(16), Binary),
-        ] {
-            assert!(injective_cast(&from, &to), "{from} -> {to}");
-        }
-        for (from, to) in [
-            (Int64, Int32),
-            (UInt64, Int64),
-            (Int64, Float64),
-            (Int64, Utf8),
-            (Utf8, Binary),
-            (Float64, Int64),
-        ] {
-            assert!(!injective_cast(&from, &to), "{from} -> {to}");
-        }
+        assert_eq!(pushdown(&t, &col("id").eq(lit(7i64))), Unsupported);
+        assert_eq!(pushdown(&t, &col("id").gt(lit(7i64))), Unsupported);
     }
 }
