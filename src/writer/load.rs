@@ -92,7 +92,7 @@ pub(crate) async fn delete_dead_loads(
         .into_iter()
         .filter(|meta| {
             let path = meta.location.as_ref();
-            let run = !path.ends_with(".alive");
+            let run = paths::marker_grace(path).is_none();
             let crashed = match paths::load_of(path).and_then(|load| loads.get(&load)) {
                 Some(&fresh) => !fresh,
                 None => run && older_than(meta, grace.as_millis() as u64),
