@@ -605,11 +605,13 @@ impl Table {
         Ok(None)
     }
 
-    /// Merges each shard's SSTables into one; opens the writers it needs.
+    /// Merges each shard's SSTables into one (opening the writers it
+    /// needs), and deletes the runs of crashed bulk loads in every shard.
     pub async fn compact(&self) -> Result<()> {
         for shard in 0..self.shards.len() as u32 {
             self.shard_writer(shard).await?.compact().await?;
         }
+        self.delete_dead_loads().await;
         Ok(())
     }
 

@@ -461,15 +461,12 @@ async fn many_small_rows_are_loaded_before_a_put_would_outgrow_the_budget() {
     session.close().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_str().unwrap();
-    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')";
-    run_measured(&["--root", root, "-q", "-c", create]);
-    // A load far from its commit (a 1 MiB budget, 3 M rows) is killed
-    // once it has written runs; its markers name a grace of 1 s.
+/// Starts a `memwal` load into `t` at `root` far from its commit (a 1 MiB
+/// budget, 3 M rows, markers naming a grace of 1 s), kills it once it has
+/// written runs, and returns its id (as its objects' names start).
+async fn kill_a_load(root: &str, loads: &impl Fn() -> Vec<String>) -> String {
     let load = "INSERT INTO t SELECT value, 1 FROM generate_series(1, 3000000)";
+    let before = loads();
     let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
         .args(["--root", root, "-q", "-c", load])
         .args([
@@ -481,6 +478,33 @@ async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let ours = || -> Vec<String> {
+        let now = loads();
+        now.into_iter().filter(|p| !before.contains(p)).collect()
+    };
+    while !ours().iter().any(|p| p.ends_with("data.parquet")) {
+        assert!(std::time::Instant::now() < deadline, "no run written");
+        assert!(child.try_wait().unwrap().is_none(), "the load ended");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let markers: Vec<String> = ours()
+        .iter()
+        .filter_map(|p| p.strip_suffix(".alive"))
+        .map(|p| p.rsplit_once('/').unwrap().1[..16].to_string())
+        .collect();
+    assert_eq!(markers.len(), 4, "a marker per shard: {:?}", ours());
+    markers[0].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')";
+    run_measured(&["--root", root, "-q", "-c", create]);
     let loads = || -> Vec<String> {
         files(dir.path())
             .iter()
@@ -488,31 +512,15 @@ async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
             .filter(|p| p.contains("/load/"))
             .collect()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while !loads().iter().any(|p| p.ends_with("data.parquet")) {
-        assert!(std::time::Instant::now() < deadline, "no run written");
-        assert!(child.try_wait().unwrap().is_none(), "the load ended");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let killed: Vec<String> = loads()
-        .iter()
-        .filter_map(|p| p.strip_suffix(".alive"))
-        .map(|p| p.rsplit_once('/').unwrap().1[..16].to_string())
-        .collect();
-    assert_eq!(killed.len(), 4, "a marker per shard: {:?}", loads());
-    let of_killed = || -> Vec<String> {
+    let left_of = |id: &str| -> Vec<String> {
         let left = loads();
-        left.into_iter()
-            .filter(|p| killed.iter().any(|id| p.contains(id.as_str())))
-            .collect()
+        left.into_iter().filter(|p| p.contains(id)).collect()
     };
 
-    // Once the markers are older than the grace they name, the next load
-    // (of another process, with its default grace) deletes the killed
-    // load's runs and markers in every shard before it starts; the table
-    // never held them.
+    // Once its markers are older than the grace they name, the killed
+    // load is deleted in every shard by the next load (of another process,
+    // with its default grace) before it starts; the table never held it.
+    let killed = kill_a_load(root, &loads).await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let session = open(root).await;
     run(
@@ -520,13 +528,24 @@ async fn the_runs_of_a_killed_load_are_deleted_once_its_markers_age() {
         "INSERT INTO t SELECT value, 2 FROM generate_series(1, 10000)",
     )
     .await;
-    assert_eq!(of_killed(), Vec::<String>::new());
+    assert_eq!(left_of(&killed), Vec::<String>::new());
     assert!(
         !loads().iter().any(|p| p.ends_with(".alive")),
         "{:?}",
         loads()
     );
     let table = session.table("t").await.unwrap();
+    assert_eq!(scanned_rows(&table).await, 10_000);
+
+    // And by a compaction of the table (in a session opened after the
+    // kill: this one's writers were fenced by the killed process).
+    session.close().await.unwrap();
+    let killed = kill_a_load(root, &loads).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let session = open(root).await;
+    let table = session.table("t").await.unwrap();
+    table.compact().await.unwrap();
+    assert_eq!(left_of(&killed), Vec::<String>::new());
     assert_eq!(scanned_rows(&table).await, 10_000);
     session.close().await.unwrap();
 }
