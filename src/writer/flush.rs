@@ -404,13 +404,7 @@ impl Shared {
             .filter(|p| *p <= m.replay_after && !fences.contains(p))
             .map(|p| self.wal.path_of(p))
             .collect();
-        // An SSTable is its directory (the file and its graphs).
-        let named: HashSet<&str> = m
-            .sstables
-            .iter()
-            .map(|f| paths::sstable_dir(&f.path))
-            .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
-            .collect();
+        let named = m.named_dirs();
         let listed: Vec<Path> = self
             .store
             .list(Some(&paths::sstables_dir(&self.shard_dir)))

@@ -21,7 +21,7 @@
 //!    moment the load becomes visible and durable: a shard's part is all
 //!    there or not at all, across crashes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -70,13 +70,7 @@ pub(crate) async fn delete_dead_loads(
         return Ok(());
     }
     let manifest = versions.load_latest(known, ShardManifest::decode).await?;
-    let m = &manifest.state;
-    let named: HashSet<&str> = m
-        .sstables
-        .iter()
-        .map(|f| paths::sstable_dir(&f.path))
-        .chain(m.retired.iter().map(|f| paths::sstable_dir(&f.path)))
-        .collect();
+    let named = manifest.state.named_dirs();
     let now_ms = now_ms() as i64;
     let older_than =
         |meta: &ObjectMeta, ms: u64| now_ms - meta.last_modified.timestamp_millis() > ms as i64;

@@ -102,6 +102,14 @@ pub struct RetiredFile {
 }
 
 impl ShardManifest {
+    /// The directories of the SSTables it names, live or retired (an
+    /// SSTable is its directory: the file and its graphs).
+    pub fn named_dirs(&self) -> std::collections::HashSet<&str> {
+        let live = self.sstables.iter().map(|f| paths::sstable_dir(&f.path));
+        live.chain(self.retired.iter().map(|f| paths::sstable_dir(&f.path)))
+            .collect()
+    }
+
     /// Decodes version bytes read from `path`.
     pub fn decode(path: &Path, bytes: Bytes) -> Result<Self> {
         serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
