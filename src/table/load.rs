@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
@@ -16,7 +16,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{TAKEOVER_PATIENCE, Table};
+use super::Table;
 use crate::error::{Error, Result};
 use crate::schema::{TableSchema, key};
 use crate::sstable::{self, SstableFile};
@@ -303,7 +303,7 @@ impl Table {
 
     /// Counts and commits the runs of a load of `shard`; when another
     /// process took the shard over meanwhile, takes it back and commits
-    /// them again (for up to [`TAKEOVER_PATIENCE`]), like a put. Returns
+    /// them again (for up to [`super::TAKEOVER_PATIENCE`]), like a put. Returns
     /// the rows the shard holds for them.
     async fn commit_runs(&self, shard: u32, mut runs: Vec<LoadRun>) -> Result<u64> {
         let counted = self.shard_writer(shard).await?.finish_runs(&mut runs).await;
@@ -317,23 +317,12 @@ impl Table {
         };
         // From here the commit's outcome decides: runs of a failed one are
         // left to a later writer of the shard to delete.
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            let writer = self.writer_as(shard, attempt > 0).await?;
-            match writer.ingest(files.clone()).await {
-                Ok(()) => return Ok(rows),
-                Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
-                    attempt += 1;
-                    log::debug!(
-                        "shard {shard} of {}: {e}; taking it back for a load",
-                        self.location
-                    );
-                    tokio::time::sleep(self.options.commit.backoff(attempt)).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.on_shard(shard, "a load", |writer| {
+            let files = files.clone();
+            async move { writer.ingest(files).await }
+        })
+        .await?;
+        Ok(rows)
     }
 
     /// Starts writing every shard's pending rows of `load` as a run, once

@@ -28,6 +28,7 @@
 //! [`WriterOptions::owner_check_interval`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -395,40 +396,52 @@ impl Table {
     }
 
     /// Puts one shard's part and waits until it is visible (durable, if
-    /// the table is); a fenced attempt (which wrote nothing) is repeated
-    /// through a re-opened writer.
+    /// the table is).
     async fn write_part(&self, mut part: Part) -> Result<()> {
-        let commit = &self.options.commit;
-        let started = Instant::now();
-        let mut attempt = 0;
-        loop {
-            let keyed: Vec<KeyedBatch> = match std::mem::take(&mut part.keys) {
+        let shard = part.shard;
+        self.on_shard(shard, "a put", |writer| {
+            let keyed: Result<Vec<KeyedBatch>> = match std::mem::take(&mut part.keys) {
                 keys if keys.len() == part.batches.len() => {
-                    part.batches.iter().cloned().zip(keys).collect()
+                    Ok(part.batches.iter().cloned().zip(keys).collect())
                 }
                 // A retry: encode the keys again.
                 _ => part
                     .batches
                     .iter()
                     .map(|b| self.schema.keyed(b.clone()))
-                    .collect::<Result<_>>()?,
+                    .collect(),
             };
-            let done = async {
-                let writer = self.writer_as(part.shard, attempt > 0).await?;
-                writer.put_keyed(keyed).await?.wait().await
+            async move { writer.put_keyed(keyed?).await?.wait().await }
+        })
+        .await
+    }
+
+    /// Runs `op` with the writer of `shard`. When another process took the
+    /// shard over (`op` failed with [`Error::Fenced`], which changes
+    /// nothing), takes the shard back and runs `op` again, for up to
+    /// [`TAKEOVER_PATIENCE`].
+    async fn on_shard<T, F, Fut>(&self, shard: u32, what: &str, mut op: F) -> Result<T>
+    where
+        F: FnMut(Arc<ShardWriter>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let started = Instant::now();
+        let mut attempt = 0;
+        loop {
+            let done = match self.writer_as(shard, attempt > 0).await {
+                Ok(writer) => op(writer).await,
+                Err(e) => Err(e),
             };
-            match done.await {
-                Ok(()) => return Ok(()),
+            match done {
                 Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
                     attempt += 1;
                     log::debug!(
-                        "shard {} of {}: {e}; taking it over again (attempt {attempt})",
-                        part.shard,
+                        "shard {shard} of {}: {e}; taking it back for {what} (attempt {attempt})",
                         self.location
                     );
-                    tokio::time::sleep(commit.backoff(attempt)).await;
+                    tokio::time::sleep(self.options.commit.backoff(attempt)).await;
                 }
-                Err(e) => return Err(e),
+                done => return done,
             }
         }
     }
@@ -606,10 +619,11 @@ impl Table {
     }
 
     /// Merges each shard's SSTables into one (opening the writers it
-    /// needs), and deletes the runs of crashed bulk loads in every shard.
+    /// needs, taking back shards other processes took over), and deletes the runs of crashed bulk loads in every shard.
     pub async fn compact(&self) -> Result<()> {
         for shard in 0..self.shards.len() as u32 {
-            self.shard_writer(shard).await?.compact().await?;
+            self.on_shard(shard, "a compaction", |w| async move { w.compact().await })
+                .await?;
         }
         self.delete_dead_loads().await;
         Ok(())

@@ -38,7 +38,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
-use super::{Generation, Shared};
+use super::{Generation, Shared, shared_error};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::sstable::{self, ReadMetrics, SstableFile, merge};
@@ -179,7 +179,17 @@ impl Shared {
                     true
                 })
             })
-            .await?;
+            .await;
+        // A newer writer claimed the shard: this one can never commit
+        // again, so it stops (and its table opens a new one).
+        let committed = match committed {
+            Err(e @ Error::Fenced { .. }) => {
+                let e = Arc::new(e);
+                self.stop(shared_error(&e));
+                return Err(shared_error(&e));
+            }
+            other => other?,
+        };
         let mut layers = self.layers.write().expect("layers poisoned");
         if committed.version > layers.manifest.version {
             layers.sstables = Arc::new(committed.state.sstables.clone());

@@ -73,6 +73,38 @@ async fn two_sessions_on_one_table_both_keep_working() {
 }
 
 #[tokio::test]
+async fn compacting_a_table_another_session_took_over_takes_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let a = isolated(root).await;
+    let b = isolated(root).await;
+    query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    let table = a.table("t").await.unwrap();
+    // Two SSTables (a close flushes), then a writer of A that owns the
+    // shard with a row in its MemTable.
+    for row in ["(1, 10)", "(2, 20)"] {
+        query(&a, &format!("INSERT INTO t VALUES {row}")).await;
+        table.close().await.unwrap();
+    }
+    query(&a, "INSERT INTO t VALUES (3, 30)").await;
+    let fenced = table.writer(0).await.unwrap();
+    assert_eq!(fenced.stats().sstables, 2);
+    // B takes the shard over; A's writer does not know yet.
+    query(&b, "INSERT INTO t VALUES (4, 40)").await;
+    let b_epoch = b.table("t").await.unwrap().writer(0).await.unwrap().epoch();
+
+    // A's compaction finds the fence at its commit: the fenced writer
+    // stops, and the compaction takes the shard back and runs again.
+    table.compact().await.unwrap();
+    assert!(fenced.stopped().is_some(), "the fenced writer still runs");
+    let writer = table.writer(0).await.unwrap();
+    assert!(writer.epoch() > b_epoch, "A did not take the shard back");
+    assert_eq!(writer.stats().sstables, 1);
+    assert!(count(&a, "t").await.contains("| 4 | 100 |"));
+    assert!(count(&b, "t").await.contains("| 4 | 100 |"));
+}
+
+#[tokio::test]
 async fn sessions_opened_in_one_process_share_one_writer_per_shard() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
