@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
@@ -93,9 +94,15 @@ impl ObjectRoot {
         }
     }
 
+    /// Opens a local directory, and starts deleting (on a thread of its
+    /// own) the staging files that killed processes left in it.
     fn open_local(dir: &std::path::Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir = std::fs::canonicalize(dir)?;
+        let sweep = dir.clone();
+        let _ = std::thread::Builder::new()
+            .name("memwal-staging-sweep".into())
+            .spawn(move || delete_abandoned_staging(&sweep, STAGING_GRACE));
         let store = LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true);
         Ok(Self::new(
             Arc::new(store),
@@ -112,6 +119,51 @@ impl ObjectRoot {
     pub fn url(&self) -> &str {
         &self.url
     }
+}
+
+/// How long ago a local staging file must have been written to before an
+/// open deletes it: far longer than any one object's write takes.
+const STAGING_GRACE: Duration = Duration::from_secs(3600);
+
+/// Deletes the staging files under `dir` not written to within `grace`;
+/// returns how many. The local store writes an object to `name#n` and
+/// renames it to `name` when complete, so a process killed mid-write
+/// leaves `name#n` behind, which the store's listing does not show (and so
+/// no sweep of memwal's own reaches). Errors (a file another open deleted
+/// first, a directory that went away) skip the file.
+fn delete_abandoned_staging(dir: &std::path::Path, grace: Duration) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut deleted = 0;
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
+        if kind.is_dir() {
+            deleted += delete_abandoned_staging(&entry.path(), grace);
+            continue;
+        }
+        let name = entry.file_name();
+        let staging = name
+            .to_str()
+            .and_then(|n| n.rsplit_once('#'))
+            .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        let idle = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|at| SystemTime::now().duration_since(at).ok())
+            .is_some_and(|idle| idle >= grace);
+        if kind.is_file() && staging && idle && std::fs::remove_file(entry.path()).is_ok() {
+            log::info!(
+                "deleted {}, left by a write cut short",
+                entry.path().display()
+            );
+            deleted += 1;
+        }
+    }
+    deleted
 }
 
 /// One `InMemory` store per `memory://` URL, for the life of the process.
@@ -158,6 +210,37 @@ mod tests {
         assert!(sub.join("k/v").exists());
         let b = ObjectRoot::open(&format!("file://{}", sub.display())).unwrap();
         assert!(b.store().head(&Path::from("k/v")).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn staging_files_of_writes_cut_short_are_deleted_once_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        // The store itself, not a root: opening a root starts a sweep.
+        let store = LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+        let object = Path::from("tables/t/data.parquet");
+        store
+            .put(&object, PutPayload::from_static(b"1"))
+            .await
+            .unwrap();
+        let at = |name: &str| dir.path().join("tables/t").join(name);
+        let old = SystemTime::now() - Duration::from_secs(7200);
+        for (name, modified) in [
+            ("data.parquet#0", old),
+            ("data.parquet#12", SystemTime::now()),
+            ("a#b", old),
+            ("ends#", old),
+        ] {
+            let file = std::fs::File::create(at(name)).unwrap();
+            file.set_modified(modified).unwrap();
+        }
+        assert_eq!(delete_abandoned_staging(dir.path(), STAGING_GRACE), 1);
+        assert!(!at("data.parquet#0").exists());
+        // A write in progress, objects whose names hold a `#`, and the
+        // objects themselves stay.
+        for name in ["data.parquet#12", "a#b", "ends#", "data.parquet"] {
+            assert!(at(name).exists(), "{name}");
+        }
+        assert!(store.head(&object).await.is_ok());
     }
 
     #[test]
