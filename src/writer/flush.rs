@@ -88,7 +88,7 @@ impl Shared {
                     continue;
                 }
                 if self.closing.load(Ordering::Acquire)
-                    && self.wal_done.load(Ordering::Acquire)
+                    && self.progress.borrow().wal_done
                     && self.index_done.load(Ordering::Acquire)
                 {
                     return;
@@ -135,7 +135,8 @@ impl Shared {
         }
     }
 
-    fn manifest(&self) -> Versioned<ShardManifest> {
+    /// The newest shard manifest this writer knows.
+    pub(super) fn manifest(&self) -> Versioned<ShardManifest> {
         self.layers
             .read()
             .expect("layers poisoned")

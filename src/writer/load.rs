@@ -328,6 +328,18 @@ impl ShardWriter {
     /// them. See the module doc.
     pub(crate) async fn ingest(&self, mut runs: Vec<SstableFile>) -> Result<()> {
         let shared = &self.shared;
+        // A retry after a commit that landed while its writer stopped (so
+        // it could not say so): the manifest names the runs already.
+        let named = shared
+            .manifest()
+            .state
+            .named_dirs()
+            .contains(paths::sstable_dir(
+                &runs.first().ok_or_else(|| Error::invalid("no runs"))?.path,
+            ));
+        if named {
+            return Ok(());
+        }
         // A load silent for longer than `load_grace` (a stalled host) may
         // have lost its runs to a writer that took it for crashed: never
         // name a run that is gone.
@@ -373,5 +385,55 @@ impl ShardWriter {
             Some(e) => Err(shared_error(e)),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use object_store::memory::InMemory;
+
+    use super::*;
+    use crate::schema::TableMeta;
+    use crate::writer::WriterOptions;
+
+    #[tokio::test]
+    async fn ingesting_runs_the_manifest_names_already_adds_nothing() {
+        // A retried commit whose first attempt landed (its writer stopped
+        // before it could say so) must not name the runs twice.
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+        ]);
+        let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+        let schema = Arc::new(TableSchema::new(&meta));
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let writer = ShardWriter::open(
+            store,
+            "tables/t-1",
+            0,
+            Arc::clone(&schema),
+            WriterOptions::default(),
+        )
+        .await
+        .unwrap();
+        let rows = RecordBatch::try_new(
+            Arc::clone(&schema.schema),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(Int64Array::from(vec![10, 20, 30])),
+            ],
+        )
+        .unwrap();
+        let run = writer
+            .write_run(vec![schema.to_stored(&rows).unwrap()], 7, 1)
+            .await
+            .unwrap();
+        writer.ingest(vec![run.file.clone()]).await.unwrap();
+        assert_eq!(writer.stats().sstables, 1);
+        writer.ingest(vec![run.file]).await.unwrap();
+        assert_eq!(writer.stats().sstables, 1);
+        writer.close().await.unwrap();
     }
 }

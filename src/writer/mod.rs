@@ -131,6 +131,8 @@ struct Progress {
     flushed_bytes: u64,
     /// Every generation below this one is in SSTables (once one flushed).
     flushed_generation: u64,
+    /// The WAL task ended: no append is in flight, none will start.
+    wal_done: bool,
     error: Option<Arc<Error>>,
 }
 
@@ -227,7 +229,6 @@ struct Shared {
     index_wake: Notify,
     closing: AtomicBool,
     /// Set when the WAL task, the index task have exited.
-    wal_done: AtomicBool,
     index_done: AtomicBool,
     progress: watch::Sender<Progress>,
     counters: Counters,
@@ -280,19 +281,19 @@ pub struct Durability {
 impl Durability {
     /// Waits until the put is visible: its vectors indexed and, if the
     /// writer is durable, its WAL entry written; fails if the writer
-    /// stopped before that. A durable put whose writer stopped before it
-    /// was indexed succeeds (it is in the WAL, and the shard's next writer
-    /// serves it), so an [`Error::Fenced`] from here means the put wrote
-    /// nothing.
+    /// stopped before that. A put whose writer stopped once its WAL entry
+    /// was written succeeds (the shard's next writer serves it), and a
+    /// failure waits for the WAL append in flight, so an [`Error::Fenced`]
+    /// from here means the put wrote nothing.
     pub async fn wait(mut self) -> Result<()> {
         let (generation, target, durable) = (self.generation, self.target, self.durable);
         let done = |p: &Progress| p.covers(generation, target, durable);
         let progress = self
             .progress
-            .wait_for(|p| done(p) || p.error.is_some())
+            .wait_for(|p| done(p) || (p.error.is_some() && p.wal_done))
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
-        if done(&progress) || (durable && progress.durable_through(generation, target)) {
+        if done(&progress) || progress.durable_through(generation, target) {
             return Ok(());
         }
         Err(shared_error(
@@ -398,6 +399,7 @@ impl ShardWriter {
             bytes,
             flushed_bytes: 0,
             flushed_generation: 0,
+            wal_done: false,
             error: None,
         });
         let sstables = Arc::new(claimed.state.sstables.clone());
@@ -423,7 +425,6 @@ impl ShardWriter {
             flush_wake: Notify::new(),
             index_wake: Notify::new(),
             closing: AtomicBool::new(false),
-            wal_done: AtomicBool::new(false),
             index_done: AtomicBool::new(false),
             progress,
             counters: Counters {
@@ -812,7 +813,7 @@ impl Shared {
             .is_err()
         {
             self.stop(Error::Poisoned("a shard writer task panicked".into()));
-            self.wal_done.store(true, Ordering::Release);
+            self.progress.send_modify(|p| p.wal_done = true);
             self.index_done.store(true, Ordering::Release);
             self.flush_wake.notify_one();
         }

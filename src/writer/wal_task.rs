@@ -80,7 +80,7 @@ impl Shared {
     /// when it starts. Seals a frozen generation once all of it is durable.
     pub(super) async fn run_wal(self: Arc<Self>, mut position: u64) {
         self.append_all(&mut position).await;
-        self.wal_done.store(true, Ordering::Release);
+        self.progress.send_modify(|p| p.wal_done = true);
         self.flush_wake.notify_one();
     }
 
@@ -219,10 +219,12 @@ impl Shared {
                     c.next_position.store(*position, Ordering::Release);
                     // Our entry landed, so nobody had fenced when it started.
                     self.confirm_owned(last_start.expect("set above"));
-                    if self.options.durable {
-                        generation.memtable.mark_durable(written);
-                    }
+                    // Visible and counted at once: a reader that sees the
+                    // batches and then reads the progress sees them durable.
                     self.progress.send_modify(|p| {
+                        if self.options.durable {
+                            generation.memtable.mark_durable(written);
+                        }
                         p.batches = written;
                         p.rows += rows;
                         p.bytes += bytes;
