@@ -1,7 +1,8 @@
 //! Opening a root: one URL (or plain path) names one object store prefix
 //! under which memwal keeps everything (DESIGN.md §3).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
@@ -99,10 +100,19 @@ impl ObjectRoot {
     fn open_local(dir: &std::path::Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let dir = std::fs::canonicalize(dir)?;
-        let sweep = dir.clone();
-        let _ = std::thread::Builder::new()
-            .name("memwal-staging-sweep".into())
-            .spawn(move || delete_abandoned_staging(&sweep, STAGING_GRACE));
+        // Once per directory and process.
+        static SWEPT: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
+        let first = SWEPT
+            .get_or_init(Default::default)
+            .lock()
+            .expect("swept directories poisoned")
+            .insert(dir.clone());
+        if first {
+            let sweep = dir.clone();
+            let _ = std::thread::Builder::new()
+                .name("memwal-staging-sweep".into())
+                .spawn(move || delete_abandoned_staging(&sweep, STAGING_GRACE));
+        }
         let store = LocalFileSystem::new_with_prefix(&dir)?.with_automatic_cleanup(true);
         Ok(Self::new(
             Arc::new(store),
@@ -145,9 +155,10 @@ fn delete_abandoned_staging(dir: &std::path::Path, grace: Duration) -> usize {
             continue;
         }
         let name = entry.file_name();
+        // The store's own test: what follows the first `#` is all digits.
         let staging = name
             .to_str()
-            .and_then(|n| n.rsplit_once('#'))
+            .and_then(|n| n.split_once('#'))
             .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
         let idle = entry
             .metadata()
@@ -229,6 +240,7 @@ mod tests {
             ("data.parquet#12", SystemTime::now()),
             ("a#b", old),
             ("ends#", old),
+            ("x#a#5", old),
         ] {
             let file = std::fs::File::create(at(name)).unwrap();
             file.set_modified(modified).unwrap();
@@ -237,7 +249,7 @@ mod tests {
         assert!(!at("data.parquet#0").exists());
         // A write in progress, objects whose names hold a `#`, and the
         // objects themselves stay.
-        for name in ["data.parquet#12", "a#b", "ends#", "data.parquet"] {
+        for name in ["data.parquet#12", "a#b", "ends#", "x#a#5", "data.parquet"] {
             assert!(at(name).exists(), "{name}");
         }
         assert!(store.head(&object).await.is_ok());
