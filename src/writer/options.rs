@@ -124,24 +124,29 @@ impl WriterOptions {
     /// Whether the options fit together; a writer opens only with options
     /// that do.
     pub fn check(&self) -> Result<()> {
-        if self.wal_flush_bytes == 0 || self.memtable_bytes == 0 || self.max_sstables == 0 {
-            return Err(Error::invalid(
-                "wal_flush_bytes, memtable_bytes and max_sstables must be positive",
-            ));
+        let positive = [
+            ("wal_flush_bytes", self.wal_flush_bytes),
+            ("memtable_bytes", self.memtable_bytes),
+            ("max_sstables", self.max_sstables),
+            ("load_memory_bytes", self.load_memory_bytes),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(bad(name, "0", "positive"));
         }
         if self.max_unflushed_bytes < self.memtable_bytes {
-            return Err(Error::invalid(
-                "max_unflushed_bytes must be at least memtable_bytes",
-            ));
+            return Err(Error::invalid(format!(
+                "option memtable_bytes: {} is more than max_unflushed_bytes ({}); \
+                 max_unflushed_bytes must be at least memtable_bytes",
+                self.memtable_bytes, self.max_unflushed_bytes
+            )));
         }
         if self.lease().is_zero() {
-            return Err(Error::invalid("fence_grace must be at least 1 ms"));
+            let value = format!("{:?}", self.fence_grace);
+            return Err(bad("fence_grace", &value, "at least 1 ms"));
         }
         if self.load_grace < Duration::from_secs(1) {
-            return Err(Error::invalid("load_grace must be at least 1 s"));
-        }
-        if self.load_memory_bytes == 0 {
-            return Err(Error::invalid("load_memory_bytes must be positive"));
+            let value = format!("{:?}", self.load_grace);
+            return Err(bad("load_grace", &value, "at least 1 s"));
         }
         Ok(())
     }
@@ -353,7 +358,9 @@ mod tests {
         ] {
             let mut bad = WriterOptions::default();
             bad.set(name, value).unwrap();
-            assert!(bad.check().is_err(), "{name}={value}");
+            // Named in the message, like a value `set` refuses.
+            let refused = bad.check().unwrap_err().to_string();
+            assert!(refused.contains(&format!("option {name}")), "{refused}");
         }
         let unknown = o.set("memtable_size", "1").unwrap_err().to_string();
         assert!(
