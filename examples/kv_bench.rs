@@ -1,4 +1,6 @@
-//! The seed's KV write protocol on a local directory, one shard: `--rows`
+//! The seed's KV write protocol on one shard of a `--store` (a local
+//! directory; the same behind the latency of `s3-standard` or `s3-express`,
+//! see `memwal::testing::LatencyProfile`; or a root URL): `--rows`
 //! rows of the PEERS.md KV schema (`id` key + int64, int32, float64, a
 //! 72-character string) in `--put-rows`-row puts, `--window` puts in flight
 //! (each awaiting durability), WAL interval `--interval-ms` (0: latency
@@ -10,10 +12,13 @@
 //! Rust API and through SQL (served from SSTables), and a full-table
 //! `count(*), sum(a)` through memwal against DataFusion reading the same
 //! SSTable files as a plain Parquet listing table — over the SSTables as
-//! flushed, then again after a major compaction. Prints one JSON object.
+//! flushed, then again after a major compaction (on a local store only).
+//! Under a latency profile it also prints the requests and bytes of each
+//! kind. Prints one JSON object.
 //!
 //! ```text
 //! cargo run --example kv_bench -- --keys int --window 32
+//! cargo run --release --example kv_bench -- --store s3-standard --rows 100000
 //! ```
 
 use std::sync::Arc;
@@ -24,7 +29,9 @@ use clap::{Parser, ValueEnum};
 use datafusion::arrow::array::{
     ArrayRef, FixedSizeBinaryArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
-use memwal::{MemwalSession, Table, WriterOptions};
+use memwal::testing::{LatencyStore, bench_root};
+use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, Table, WriterOptions};
+use object_store::ObjectStore;
 use rand::{Rng, SeedableRng};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -62,6 +69,13 @@ struct Args {
     /// Directory for the root (a fresh subdirectory is made in it).
     #[arg(long, default_value = "target/kv-bench")]
     dir: String,
+    /// `local` (that directory), `s3-standard` or `s3-express` (that
+    /// directory with the latency of the profile), or a root URL.
+    #[arg(long, default_value = "local")]
+    store: String,
+    /// Seed of the latency profile's draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 const STRING_LEN: usize = 72;
@@ -110,22 +124,33 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[i].as_secs_f64() * 1e3
 }
 
-fn dir_bytes_and_files(path: &std::path::Path) -> (u64, u64) {
-    let mut out = (0, 0);
-    if let Ok(entries) = std::fs::read_dir(path) {
-        for e in entries.flatten() {
-            let meta = e.metadata().unwrap();
-            if meta.is_dir() {
-                let (b, f) = dir_bytes_and_files(&e.path());
-                out.0 += b;
-                out.1 += f;
-            } else {
-                out.0 += meta.len();
-                out.1 += 1;
-            }
-        }
-    }
-    out
+/// Bytes and objects under the root.
+async fn stored_bytes_and_objects(store: &dyn ObjectStore) -> (u64, u64) {
+    use futures::TryStreamExt;
+    let objects: Vec<_> = store.list(None).try_collect().await.unwrap();
+    (objects.iter().map(|o| o.size).sum(), objects.len() as u64)
+}
+
+async fn open_session(root: &ObjectRoot, options: &WriterOptions) -> MemwalSession {
+    let catalog = Catalog::open(root.clone(), CatalogOptions::default())
+        .await
+        .unwrap();
+    MemwalSession::new(catalog, options.clone())
+}
+
+/// The requests and bytes of each kind the latency store counted.
+fn requests(latency: &Option<std::sync::Arc<LatencyStore>>) -> serde_json::Value {
+    let Some(latency) = latency else {
+        return serde_json::Value::Null;
+    };
+    let counts = latency.counts().into_iter().map(|(kind, c)| {
+        let kind = format!("{kind:?}").to_lowercase();
+        (
+            kind,
+            serde_json::json!({"requests": c.requests, "bytes": c.bytes}),
+        )
+    });
+    serde_json::Value::Object(counts.collect())
 }
 
 #[tokio::main]
@@ -133,7 +158,7 @@ async fn main() {
     let args = Args::parse();
     std::fs::create_dir_all(&args.dir).unwrap();
     let dir = tempfile::tempdir_in(&args.dir).unwrap();
-    let root = dir.path().to_str().unwrap().to_string();
+    let (root, latency) = bench_root(&args.store, dir.path(), args.seed).unwrap();
     let options = {
         let mut o = WriterOptions::default();
         o.durable = !args.non_durable;
@@ -145,9 +170,7 @@ async fn main() {
         o.sstable_grace = Duration::ZERO;
         o
     };
-    let session = MemwalSession::open_with(&root, options.clone())
-        .await
-        .unwrap();
+    let session = open_session(&root, &options).await;
     let table = create_table(&session, args.keys).await;
 
     // Every batch is made before the clock starts.
@@ -182,12 +205,13 @@ async fn main() {
     table.close().await.unwrap();
     let close_seconds = started.elapsed().as_secs_f64();
     let after_close = writer.stats();
-    let (disk_bytes, disk_files) = dir_bytes_and_files(dir.path());
+    let written = requests(&latency);
+    let (disk_bytes, disk_files) = stored_bytes_and_objects(root.store().as_ref()).await;
     drop((session, table, writer));
 
     // Read phase: a fresh session on the closed table; the writer is
     // reopened (nothing to replay) so reads come from the SSTables.
-    let session = MemwalSession::open_with(&root, options).await.unwrap();
+    let session = open_session(&root, &options).await;
     let table = session.table("kv").await.unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let pick = |rng: &mut rand::rngs::StdRng| rng.random_range(0..args.rows as u64);
@@ -227,19 +251,34 @@ async fn main() {
         assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 1);
     }
     sql.sort_unstable();
-    let files = reopened.snapshot().sstables;
-    let (memwal_scan, plain_scan) =
-        full_scans(&session, dir.path(), &files, args.rows, args.scans).await;
+    // Plain Parquet reads the files from the directory, so scans are
+    // compared on a local store only.
+    let scan = |files: Arc<Vec<memwal::testing::SstableFile>>| {
+        let local = args.store == "local";
+        let (session, dir) = (&session, dir.path());
+        async move {
+            match local {
+                true => Some(full_scans(session, dir, &files, args.rows, args.scans).await),
+                false => None,
+            }
+        }
+    };
+    let (memwal_scan, plain_scan) = scan(reopened.snapshot().sstables).await.unzip();
     // A major compaction leaves one SSTable: scans read it with no merge.
     let t = Instant::now();
     table.compact().await.unwrap();
     let compact_seconds = t.elapsed().as_secs_f64();
-    let files = reopened.snapshot().sstables;
-    let (memwal_compacted, plain_compacted) =
-        full_scans(&session, dir.path(), &files, args.rows, args.scans).await;
-    let (compacted_bytes, compacted_files) = dir_bytes_and_files(dir.path());
+    let (memwal_compacted, plain_compacted) = scan(reopened.snapshot().sstables).await.unzip();
+    let (compacted_bytes, compacted_files) = stored_bytes_and_objects(root.store().as_ref()).await;
+    let ms = |s: Option<f64>| s.map(|s| s * 1e3);
+    let ratio = |plain: Option<f64>, ours: Option<f64>| Some(plain? / ours?);
     let report = serde_json::json!({
         "keys": format!("{:?}", args.keys).to_lowercase(),
+        "store": args.store,
+        "store_profile": latency.as_ref().map(|l| format!("{:?}", l.profile())),
+        "seed": args.seed,
+        "requests_until_close": written,
+        "requests_in_all": requests(&latency),
         "rows": args.rows,
         "put_rows": args.put_rows,
         "window": args.window,
@@ -258,15 +297,15 @@ async fn main() {
         "disk_files": disk_files,
         "disk_bytes": disk_bytes,
         "disk_bytes_per_row": disk_bytes as f64 / args.rows as f64,
-        "full_scan_memwal_ms": memwal_scan * 1e3,
-        "full_scan_plain_parquet_ms": plain_scan * 1e3,
-        "full_scan_speed_vs_plain": plain_scan / memwal_scan,
+        "full_scan_memwal_ms": ms(memwal_scan),
+        "full_scan_plain_parquet_ms": ms(plain_scan),
+        "full_scan_speed_vs_plain": ratio(plain_scan, memwal_scan),
         "major_compaction_seconds": compact_seconds,
         "compacted_disk_files": compacted_files,
         "compacted_disk_bytes_per_row": compacted_bytes as f64 / args.rows as f64,
-        "compacted_full_scan_memwal_ms": memwal_compacted * 1e3,
-        "compacted_full_scan_plain_parquet_ms": plain_compacted * 1e3,
-        "compacted_full_scan_speed_vs_plain": plain_compacted / memwal_compacted,
+        "compacted_full_scan_memwal_ms": ms(memwal_compacted),
+        "compacted_full_scan_plain_parquet_ms": ms(plain_compacted),
+        "compacted_full_scan_speed_vs_plain": ratio(plain_compacted, memwal_compacted),
         "rust_get_p50_ms": percentile(&rust, 0.5),
         "rust_get_p99_ms": percentile(&rust, 0.99),
         "sql_point_p50_ms": percentile(&sql, 0.5),

@@ -50,7 +50,10 @@ pub mod testing {
     pub use crate::hnsw::{Graph, Hit, dataset, distance, kernel};
     pub use crate::schema::TableSchema;
     pub use crate::sstable::SstableFile;
-    pub use crate::store::{Fault, FaultMode, FaultyStore, Gate, OpKind, VersionedObjects, paths};
+    pub use crate::store::{
+        Delay, Fault, FaultMode, FaultyStore, Gate, LatencyProfile, LatencyStore, OpKind,
+        RequestCount, VersionedObjects, bench_root, paths,
+    };
     pub use crate::wal::{EntryKind, WalLog};
     pub use crate::writer::{Durability, ShardManifest, ShardWriter};
 }

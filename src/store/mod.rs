@@ -1,14 +1,19 @@
 //! Object storage: a root opened from a URL, versioned copy-on-write objects
-//! (the one commit primitive) and a fault-injecting store for tests.
+//! (the one commit primitive), and for tests and benchmarks a
+//! fault-injecting store and a store with S3's latency.
 
 #[cfg(any(test, feature = "testing"))]
 mod faulty;
+#[cfg(any(test, feature = "testing"))]
+mod latency;
 pub mod paths;
 mod root;
 mod versioned;
 
 #[cfg(any(test, feature = "testing"))]
 pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
+#[cfg(any(test, feature = "testing"))]
+pub use latency::{Delay, LatencyProfile, LatencyStore, RequestCount, bench_root};
 pub use root::ObjectRoot;
 pub use versioned::{CommitOptions, Versioned, VersionedObjects};
 
