@@ -619,7 +619,8 @@ impl Table {
     }
 
     /// Merges each shard's SSTables into one (opening the writers it
-    /// needs, taking back shards other processes took over), and deletes the runs of crashed bulk loads in every shard.
+    /// needs, taking back shards other processes took over), and deletes
+    /// the runs of crashed bulk loads in every shard.
     pub async fn compact(&self) -> Result<()> {
         for shard in 0..self.shards.len() as u32 {
             self.on_shard(shard, "a compaction", |w| async move { w.compact().await })
