@@ -14,6 +14,7 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::source_as_provider;
+use datafusion::error::DataFusionError;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -259,7 +260,8 @@ impl MemwalSession {
                 extensions.insert(MemwalConfig {
                     writer: self.tables.options(),
                 });
-                return Err(e);
+                // Worded like a value `SET` refuses (see `MemwalConfig::set`).
+                return Err(DataFusionError::Configuration(e.to_string()).into());
             }
             wanted
         };

@@ -135,9 +135,9 @@ impl WriterOptions {
         }
         if self.max_unflushed_bytes < self.memtable_bytes {
             return Err(Error::invalid(format!(
-                "option memtable_bytes: {} is more than max_unflushed_bytes ({}); \
-                 max_unflushed_bytes must be at least memtable_bytes",
-                self.memtable_bytes, self.max_unflushed_bytes
+                "options max_unflushed_bytes ({} bytes) and memtable_bytes ({} bytes) \
+                 do not fit: max_unflushed_bytes must be at least memtable_bytes",
+                self.max_unflushed_bytes, self.memtable_bytes
             )));
         }
         if self.lease().is_zero() {
@@ -360,7 +360,7 @@ mod tests {
             bad.set(name, value).unwrap();
             // Named in the message, like a value `set` refuses.
             let refused = bad.check().unwrap_err().to_string();
-            assert!(refused.contains(&format!("option {name}")), "{refused}");
+            assert!(refused.contains(&format!(" {name}")), "{refused}");
         }
         let unknown = o.set("memtable_size", "1").unwrap_err().to_string();
         assert!(
