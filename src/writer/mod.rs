@@ -228,7 +228,8 @@ struct Shared {
     flush_wake: Notify,
     index_wake: Notify,
     closing: AtomicBool,
-    /// Set when the WAL task, the index task have exited.
+    /// Set when the index task has exited (the WAL task's end is in
+    /// `progress`).
     index_done: AtomicBool,
     progress: watch::Sender<Progress>,
     counters: Counters,
