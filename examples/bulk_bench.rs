@@ -13,15 +13,21 @@
 //! one JSON object: rows/s per engine (median, min, max) and the ratio of
 //! the medians.
 //!
+//! `--store s3-standard` (or `s3-express`) puts both engines' writes
+//! behind the same latency model (`memwal::testing::LatencyStore`).
+//!
 //! ```text
 //! cargo run --release --example bulk_bench -- --rows 10000000
+//! cargo run --release --example bulk_bench -- --rows 2000000 --store s3-standard
 //! ```
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
 use datafusion::prelude::SessionContext;
-use memwal::{MemwalSession, WriterOptions};
+use memwal::testing::{LatencyProfile, LatencyStore, bench_root};
+use memwal::{Catalog, CatalogOptions, MemwalSession, WriterOptions};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -39,6 +45,13 @@ struct Args {
     /// Runs only memwal's load (for profiling it); prints its figures alone.
     #[arg(long)]
     memwal_only: bool,
+    /// `local`, or `s3-standard` / `s3-express`: the directory with the
+    /// latency of that profile, for memwal and DataFusion alike.
+    #[arg(long, default_value = "local")]
+    store: String,
+    /// Seed of the latency profile's draws.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 /// The rows both engines write.
@@ -55,9 +68,11 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
         o.load_memory_bytes = args.load_memory_mib << 20;
         o
     };
-    let session = MemwalSession::open_with(dir.to_str().unwrap(), options)
+    let (root, _) = bench_root(&args.store, dir, args.seed).unwrap();
+    let catalog = Catalog::open(root, CatalogOptions::default())
         .await
         .unwrap();
+    let session = MemwalSession::new(catalog, options);
     session
         .sql(&format!(
             "CREATE TABLE t (id BIGINT PRIMARY KEY, v VARCHAR NOT NULL) WITH ('shards' = '{}')",
@@ -89,7 +104,16 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
 /// groups, a bloom filter on the key), as an SSTable of one shard is.
 async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: bool) -> f64 {
     let ctx = SessionContext::new();
-    let file = dir.join("rows.parquet");
+    let file = match LatencyProfile::named(&args.store) {
+        None => dir.join("rows.parquet").display().to_string(),
+        // The same directory behind the same latency model as memwal's.
+        Some(profile) => {
+            let local = object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap();
+            let store = LatencyStore::new(Arc::new(local), profile, args.seed);
+            ctx.register_object_store(&url::Url::parse("bench://store/").unwrap(), store);
+            "bench://store/rows.parquet".to_string()
+        }
+    };
     let (order, options) = match like_sstables {
         false => ("", ""),
         true => (
@@ -105,7 +129,7 @@ async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: boo
     ctx.sql(&format!(
         "COPY ({}{order}) TO '{}' STORED AS PARQUET{options}",
         source(args.rows),
-        file.display()
+        file
     ))
     .await
     .unwrap()
@@ -129,6 +153,10 @@ fn summary(rows: u64, seconds: &[f64]) -> serde_json::Value {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    assert!(
+        args.store == "local" || LatencyProfile::named(&args.store).is_some(),
+        "--store takes local, s3-standard or s3-express"
+    );
     let base = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir).unwrap(),
         None => tempfile::tempdir().unwrap(),
@@ -166,6 +194,8 @@ async fn main() {
     };
     let report = serde_json::json!({
         "bench": "bulk_load",
+        "store": args.store,
+        "seed": args.seed,
         "rows": args.rows,
         "shards": args.shards,
         "runs": args.runs,
