@@ -13,8 +13,8 @@
 //! `count(*), sum(a)` through memwal against DataFusion reading the same
 //! SSTable files as a plain Parquet listing table — over the SSTables as
 //! flushed, then again after a major compaction (on a local store only).
-//! Under a latency profile it also prints the requests and bytes of each
-//! kind. Prints one JSON object.
+//! Under a latency profile it also prints the requests, bytes and delays
+//! of each kind. Prints one JSON object.
 //!
 //! ```text
 //! cargo run --example kv_bench -- --keys int --window 32
@@ -138,8 +138,8 @@ async fn open_session(root: &ObjectRoot, options: &WriterOptions) -> MemwalSessi
     MemwalSession::new(catalog, options.clone())
 }
 
-/// The requests and bytes of each kind the latency store counted.
-fn requests(latency: &Option<std::sync::Arc<LatencyStore>>) -> serde_json::Value {
+/// The requests, bytes and delays of each kind the latency store counted.
+fn requests(latency: &Option<Arc<LatencyStore>>) -> serde_json::Value {
     let Some(latency) = latency else {
         return serde_json::Value::Null;
     };
@@ -147,7 +147,11 @@ fn requests(latency: &Option<std::sync::Arc<LatencyStore>>) -> serde_json::Value
         let kind = format!("{kind:?}").to_lowercase();
         (
             kind,
-            serde_json::json!({"requests": c.requests, "bytes": c.bytes}),
+            serde_json::json!({
+                "requests": c.requests,
+                "bytes": c.bytes,
+                "waited_ms": c.waited.as_secs_f64() * 1e3,
+            }),
         )
     });
     serde_json::Value::Object(counts.collect())

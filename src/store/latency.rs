@@ -142,7 +142,12 @@ const KINDS: [OpKind; 6] = [
     OpKind::Copy,
 ];
 
-/// Requests and body bytes of one kind so far.
+/// The index of `kind` in [`KINDS`] (and in the counters).
+fn slot(kind: OpKind) -> usize {
+    KINDS.iter().position(|k| *k == kind).expect("every kind")
+}
+
+/// Requests, body bytes and delays of one kind so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RequestCount {
     /// Requests made (failed ones included).
@@ -165,7 +170,7 @@ struct Model {
 impl Model {
     /// Counts a request of `kind` with `bytes` of body and waits its delay.
     async fn wait(&self, kind: OpKind, bytes: u64) {
-        let at = KINDS.iter().position(|k| *k == kind).expect("every kind");
+        let at = slot(kind);
         self.requests[at].fetch_add(1, Ordering::Relaxed);
         self.bytes[at].fetch_add(bytes, Ordering::Relaxed);
         let delay = {
@@ -211,7 +216,7 @@ impl LatencyStore {
 
     /// Requests and bytes of `kind` so far.
     pub fn count(&self, kind: OpKind) -> RequestCount {
-        let at = KINDS.iter().position(|k| *k == kind).expect("every kind");
+        let at = slot(kind);
         RequestCount {
             requests: self.model.requests[at].load(Ordering::Relaxed),
             bytes: self.model.bytes[at].load(Ordering::Relaxed),

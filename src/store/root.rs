@@ -160,13 +160,16 @@ fn delete_abandoned_staging(dir: &std::path::Path, grace: Duration) -> usize {
             .to_str()
             .and_then(|n| n.split_once('#'))
             .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        if !kind.is_file() || !staging {
+            continue;
+        }
         let idle = entry
             .metadata()
             .and_then(|m| m.modified())
             .ok()
             .and_then(|at| SystemTime::now().duration_since(at).ok())
             .is_some_and(|idle| idle >= grace);
-        if kind.is_file() && staging && idle && std::fs::remove_file(entry.path()).is_ok() {
+        if idle && std::fs::remove_file(entry.path()).is_ok() {
             log::info!(
                 "deleted {}, left by a write cut short",
                 entry.path().display()
