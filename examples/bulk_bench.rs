@@ -68,7 +68,7 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
         o.load_memory_bytes = args.load_memory_mib << 20;
         o
     };
-    let (root, _) = bench_root(&args.store, dir, args.seed).unwrap();
+    let (root, latency) = bench_root(&args.store, dir, args.seed).unwrap();
     let catalog = Catalog::open(root, CatalogOptions::default())
         .await
         .unwrap();
@@ -89,6 +89,17 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
         .await
         .unwrap();
     let seconds = started.elapsed().as_secs_f64();
+    if let Some(latency) = latency {
+        // Where the load waited: the requests of each kind it made.
+        for (kind, c) in latency.counts() {
+            eprintln!(
+                "memwal load, {kind:?}: {} requests, {:.1} MB, {:.2} s waited in all",
+                c.requests,
+                c.bytes as f64 / 1e6,
+                c.waited.as_secs_f64()
+            );
+        }
+    }
     let count = datafusion::arrow::array::AsArray::as_primitive::<
         datafusion::arrow::datatypes::UInt64Type,
     >(out[0].column(0))

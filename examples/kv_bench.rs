@@ -277,6 +277,13 @@ async fn main() {
     let ms = |s: Option<f64>| s.map(|s| s * 1e3);
     let ratio = |plain: Option<f64>, ours: Option<f64>| Some(plain? / ours?);
     let report = serde_json::json!({
+        "system": "memwal",
+        "debug_assertions": cfg!(debug_assertions),
+        "settings": format!(
+            "sstable_grace = 0 (compaction inputs deleted at once); memtable {} MiB; \
+             compaction above {} SSTables; all else default",
+            args.memtable_mb, args.max_sstables
+        ),
         "keys": format!("{:?}", args.keys).to_lowercase(),
         "store": args.store,
         "store_profile": latency.as_ref().map(|l| format!("{:?}", l.profile())),

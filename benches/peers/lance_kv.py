@@ -6,6 +6,12 @@ can be measured in one run on one machine.
     /tmp/lance/bin/python benches/peers/lance_kv.py --keys int --window 32
     /tmp/lance/bin/python benches/peers/lance_kv.py --window 1 --non-durable
 
+With `--s3 URL` the dataset lives in a fresh prefix of bucket `memwal-bench`
+on the S3-compatible server at URL (benches/run_peers.sh puts moto behind
+benches/peers/s3_latency_proxy.py, which gives every request the latency of
+memwal's `s3-standard` profile); the JSON then carries the proxy's request
+counts.
+
 A fresh dataset (`id` primary key, int64 `a`, int32 `b`, float64 `c`, a
 72-character string `s`; int64 or random 16-byte binary keys) gets `--rows` rows in
 `--put-rows`-row `ShardWriter.put`s from `--window` threads sharing one
@@ -49,10 +55,57 @@ p.add_argument("--non-durable", action="store_true")
 p.add_argument("--reads", type=int, default=1_000)
 p.add_argument("--dir", default="/tmp/lance-kv-bench", help="a fresh subdirectory is made in it")
 p.add_argument("--keep", action="store_true", help="keep the dataset directory")
+p.add_argument("--s3", help="endpoint of an S3-compatible server (see above)")
+p.add_argument("--store", default="local", help="the store's name, as the JSON reports it")
 args = p.parse_args()
 
-os.makedirs(args.dir, exist_ok=True)
-root = tempfile.mkdtemp(dir=args.dir)
+BUCKET = "memwal-bench"
+if args.s3:
+    import urllib.request
+
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=args.s3, region_name="us-east-1",
+                      aws_access_key_id="memwal", aws_secret_access_key="memwal")
+    try:
+        s3.create_bucket(Bucket=BUCKET)
+    except s3.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    prefix = f"lance-{uuid.uuid4()}"
+    root = f"s3://{BUCKET}/{prefix}"
+    storage = {"endpoint": args.s3, "allow_http": "true", "region": "us-east-1",
+               "access_key_id": "memwal", "secret_access_key": "memwal"}
+    # The point-lookup planner opens the SSTables without storage options:
+    # it finds the server through the environment.
+    os.environ.update(AWS_ENDPOINT=args.s3, AWS_ALLOW_HTTP="true", AWS_REGION="us-east-1",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_ACCESS_KEY_ID="memwal",
+                      AWS_SECRET_ACCESS_KEY="memwal")
+
+    def listing(sub=""):
+        """(path relative to the dataset, size) of every object under it."""
+        out, token = [], {}
+        while True:
+            page = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{prefix}/{sub}", **token)
+            out += [(o["Key"][len(prefix) + 1:], o["Size"]) for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return out
+            token = {"ContinuationToken": page["NextContinuationToken"]}
+
+    def requests():
+        with urllib.request.urlopen(f"{args.s3}/__counts") as r:
+            return json.load(r)
+else:
+    os.makedirs(args.dir, exist_ok=True)
+    root = tempfile.mkdtemp(dir=args.dir)
+    storage = None
+
+    def listing(sub=""):
+        base = os.path.join(root, sub)
+        return [(os.path.relpath(os.path.join(d, f), root), os.path.getsize(os.path.join(d, f)))
+                for d, _, fs in os.walk(base) for f in fs]
+
+    def requests():
+        return None
 # Lance's MemWAL refuses FixedSizeBinary(16) as a primary key ("unsupported
 # type ... for hashing"), so UUIDs go in as variable Binary of 16 bytes.
 key_type = pa.int64() if args.keys == "int" else pa.binary()
@@ -64,7 +117,7 @@ schema = pa.schema([
     pa.field("c", pa.float64()),
     pa.field("s", pa.string()),
 ])
-ds = lance.write_dataset(schema.empty_table(), root, schema=schema)
+ds = lance.write_dataset(schema.empty_table(), root, schema=schema, storage_options=storage)
 ds.initialize_mem_wal()
 shard_id = str(uuid.uuid4())
 writer = ds.mem_wal_writer(shard_id, durable_write=not args.non_durable,
@@ -107,18 +160,20 @@ write_seconds = time.perf_counter() - started
 stats = writer.stats()
 writer.close()
 close_seconds = time.perf_counter() - started
+written = requests()
 
-files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
-shard_dir = os.path.join(root, "_mem_wal", shard_id)
-wal_objects = len(os.listdir(os.path.join(shard_dir, "wal")))
+files = listing()
+shard = f"_mem_wal/{shard_id}/"
+wal_objects = sum(1 for f, _ in files if f.startswith(shard + "wal/"))
 
 # Point reads: one planner over every SSTable generation `close()` left (the
 # shard manifest names them by directory, relative to the shard).
-gens = {int(m.group(1)): n for n in os.listdir(shard_dir) if (m := re.fullmatch(r".*_gen_(\d+)", n))}
+children = {f[len(shard):].split("/", 1)[0] for f, _ in files if f.startswith(shard)}
+gens = {int(m.group(1)): n for n in children if (m := re.fullmatch(r".*_gen_(\d+)", n))}
 snap = ShardSnapshot(shard_id).with_current_generation(max(gens, default=0) + 1)
 for g, name in sorted(gens.items()):
     snap.with_sstable(g, name)
-planner = LsmPointLookupPlanner(lance.dataset(root), [snap])
+planner = LsmPointLookupPlanner(lance.dataset(root, storage_options=storage), [snap])
 rng = np.random.default_rng(42)
 lat = []
 for i in rng.integers(0, args.rows, args.reads):
@@ -134,7 +189,11 @@ def pct(q):
 
 
 print(json.dumps({
-    "peer": f"lance-memwal pylance {lance.__version__}",
+    "system": f"lance-memwal pylance {lance.__version__}",
+    "store": args.store,
+    "requests_until_close": written,
+    "requests_in_all": requests(),
+    "settings": "ShardWriter(durable_write, max_wal_flush_interval_ms = --interval-ms); all else default",
     "keys": args.keys,
     "key_type": str(key_type),
     "rows": args.rows,
@@ -151,10 +210,11 @@ print(json.dumps({
     "wal_objects": wal_objects,
     "sstables": len(gens),
     "disk_files": len(files),
-    "disk_bytes": sum(os.path.getsize(f) for f in files),
+    "disk_bytes": sum(size for _, size in files),
+    "disk_bytes_per_row": sum(size for _, size in files) / args.rows,
     "reads": len(lat),
     "get_p50_ms": pct(0.5),
     "get_p99_ms": pct(0.99),
 }))
-if not args.keep:
+if not args.keep and not args.s3:
     shutil.rmtree(root)
