@@ -1,7 +1,7 @@
 //! DataFusion adapters: the catalog as a `CatalogProvider`, tables as
 //! `TableProvider`s (scan, INSERT sink, DELETE), DDL with memwal's options,
 //! `SHOW CREATE TABLE`/`DESCRIBE`, vector search (`vector_search` and the
-//! distance functions), the file policy, and the session that ties them
+//! distance functions), writer statistics (`memwal_stats`), the file policy, and the session that ties them
 //! together.
 
 mod catalog_provider;
@@ -10,11 +10,13 @@ mod ddl;
 mod delete_exec;
 mod describe;
 mod files;
+mod function_args;
 mod insert_checks;
 mod insert_sink;
 mod key_filters;
 mod scan_exec;
 mod session;
+mod stats;
 mod streams;
 mod table;
 mod vector;

@@ -30,6 +30,7 @@ use super::config::MemwalConfig;
 use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
+use super::stats::StatsFunction;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, insert_checks};
@@ -221,8 +222,8 @@ impl MemwalSession {
         }
     }
 
-    /// Registers what needs the loaded catalog: the catalog provider and
-    /// `vector_search`.
+    /// Registers what needs the loaded catalog: the catalog provider,
+    /// `vector_search` and `memwal_stats`.
     fn register(&self, catalog: &Arc<Catalog>) {
         self.ctx.register_catalog(
             CATALOG_NAME,
@@ -234,6 +235,13 @@ impl MemwalSession {
         self.ctx.register_udtf(
             "vector_search",
             Arc::new(VectorSearchFunction::new(
+                Arc::clone(catalog),
+                Arc::clone(&self.tables),
+            )),
+        );
+        self.ctx.register_udtf(
+            "memwal_stats",
+            Arc::new(StatsFunction::new(
                 Arc::clone(catalog),
                 Arc::clone(&self.tables),
             )),

@@ -7,13 +7,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Float32Array, RecordBatch, RecordBatchOptions,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{DFSchema, ScalarValue, TableReference, plan_err};
+use datafusion::common::{DFSchema, ScalarValue, plan_err};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::utils::conjunction;
@@ -23,13 +21,14 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::ExecutionPlan;
 
+use super::function_args::{constant, named_table, text};
 use super::vector_search_exec::VectorSearchExec;
-use super::{CATALOG_NAME, ROOT_SCHEMA};
-use crate::catalog::{Catalog, ObjectPath, ObjectType};
+use crate::catalog::Catalog;
 use crate::read::VectorQuery;
 use crate::schema::Metric;
-use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
+
+const FUNCTION: &str = "vector_search";
 
 /// The name of the distance column `vector_search` adds.
 pub const DISTANCE_COLUMN: &str = "_distance";
@@ -52,56 +51,6 @@ impl VectorSearchFunction {
     pub fn new(catalog: Arc<Catalog>, tables: Arc<TableCache>) -> Self {
         Self { catalog, tables }
     }
-
-    /// The table named `name`: dotted (`shop.eu.items`, where a level may
-    /// hold any other character, quotes too), or else as SQL names it
-    /// (`"shop.eu".items`, `memwal."shop.eu"."Items"`).
-    fn table(&self, name: &str) -> Result<(TableMeta, Arc<Table>)> {
-        let snapshot = self.catalog.snapshot();
-        let table = |path: &ObjectPath| {
-            snapshot
-                .get(path)
-                .filter(|e| e.object_type == ObjectType::Table)
-                .cloned()
-        };
-        let dotted = ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name));
-        let found = match dotted.ok().and_then(|p| Some((table(&p)?, p))) {
-            Some(found) => Some(found),
-            None if name.contains('"') => {
-                let path = sql_path(name)?;
-                table(&path).map(|entry| (entry, path))
-            }
-            None => None,
-        };
-        let (entry, path) = found.ok_or_else(|| {
-            DataFusionError::Plan(format!("vector_search: table '{name}' not found"))
-        })?;
-        let meta = TableMeta::from_json(&entry.metadata, &path.to_string())?;
-        let location = entry.location.as_deref().ok_or_else(|| {
-            DataFusionError::Internal(format!("catalog entry of table {path} has no location"))
-        })?;
-        let table = self
-            .tables
-            .get_or_open(self.catalog.root().store(), location, &meta);
-        Ok((meta, table))
-    }
-}
-
-/// The path of a table as SQL names it: the schema is a namespace path
-/// (dotted), `public` the root, `memwal` the only catalog.
-fn sql_path(name: &str) -> Result<ObjectPath> {
-    let reference = TableReference::parse_str(name);
-    if reference.catalog().is_some_and(|c| c != CATALOG_NAME) {
-        return plan_err!(
-            "vector_search: table '{name}' not found (the catalog is {CATALOG_NAME})"
-        );
-    }
-    let mut levels: Vec<&str> = match reference.schema() {
-        Some(schema) if schema != ROOT_SCHEMA => schema.split('.').collect(),
-        _ => Vec::new(),
-    };
-    levels.push(reference.table());
-    Ok(ObjectPath::new(levels)?)
 }
 
 impl TableFunctionImpl for VectorSearchFunction {
@@ -113,10 +62,10 @@ impl TableFunctionImpl for VectorSearchFunction {
                 exprs.len()
             );
         }
-        let value = |i: usize| constant(args.session(), &exprs[i]);
-        let name = text(value(0)?, "table")?;
-        let column = text(value(1)?, "column")?;
-        let (meta, table) = self.table(&name)?;
+        let value = |i: usize| constant(args.session(), &exprs[i], FUNCTION);
+        let name = text(value(0)?, "table", FUNCTION)?;
+        let column = text(value(1)?, "column", FUNCTION)?;
+        let (meta, table) = named_table(&self.catalog, &self.tables, &name, FUNCTION)?;
         let index = meta.schema().index_of(&column).map_err(|_| {
             DataFusionError::Plan(format!(
                 "vector_search: table '{name}' has no column '{column}'"
@@ -156,35 +105,6 @@ impl TableFunctionImpl for VectorSearchFunction {
                 filter: None,
             },
         }))
-    }
-}
-
-/// The value of a constant argument.
-fn constant(session: &dyn Session, expr: &Expr) -> Result<ScalarValue> {
-    let physical = session
-        .create_physical_expr(expr.clone(), &DFSchema::empty())
-        .map_err(|e| {
-            DataFusionError::Plan(format!(
-                "vector_search arguments must be constants ({expr}): {e}"
-            ))
-        })?;
-    let one_row = RecordBatch::try_new_with_options(
-        Arc::new(Schema::empty()),
-        vec![],
-        &RecordBatchOptions::new().with_row_count(Some(1)),
-    )?;
-    match physical.evaluate(&one_row)? {
-        ColumnarValue::Scalar(s) => Ok(s),
-        ColumnarValue::Array(a) => ScalarValue::try_from_array(&a, 0),
-    }
-}
-
-fn text(value: ScalarValue, what: &str) -> Result<String> {
-    match value {
-        ScalarValue::Utf8(Some(s))
-        | ScalarValue::LargeUtf8(Some(s))
-        | ScalarValue::Utf8View(Some(s)) => Ok(s),
-        other => plan_err!("vector_search: {what} must be a string, got {other}"),
     }
 }
 

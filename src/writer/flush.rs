@@ -289,6 +289,9 @@ impl Shared {
             p.flushed_generation = generation.number + 1;
         });
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .last_flush_ms
+            .store(now_ms(), Ordering::Relaxed);
         log::debug!(
             "flushed generation {} ({} rows) to {}",
             generation.number,
@@ -523,6 +526,9 @@ impl Shared {
         )
         .await?;
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .last_compaction_ms
+            .store(now_ms(), Ordering::Relaxed);
         log::debug!(
             "compacted {} SSTables into {} ({} rows)",
             inputs.len(),

@@ -34,6 +34,7 @@
 
 mod flush;
 mod index_task;
+mod latency;
 mod load;
 mod manifest;
 mod options;
@@ -43,7 +44,7 @@ mod wal_task;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 #[cfg(any(test, feature = "testing"))]
 use datafusion::arrow::array::RecordBatch;
@@ -63,6 +64,7 @@ use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
+use latency::LatencyHistogram;
 
 /// The longest a claim waits for other writers' turns to end.
 const CLAIM_PATIENCE: Duration = Duration::from_secs(30);
@@ -89,6 +91,11 @@ pub struct WriterStats {
     pub append_latency_total: Duration,
     /// See [`WriterStats::append_latency_total`].
     pub append_latency_max: Duration,
+    /// Median and 99th percentile of WAL append latencies (each at most a
+    /// quarter above the true value; zero before the first append).
+    pub append_latency_p50: Duration,
+    /// See [`WriterStats::append_latency_p50`].
+    pub append_latency_p99: Duration,
     /// Not yet durable: rows, bytes, and puts (batches).
     pub pending_rows: u64,
     /// See [`WriterStats::pending_rows`].
@@ -99,6 +106,9 @@ pub struct WriterStats {
     pub durable_batches: u64,
     /// See [`WriterStats::durable_batches`].
     pub visible_batches: u64,
+    /// MemTable batches in the vector index (all of them when the table
+    /// has no vector column).
+    pub indexed_batches: u64,
     /// The next WAL position this writer will append at.
     pub next_position: u64,
     /// Generation of the active MemTable, and MemTables frozen and not yet
@@ -106,12 +116,18 @@ pub struct WriterStats {
     pub generation: u64,
     /// See [`WriterStats::generation`].
     pub frozen_memtables: u64,
+    /// Bytes of rows in MemTables (active and frozen).
+    pub memtable_bytes: u64,
     /// SSTables in the shard manifest; flushes and compactions committed.
     pub sstables: u64,
     /// See [`WriterStats::sstables`].
     pub flushes: u64,
     /// See [`WriterStats::sstables`].
     pub compactions: u64,
+    /// When this writer last committed a flush, and a compaction.
+    pub last_flush: Option<SystemTime>,
+    /// See [`WriterStats::last_flush`].
+    pub last_compaction: Option<SystemTime>,
 }
 
 /// What the WAL task has made durable so far, what the flush task has
@@ -159,9 +175,13 @@ struct Counters {
     wal_bytes: AtomicU64,
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
+    latency: LatencyHistogram,
     next_position: AtomicU64,
     flushes: AtomicU64,
     compactions: AtomicU64,
+    /// Unix milliseconds of the last flush and compaction (0: none yet).
+    last_flush_ms: AtomicU64,
+    last_compaction_ms: AtomicU64,
     /// Microseconds after `opened` when ownership was last confirmed.
     owned_at_us: AtomicU64,
 }
@@ -637,7 +657,10 @@ impl ShardWriter {
         let progress = shared.progress.borrow().clone();
         let layers = shared.layers.read().expect("layers poisoned");
         let (mut pending_batches, mut durable_batches, mut visible_batches) = (0, 0, 0);
+        let (mut indexed_batches, mut memtable_bytes) = (0, 0);
         for g in &layers.generations {
+            indexed_batches += g.memtable.indexed_batches() as u64;
+            memtable_bytes += g.memtable.bytes() as u64;
             let written = g.memtable.written_batches() as u64;
             let durable = match g.number.cmp(&progress.generation) {
                 std::cmp::Ordering::Less => written,
@@ -656,6 +679,8 @@ impl ShardWriter {
             wal_bytes: c.wal_bytes.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
             append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),
+            append_latency_p50: c.latency.quantile(0.5),
+            append_latency_p99: c.latency.quantile(0.99),
             pending_rows: shared
                 .written_rows
                 .load(Ordering::Relaxed)
@@ -667,12 +692,16 @@ impl ShardWriter {
             pending_batches,
             durable_batches,
             visible_batches,
+            indexed_batches,
             next_position: c.next_position.load(Ordering::Relaxed),
             generation: layers.active().number,
             frozen_memtables: layers.generations.len() as u64 - 1,
+            memtable_bytes,
             sstables: layers.sstables.len() as u64,
             flushes: c.flushes.load(Ordering::Relaxed),
             compactions: c.compactions.load(Ordering::Relaxed),
+            last_flush: unix_ms(&c.last_flush_ms),
+            last_compaction: unix_ms(&c.last_compaction_ms),
         }
     }
 
@@ -835,5 +864,13 @@ impl Shared {
         self.wake.notify_one();
         self.flush_wake.notify_one();
         self.index_wake.notify_one();
+    }
+}
+
+/// The time in a counter of Unix milliseconds; none for 0.
+fn unix_ms(counter: &AtomicU64) -> Option<SystemTime> {
+    match counter.load(Ordering::Relaxed) {
+        0 => None,
+        ms => Some(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
     }
 }

@@ -214,6 +214,7 @@ impl Shared {
                     c.wal_bytes.fetch_add(len, Ordering::Relaxed);
                     c.latency_total_us.fetch_add(latency, Ordering::Relaxed);
                     c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
+                    c.latency.record(Duration::from_micros(latency));
                     generation.last_position.store(*position, Ordering::Release);
                     *position += 1;
                     c.next_position.store(*position, Ordering::Release);

@@ -212,6 +212,14 @@ async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     let stats = writer.stats();
     assert!(stats.flushes >= 200, "{stats:?}");
     assert!(stats.compactions > 0, "{stats:?}");
+    let recent = |t: Option<std::time::SystemTime>| {
+        t.and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age < Duration::from_secs(600))
+    };
+    assert!(
+        recent(stats.last_flush) && recent(stats.last_compaction),
+        "{stats:?}"
+    );
 
     let m = manifest(&store).await;
     assert!(m.generation > 200, "{m:?}");
