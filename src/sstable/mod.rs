@@ -402,13 +402,15 @@ pub async fn delete(store: &Arc<dyn ObjectStore>, path: &str) -> Result<()> {
 /// [`merge::merge_runs`]) as an SSTable holding generations
 /// `first_generation..=generation` at `path` (a fresh name: see
 /// [`paths::new_sstable_file`] and [`paths::new_load_run`]), streaming:
-/// memory stays bounded by one row group whatever the size.
+/// memory stays bounded by one row group whatever the size. `encoded` is
+/// called once every row is encoded, before the upload's last requests.
 pub async fn write_stream(
     store: &Arc<dyn ObjectStore>,
     path: Path,
     (first_generation, generation): (u64, u64),
     schema: &TableSchema,
     mut rows: datafusion::execution::SendableRecordBatchStream,
+    encoded: impl FnOnce() + Send,
 ) -> Result<SstableFile> {
     use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
@@ -428,6 +430,7 @@ pub async fn write_stream(
         let (rest, checksum) = encoder.finish()?;
         bytes += rest.len() as u64;
         object.put(rest).await?;
+        encoded();
         shutting_down = true;
         object.shutdown().await?;
         Ok::<_, Error>(checksum)

@@ -23,7 +23,8 @@ use crate::sstable::{self, SstableFile};
 use crate::store::{delete_if_present, paths};
 use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
 
-/// Runs of a bulk load sorted and written at once.
+/// Runs of a bulk load sorted and encoded at once (their uploads end
+/// without holding a turn), and shards committed at once.
 const LOAD_CONCURRENCY: usize = 2;
 
 /// Splits a stored batch of a load by shard (without keeping the key
@@ -103,7 +104,7 @@ pub(super) struct Load {
     runs: Vec<Vec<LoadRun>>,
     runs_written: u64,
     /// The runs being written (aborted if the load is dropped), at most
-    /// [`LOAD_CONCURRENCY`] at a time.
+    /// [`LOAD_CONCURRENCY`] of them sorting and encoding at a time.
     writing: JoinSet<(usize, Result<LoadRun>)>,
     permits: Arc<Semaphore>,
 }
@@ -340,8 +341,11 @@ impl Table {
             let rows = std::mem::take(pending);
             let permits = Arc::clone(&load.permits);
             load.writing.spawn(async move {
-                let _permit = permits.acquire_owned().await;
-                (shard, writer.write_run(rows, id, seq).await)
+                let permit = permits.acquire_owned().await;
+                (
+                    shard,
+                    writer.write_run(rows, id, seq, || drop(permit)).await,
+                )
             });
         }
         load.bytes = 0;

@@ -579,7 +579,7 @@ impl Shared {
             None => paths::new_sstable_file(&self.shard_dir, generations.1, self.epoch),
         };
         let mut output =
-            sstable::write_stream(&self.store, path, generations, schema, rows).await?;
+            sstable::write_stream(&self.store, path, generations, schema, rows, || ()).await?;
         if let Err(e) = self.build_graphs(&mut output).await {
             sstable::discard(&self.store, &output.path).await;
             return Err(e);

@@ -151,11 +151,14 @@ impl ShardWriter {
     /// Writes `batches` (stored form, rows of this shard, oldest first) as
     /// one sorted run of a load, numbered `seq` (later runs have higher
     /// numbers and win over earlier ones), not yet part of the shard.
+    /// `encoded` is called once the rows are sorted and encoded, before
+    /// the upload ends: what is left is waiting on the store.
     pub(crate) async fn write_run(
         &self,
         batches: Vec<RecordBatch>,
         load: u64,
         seq: u64,
+        encoded: impl FnOnce() + Send,
     ) -> Result<LoadRun> {
         let shared = &self.shared;
         if let Some(e) = self.stopped() {
@@ -182,8 +185,15 @@ impl ShardWriter {
             futures::stream::iter(slices),
         ));
         let path = paths::new_load_run(&shared.shard_dir, load, seq, shared.epoch);
-        let file =
-            sstable::write_stream(&shared.store, path, (seq, seq), &shared.schema, rows).await?;
+        let file = sstable::write_stream(
+            &shared.store,
+            path,
+            (seq, seq),
+            &shared.schema,
+            rows,
+            encoded,
+        )
+        .await?;
         Ok(LoadRun {
             file,
             ranges,
@@ -427,7 +437,7 @@ mod tests {
         )
         .unwrap();
         let run = writer
-            .write_run(vec![schema.to_stored(&rows).unwrap()], 7, 1)
+            .write_run(vec![schema.to_stored(&rows).unwrap()], 7, 1, || ())
             .await
             .unwrap();
         writer.ingest(vec![run.file.clone()]).await.unwrap();
