@@ -720,4 +720,35 @@ mod tests {
         assert_eq!(rows.iter().map(RecordBatch::num_rows).sum::<usize>(), 2);
         assert!(rows[0].schema().column_with_name("_tombstone").is_some());
     }
+
+    #[tokio::test]
+    async fn lookups_fetch_a_file_whole_once_then_read_it_from_memory() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let t = Arc::new(table(true));
+        let ids: Vec<i64> = (0..3 * ROW_GROUP_ROWS as i64).collect();
+        let (encoded, _) = encode_batches(&t, &[put(&t, &ids, 1)]).unwrap();
+        let shard = paths::shard_dir("tables/t-1", 0);
+        let file = write(&store, &shard, (1, 1), &encoded, &[]).await.unwrap();
+        let reader = SstableReader::new(Arc::clone(&store), Arc::clone(&t));
+        let lookup = |id: i64| {
+            let (reader, file, t) = (&reader, &file, &t);
+            async move {
+                let metrics = ReadMetrics::default();
+                let key: Vec<datafusion::arrow::array::ArrayRef> =
+                    vec![Arc::new(Int64Array::from(vec![id]))];
+                let row = reader.lookup(file, &key, &metrics).await.unwrap();
+                (row.map(|r| triples(t, &r)[0]), metrics.bytes_read.value())
+            }
+        };
+        // The first lookup fetches the file: its data and its tail (the
+        // footer was read before, for the plan).
+        let (row, first) = lookup(5).await;
+        assert_eq!(row, Some((5, Some(1), false)));
+        assert!(first as u64 >= file.bytes / 2, "{first} of {}", file.bytes);
+        // Keys in other row groups and pages: no request.
+        for id in [ROW_GROUP_ROWS as i64 + 3, 3 * ROW_GROUP_ROWS as i64 - 1] {
+            assert_eq!(lookup(id).await, (Some((id, Some(1), false)), 0));
+        }
+        assert_eq!(lookup(-1).await, (None, 0));
+    }
 }

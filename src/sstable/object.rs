@@ -40,6 +40,8 @@ pub struct SstableObject {
     blocks: Option<Arc<[u32]>>,
     /// The tail, once fetched and checked.
     tail: Option<Bytes>,
+    /// The whole file, checked, when a caller has it in memory.
+    whole: Option<Bytes>,
     /// Counts the bytes fetched from the store.
     bytes_read: Count,
 }
@@ -60,6 +62,7 @@ impl SstableObject {
             checksum: file.checksum,
             blocks,
             tail: None,
+            whole: None,
             bytes_read: Count::new(),
         })
     }
@@ -68,6 +71,29 @@ impl SstableObject {
     pub fn counting(mut self, bytes_read: &Count) -> Self {
         self.bytes_read = bytes_read.clone();
         self
+    }
+
+    /// Reads come from `whole`, the file's bytes (as [`SstableObject::whole`]
+    /// returned them), with no request.
+    pub fn in_memory(mut self, whole: Bytes) -> Self {
+        self.whole = Some(whole);
+        self
+    }
+
+    /// Whether reads come from memory (see [`SstableObject::in_memory`]).
+    pub fn is_in_memory(&self) -> bool {
+        self.whole.is_some()
+    }
+
+    /// The whole file, fetched and checked (its data blocks in one request,
+    /// its tail in another unless already read).
+    pub async fn whole(&mut self) -> Result<Bytes> {
+        if let Some(whole) = &self.whole {
+            return Ok(whole.clone());
+        }
+        let everything = 0..self.size;
+        let mut got = self.read(vec![everything]).await?;
+        Ok(got.remove(0))
     }
 
     /// `fetched`, counted.
@@ -107,6 +133,12 @@ impl SstableObject {
                 "a read of bytes {bad:?} is past the end of the file ({} bytes)",
                 self.size
             )));
+        }
+        if let Some(whole) = &self.whole {
+            return Ok(ranges
+                .iter()
+                .map(|r| whole.slice(r.start as usize..r.end as usize))
+                .collect());
         }
         let Some(checksum) = self.checksum else {
             // Written before SSTables had checksums: read as is.

@@ -5,11 +5,16 @@
 //!
 //! A lookup reads only what can hold the key: row groups whose statistics
 //! cover it and whose key bloom filter may contain it, and within those the
-//! pages (by the page index) whose key range covers it.
+//! pages (by the page index) whose key range covers it. A file a lookup
+//! reads from is fetched whole, once, if it is small enough, and later
+//! lookups read it from memory: on an object store, where a request costs
+//! tens of milliseconds, one large request beats one small request per
+//! lookup.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BooleanArray, FixedSizeListArray, Float32Array, RecordBatch, Scalar,
 };
@@ -45,6 +50,10 @@ use datafusion::common::ScalarValue;
 const BATCH_ROWS: usize = 8192;
 /// Memory of decoded pages lookups keep (per reader).
 const CACHED_PAGE_BYTES: usize = 64 << 20;
+/// Memory of whole files lookups keep (per reader).
+const CACHED_FILE_BYTES: usize = 256 << 20;
+/// Largest file a lookup fetches whole.
+const WHOLE_FILE_BYTES: u64 = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
@@ -132,7 +141,8 @@ pub struct SstableReader {
     schema: Arc<TableSchema>,
     footers: Mutex<HashMap<String, Footer>>,
     blooms: Mutex<HashMap<BloomKey, Option<Arc<Sbbf>>>>,
-    pages: Mutex<PageCache>,
+    pages: Mutex<BoundedCache<PageKey, RecordBatch>>,
+    files: Mutex<BoundedCache<String, Bytes>>,
     vectors: Mutex<VectorCache>,
 }
 
@@ -144,7 +154,8 @@ impl SstableReader {
             schema,
             footers: Mutex::default(),
             blooms: Mutex::default(),
-            pages: Mutex::default(),
+            pages: Mutex::new(BoundedCache::new(CACHED_PAGE_BYTES)),
+            files: Mutex::new(BoundedCache::new(CACHED_FILE_BYTES)),
             vectors: Mutex::default(),
         }
     }
@@ -352,6 +363,40 @@ impl SstableReader {
             SstableObject::new(Arc::clone(&self.store), file, footer.blocks.clone())?
                 .counting(&metrics.bytes_read),
         )
+    }
+
+    /// [`SstableReader::object`], read from memory if a lookup fetched the
+    /// file whole.
+    fn cached_object(
+        &self,
+        file: &SstableFile,
+        footer: &Footer,
+        metrics: &ReadMetrics,
+    ) -> Result<SstableObject> {
+        let object = self.object(file, footer, metrics)?;
+        let cached = self.files.lock().expect("file cache poisoned");
+        Ok(match cached.get(&file.path) {
+            Some(whole) => object.in_memory(whole),
+            None => object,
+        })
+    }
+
+    /// [`SstableReader::cached_object`] for a lookup's rows: the file is
+    /// fetched whole first if it is small enough.
+    async fn lookup_object(
+        &self,
+        file: &SstableFile,
+        footer: &Footer,
+        metrics: &ReadMetrics,
+    ) -> Result<SstableObject> {
+        let mut object = self.cached_object(file, footer, metrics)?;
+        if object.is_in_memory() || file.bytes > WHOLE_FILE_BYTES {
+            return Ok(object);
+        }
+        let whole = object.whole().await?;
+        let mut files = self.files.lock().expect("file cache poisoned");
+        files.insert(file.path.clone(), whole.clone(), whole.len());
+        Ok(object.in_memory(whole))
     }
 
     fn corrupt(file: &SstableFile, e: impl std::fmt::Display) -> Error {
@@ -567,7 +612,7 @@ impl SstableReader {
                 Some(rows) => rows,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file, &footer, metrics)?,
+                        self.lookup_object(file, &footer, metrics).await?,
                         meta.clone(),
                     )
                     .with_row_groups(vec![rg])
@@ -583,10 +628,12 @@ impl SstableReader {
                         .try_collect()
                         .await?;
                     let rows = concat_batches(&Arc::clone(meta.schema()), &batches)?;
-                    self.pages
-                        .lock()
-                        .expect("page cache poisoned")
-                        .insert(page_key, rows.clone());
+                    let bytes = rows.get_array_memory_size();
+                    self.pages.lock().expect("page cache poisoned").insert(
+                        page_key,
+                        rows.clone(),
+                        bytes,
+                    );
                     rows
                 }
             };
@@ -632,7 +679,7 @@ impl SstableReader {
                 Some(bloom) => bloom,
                 None => {
                     let mut builder = ParquetRecordBatchStreamBuilder::new_with_metadata(
-                        self.object(file, footer, metrics)?,
+                        self.cached_object(file, footer, metrics)?,
                         footer.meta.clone(),
                     );
                     let bloom = builder
@@ -743,37 +790,46 @@ fn bloom_check(bloom: &Sbbf, key: &ArrayRef) -> Option<bool> {
     })
 }
 
-/// Decoded pages of SSTables (immutable, so never stale) that lookups
-/// read, by file, row group and first row, kept until their memory passes
-/// [`CACHED_PAGE_BYTES`]; the oldest go first.
-#[derive(Debug, Default)]
-struct PageCache {
-    pages: HashMap<PageKey, RecordBatch>,
-    order: std::collections::VecDeque<PageKey>,
-    bytes: usize,
-}
-
 /// File, row group, and the rows read (first and end).
 type PageKey = (String, usize, (usize, usize));
 
-impl PageCache {
-    fn get(&self, key: &PageKey) -> Option<RecordBatch> {
-        self.pages.get(key).cloned()
+/// Values of immutable things (SSTables are never rewritten, so never
+/// stale), kept until their memory passes a budget; the oldest go first.
+#[derive(Debug)]
+struct BoundedCache<K, V> {
+    values: HashMap<K, (V, usize)>,
+    order: std::collections::VecDeque<K>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> BoundedCache<K, V> {
+    fn new(budget: usize) -> Self {
+        Self {
+            values: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            bytes: 0,
+            budget,
+        }
     }
 
-    fn insert(&mut self, key: PageKey, rows: RecordBatch) {
-        self.bytes += rows.get_array_memory_size();
-        if let Some(old) = self.pages.insert(key.clone(), rows) {
-            self.bytes -= old.get_array_memory_size();
-        } else {
-            self.order.push_back(key);
+    fn get(&self, key: &K) -> Option<V> {
+        self.values.get(key).map(|(v, _)| v.clone())
+    }
+
+    /// Keeps `value`, of `bytes` bytes, under `key`.
+    fn insert(&mut self, key: K, value: V, bytes: usize) {
+        self.bytes += bytes;
+        match self.values.insert(key.clone(), (value, bytes)) {
+            Some((_, old)) => self.bytes -= old,
+            None => self.order.push_back(key),
         }
-        while self.bytes > CACHED_PAGE_BYTES {
+        while self.bytes > self.budget {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
-            if let Some(gone) = self.pages.remove(&oldest) {
-                self.bytes -= gone.get_array_memory_size();
+            if let Some((_, gone)) = self.values.remove(&oldest) {
+                self.bytes -= gone;
             }
         }
     }
