@@ -6,8 +6,8 @@
 //!   thread), the unit a MemTable indexes per put;
 //! - `graph/search_ef*`: one query on 20,000 vectors, k = 10.
 //!
-//! Run with `cargo bench --bench hnsw`; `bash benches/hnsw_peers.sh` compares
-//! whole builds and searches with hnswlib, faiss and usearch.
+//! Run with `cargo bench --bench hnsw`; `bash benches/run_peers.sh --only hnsw`
+//! compares whole builds and searches with hnswlib, faiss and usearch.
 
 use std::hint::black_box;
 
