@@ -11,8 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work="${1:-/tmp/memwal-kv-bench}"
-cargo build --quiet --example kv_bench
-bench="${CARGO_TARGET_DIR:-target}/debug/examples/kv_bench"
+cargo build --quiet --release --example kv_bench
+bench="${CARGO_TARGET_DIR:-target}/release/examples/kv_bench"
 rm -rf "$work" && mkdir -p "$work"
 
 run() {

@@ -2,17 +2,16 @@
 # The catalog benchmark matrix behind BENCHMARKS.md: memwal's
 # examples/manifest_bench.rs at 1K, 10K and 100K entries with C = 1, 8, 32
 # (tasks of one process, and worker processes), the 30 s C = 32 process run,
-# 10K sequential commits, and, when LANCE_PYTHON names a Python with
-# pylance==14.0.2, Lance's DirectoryNamespace under the same protocol in the
-# same run (benches/peers/lance_manifest.py). One JSON object per line.
+# 10K sequential commits. One JSON object per line. The comparison with
+# Lance's DirectoryNamespace is `bash benches/run_peers.sh --only catalog`.
 #
 #   bash benches/manifest_matrix.sh [WORKDIR]        (default /tmp/memwal-manifest-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work="${1:-/tmp/memwal-manifest-bench}"
 secs="${SECS:-10}"
-cargo build --quiet --example manifest_bench
-bench="${CARGO_TARGET_DIR:-target}/debug/examples/manifest_bench"
+cargo build --quiet --release --example manifest_bench
+bench="${CARGO_TARGET_DIR:-target}/release/examples/manifest_bench"
 rm -rf "$work" && mkdir -p "$work"
 
 label() { printf '%s ' "$1"; }
@@ -38,14 +37,3 @@ done
 settle; label "memwal entries=10000 10000-sequential-commits"
 "$bench" run --root "$work/m10000" --workers 1 --ops-per-worker 10000
 
-if [ -n "${LANCE_PYTHON:-}" ]; then
-  for n in 1000 10000; do
-    "$LANCE_PYTHON" benches/peers/lance_manifest.py seed-large --root "$work/l$n" --entries "$n" 2>/dev/null >/dev/null
-    for c in 1 8; do
-      settle; label "lance entries=$n processes=$c"
-      "$LANCE_PYTHON" benches/peers/lance_manifest.py run --root "$work/l$n" --workers "$c" --duration-secs "$secs" 2>/dev/null
-      settle; label "memwal entries=$n processes=$c (again, beside lance)"
-      "$bench" run --root "$work/m$n" --workers "$c" $([ "$c" -gt 1 ] && echo --processes) --duration-secs "$secs"
-    done
-  done
-fi

@@ -1,27 +1,43 @@
 #!/usr/bin/env bash
-# The KV comparison of BENCHMARKS.md in one command: memwal (examples/kv_bench.rs),
-# SlateDB 0.18 (benches/peers/slatedb/) and Lance MemWAL (pylance 14.0.2,
-# benches/peers/lance_kv.py) on the same protocol, integer and UUID keys x
-# window 1 and 32 x a local directory and the `s3-standard` store model,
-# every cell run three times with the systems interleaved. memwal and
-# SlateDB take the model as an object_store wrapper (memwal::testing::
-# LatencyStore and the peer's copy of it); Lance talks S3 to moto through
-# benches/peers/s3_latency_proxy.py, which gives each request the same
-# delays. Release builds only. Writes benches/results/kv.jsonl (one JSON
-# object per run, stamped with the commit and date) and regenerates the
-# tables of BENCHMARKS.md from it (benches/report.py).
+# Every comparison of BENCHMARKS.md in one command, release builds only,
+# each cell run three times with the systems interleaved; writes one JSON
+# object per run to benches/results/<part>.jsonl (stamped with the commit
+# and date) and regenerates the part's tables in BENCHMARKS.md from it
+# (benches/report.py). The peers are pip-installed into a venv under the
+# work directory. The parts:
 #
-#   bash benches/run_peers.sh                      (about 30 minutes after the builds)
-#   bash benches/run_peers.sh --quick              (one run of small cells: minutes)
-#   bash benches/run_peers.sh --store s3-standard  (one store's cells only)
+# - kv: the seed's KV protocol, integer and UUID keys x window 1 and 32 x a
+#   local directory and the `s3-standard` store model: memwal
+#   (examples/kv_bench.rs), SlateDB 0.18 (benches/peers/slatedb/) and Lance
+#   MemWAL (pylance 14.0.2, benches/peers/lance_kv.py). memwal and SlateDB
+#   take the model as an object_store wrapper (memwal::testing::LatencyStore
+#   and the peer's copy of it); Lance talks S3 to moto through
+#   benches/peers/s3_latency_proxy.py, which gives each request the same
+#   delays. About 30 minutes.
+# - hnsw: the graph (examples/hnsw_bench.rs) against faiss HNSWFlat, hnswlib
+#   and usearch (benches/peers/hnsw_peers.py) on the same 20,000 x 1024-d
+#   vectors, clustered and low-rank, one thread. About 10 minutes.
+# - catalog: `__manifest` commits (examples/manifest_bench.rs) against
+#   Lance's DirectoryNamespace (benches/peers/lance_manifest.py) at 1,000 and
+#   10,000 entries, 1 and 8 processes. About 10 minutes.
+# - shard-writer: Lance's shard-writer workload on memwal
+#   (examples/shard_writer_bench.rs), FineWeb-shaped and vector-only rows,
+#   HNSW on, durable, local and `s3-standard`. About 15 minutes.
+#
+#   bash benches/run_peers.sh                        (every part)
+#   bash benches/run_peers.sh --quick                (one small run of each: minutes, printed only)
+#   bash benches/run_peers.sh --only hnsw            (one part)
+#   bash benches/run_peers.sh --only kv --store s3-standard
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 stores="local s3-standard"
+quick=0 parts="kv hnsw catalog shard-writer" stores="local s3-standard"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --only) parts="$2"; shift ;;
     --store) stores="$2"; shift ;;
-    *) echo "usage: $0 [--quick] [--store local|s3-standard]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--only kv|hnsw|catalog|shard-writer] [--store local|s3-standard]" >&2
+       exit 2 ;;
   esac
   shift
 done
@@ -30,87 +46,193 @@ runs=3
 work="${MEMWAL_BENCH_DIR:-/tmp/memwal-peers}"
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 mkdir -p "$work" benches/results
-results=benches/results/kv.jsonl
-[ "$stores" != "local s3-standard" ] && results=benches/results/kv-${stores// /-}.jsonl
-[ $quick = 1 ] && results=benches/results/kv-quick.jsonl
-: > "$results"
+has() { [[ " $parts " == *" $1 "* ]]; }
 
 # --- builds and the peers' environments -------------------------------------
-cargo build --quiet --release --example kv_bench
-cargo build --quiet --release --manifest-path benches/peers/slatedb/Cargo.toml \
-  --target-dir "$target/peers"
-memwal="$target/release/examples/kv_bench"
-slatedb="$target/peers/release/memwal-slatedb-peer"
-venv="$work/venv"
-if [ ! -x "$venv/bin/moto_server" ]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet pylance==14.0.2 numpy pyarrow 'moto[server]>=5.1,<6' boto3
+examples=()
+has kv && examples+=(--example kv_bench)
+has hnsw && examples+=(--example hnsw_bench)
+has catalog && examples+=(--example manifest_bench)
+has shard-writer && examples+=(--example shard_writer_bench)
+cargo build --quiet --release "${examples[@]}"
+bin="$target/release/examples"
+if has kv; then
+  cargo build --quiet --release --manifest-path benches/peers/slatedb/Cargo.toml \
+    --target-dir "$target/peers"
 fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-moto_port=$(free_port)
-proxy_port=$(free_port)
-"$venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
-moto_pid=$!
-proxy_pid=
-trap 'kill $moto_pid $proxy_pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  curl -s "http://127.0.0.1:$moto_port/" >/dev/null 2>&1 && break
-  sleep 0.2
-done
+venv="$work/venv"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/pip" install --quiet pylance==14.0.2 numpy pyarrow 'moto[server]>=5.1,<6' boto3 \
+  hnswlib faiss-cpu usearch
 
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo "-dirty")
 date=$(date -u +%FT%TZ)
-stamp() {  # adds the cell, run, commit and date to the one JSON line on stdin
+# stamp FILE RUN [KEY=VALUE...]: each JSON object line on stdin, with the
+# run, the commit, the date and the given fields added, appended to FILE.
+stamp() {
   python3 -c 'import json,sys
-d = json.loads(sys.stdin.read().strip().splitlines()[-1])
-d.update(run=int(sys.argv[1]), commit=sys.argv[2], date=sys.argv[3])
-print(json.dumps(d))' "$1" "$commit" "$date" >>"$results"
+def value(v):
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
+with open(sys.argv[1], "a") as out:
+    for line in sys.stdin.read().splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            d.update(run=int(sys.argv[2]), commit=sys.argv[3], date=sys.argv[4])
+            d.update((k, value(v)) for k, v in (a.split("=", 1) for a in sys.argv[5:]))
+            print(json.dumps(d), file=out)' "$1" "$2" "$commit" "$date" "${@:3}"
+}
+settle() { sync; sleep 1; }
+# results PART: the part's results file, emptied.
+results() {
+  local f=benches/results/$1
+  [ "$1" = kv ] && [ "$stores" != "local s3-standard" ] && f+=-${stores// /-}
+  [ $quick = 1 ] && f+=-quick
+  : > "$f.jsonl"
+  echo "$f.jsonl"
+}
+publish() {
+  if [ $quick = 1 ] || [ "$stores" != "local s3-standard" ]; then
+    python3 benches/report.py "$1"
+  else
+    python3 benches/report.py "$1" --update BENCHMARKS.md
+  fi
 }
 
-# --- the matrix ---------------------------------------------------------------
-for run in $(seq 1 "$runs"); do
-  for store in $stores; do
-    for keys in int uuid; do
-      for window in 32 1; do
-        # Window 1 is 1,000-row puts one at a time at the 100 ms cadence:
-        # a tenth of the rows. The S3 cells: a fifth of that, and 500
-        # reads (a read that misses costs a GET of about 25 ms). Lance's
-        # reads take 5-20 ms locally and 400 ms on S3: 1,000 and 50.
-        rows=1000000 reads=10000 lance_reads=1000
-        [ "$window" = 1 ] && rows=100000
-        [ "$store" != local ] && rows=$((rows / 5)) && reads=500 && lance_reads=50
-        [ $quick = 1 ] && rows=$((rows / 10)) && reads=$((reads / 10)) && lance_reads=20
-        echo "run $run/$runs: $store keys=$keys window=$window rows=$rows" >&2
-        common=(--keys "$keys" --window "$window" --rows "$rows" --reads "$reads")
-        lance=(--keys "$keys" --window "$window" --rows "$rows" --reads "$lance_reads")
-        sync; sleep 1
-        "$memwal" "${common[@]}" --store "$store" --dir "$work" --scans 1 | stamp "$run"
-        sync; sleep 1
-        "$slatedb" "${common[@]}" --store "$store" --dir "$work" | stamp "$run"
-        sync; sleep 1
-        if [ "$store" = local ]; then
-          "$venv/bin/python" benches/peers/lance_kv.py "${lance[@]}" --dir "$work" | stamp "$run"
-        else
-          # A fresh proxy per run: its counts are this run's.
-          "$venv/bin/python" benches/peers/s3_latency_proxy.py --profile "$store" \
-            --upstream "http://127.0.0.1:$moto_port" --port "$proxy_port" &
-          proxy_pid=$!
-          for _ in $(seq 1 50); do
-            curl -s "http://127.0.0.1:$proxy_port/__counts" >/dev/null 2>&1 && break
-            sleep 0.1
-          done
-          "$venv/bin/python" benches/peers/lance_kv.py "${lance[@]}" \
-            --s3 "http://127.0.0.1:$proxy_port" --store "$store" | stamp "$run"
-          kill $proxy_pid && wait $proxy_pid 2>/dev/null || true
-          proxy_pid=
-        fi
+moto_pid= proxy_pid=
+trap 'kill $moto_pid $proxy_pid 2>/dev/null || true' EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- kv -----------------------------------------------------------------------
+if has kv; then
+  out=$(results kv)
+  moto_port=$(free_port)
+  proxy_port=$(free_port)
+  "$venv/bin/moto_server" -H 127.0.0.1 -p "$moto_port" >"$work/moto.log" 2>&1 &
+  moto_pid=$!
+  for _ in $(seq 1 100); do
+    curl -s "http://127.0.0.1:$moto_port/" >/dev/null 2>&1 && break
+    sleep 0.2
+  done
+  for run in $(seq 1 "$runs"); do
+    for store in $stores; do
+      for keys in int uuid; do
+        for window in 32 1; do
+          # Window 1 is 1,000-row puts one at a time at the 100 ms cadence:
+          # a tenth of the rows. The S3 cells: a fifth of that, and 500
+          # reads (a read that misses costs a GET of about 25 ms). Lance's
+          # reads take 5-20 ms locally and 400 ms on S3: 1,000 and 50.
+          rows=1000000 reads=10000 lance_reads=1000
+          [ "$window" = 1 ] && rows=100000
+          [ "$store" != local ] && rows=$((rows / 5)) && reads=500 && lance_reads=50
+          [ $quick = 1 ] && rows=$((rows / 10)) && reads=$((reads / 10)) && lance_reads=20
+          echo "kv run $run/$runs: $store keys=$keys window=$window rows=$rows" >&2
+          common=(--keys "$keys" --window "$window" --rows "$rows" --reads "$reads")
+          lance=(--keys "$keys" --window "$window" --rows "$rows" --reads "$lance_reads")
+          settle
+          "$bin/kv_bench" "${common[@]}" --store "$store" --dir "$work" --scans 1 | stamp "$out" "$run"
+          settle
+          "$target/peers/release/memwal-slatedb-peer" "${common[@]}" --store "$store" --dir "$work" \
+            | stamp "$out" "$run"
+          settle
+          if [ "$store" = local ]; then
+            "$venv/bin/python" benches/peers/lance_kv.py "${lance[@]}" --dir "$work" | stamp "$out" "$run"
+          else
+            # A fresh proxy per run: its counts are this run's.
+            "$venv/bin/python" benches/peers/s3_latency_proxy.py --profile "$store" \
+              --upstream "http://127.0.0.1:$moto_port" --port "$proxy_port" &
+            proxy_pid=$!
+            for _ in $(seq 1 50); do
+              curl -s "http://127.0.0.1:$proxy_port/__counts" >/dev/null 2>&1 && break
+              sleep 0.1
+            done
+            "$venv/bin/python" benches/peers/lance_kv.py "${lance[@]}" \
+              --s3 "http://127.0.0.1:$proxy_port" --store "$store" | stamp "$out" "$run"
+            kill $proxy_pid && wait $proxy_pid 2>/dev/null || true
+            proxy_pid=
+          fi
+        done
       done
     done
   done
-done
+  kill $moto_pid 2>/dev/null || true
+  moto_pid=
+  publish "$out"
+fi
 
-if [ $quick = 1 ] || [ "$stores" != "local s3-standard" ]; then
-  python3 benches/report.py "$results"
-else
-  python3 benches/report.py "$results" --update BENCHMARKS.md
+# --- hnsw ---------------------------------------------------------------------
+if has hnsw; then
+  out=$(results hnsw)
+  size=(--n 20000 --queries 1000) cpu=1
+  [ $quick = 1 ] && size=(--n 5000 --queries 200) cpu=0.2
+  export OMP_NUM_THREADS=1
+  for run in $(seq 1 "$runs"); do
+    for shape in clustered low-rank; do
+      echo "hnsw run $run/$runs: $shape" >&2
+      settle
+      "$bin/hnsw_bench" --shape "$shape" "${size[@]}" --min-cpu-seconds "$cpu" --write "$work/hnsw-$shape" \
+        | stamp "$out" "$run" data="$shape"
+      settle
+      "$venv/bin/python" benches/peers/hnsw_peers.py --dir "$work/hnsw-$shape" \
+        --min-cpu-seconds "$cpu" | stamp "$out" "$run" data="$shape"
+    done
+  done
+  publish "$out"
+fi
+
+# --- catalog ------------------------------------------------------------------
+if has catalog; then
+  out=$(results catalog)
+  secs=10
+  [ $quick = 1 ] && secs=3
+  entries=(1000 10000)
+  [ $quick = 1 ] && entries=(1000)
+  for n in "${entries[@]}"; do
+    rm -rf "$work/catalog-m$n" "$work/catalog-l$n"
+    echo "catalog: seeding $n entries" >&2
+    "$bin/manifest_bench" seed-large --root "$work/catalog-m$n" --entries "$n" >/dev/null 2>&1
+    "$venv/bin/python" benches/peers/lance_manifest.py seed-large --root "$work/catalog-l$n" \
+      --entries "$n" >/dev/null 2>&1
+  done
+  for run in $(seq 1 "$runs"); do
+    for n in "${entries[@]}"; do
+      for c in 1 8; do
+        echo "catalog run $run/$runs: entries=$n processes=$c" >&2
+        settle
+        "$bin/manifest_bench" run --root "$work/catalog-m$n" --workers "$c" \
+          $([ "$c" -gt 1 ] && echo --processes) --duration-secs "$secs" \
+          | stamp "$out" "$run" system=memwal entries="$n"
+        settle
+        "$venv/bin/python" benches/peers/lance_manifest.py run --root "$work/catalog-l$n" \
+          --workers "$c" --duration-secs "$secs" 2>/dev/null \
+          | stamp "$out" "$run" system=lance entries="$n"
+      done
+    done
+  done
+  publish "$out"
+fi
+
+# --- shard-writer ---------------------------------------------------------------
+if has shard-writer; then
+  out=$(results shard-writer)
+  secs=20 unpaced=60000
+  [ $quick = 1 ] && secs=4 unpaced=8000
+  for run in $(seq 1 "$runs"); do
+    for store in $stores; do
+      # shape batch rate: FineWeb rows at the issue's 4,000 rows/s in puts
+      # of 10, 100 and 1,000 rows; vector-only rows; and FineWeb unpaced
+      # (32 puts in flight), the CPU-bound limit.
+      for cell in "fineweb 100 4000" "fineweb 10 4000" "fineweb 1000 4000" \
+                  "vector 100 4000" "fineweb 100 0"; do
+        set -- $cell
+        echo "shard-writer run $run/$runs: $store $cell" >&2
+        settle
+        "$bin/shard_writer_bench" --store "$store" --dir "$work" --shape "$1" --batch "$2" \
+          --rate "$3" --seconds "$secs" --rows "$unpaced" | stamp "$out" "$run"
+      done
+    done
+  done
+  publish "$out"
 fi

@@ -340,11 +340,12 @@ async fn report(
     }
     let attempts = ops as u64 + conflicts + other_errors;
     println!(
-        "{{\"mode\":\"{}\",\"workers\":{workers},\"entries_before\":{entries_before},\"entries_after\":{},\
+        "{{\"debug_assertions\":{},\"mode\":\"{}\",\"workers\":{workers},\"entries_before\":{entries_before},\"entries_after\":{},\
 \"ops\":{ops},\"secs\":{secs:.3},\"ops_per_s\":{:.1},\"versions\":{},\"versions_per_s\":{:.1},\
 \"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"retry_budget_errors\":{conflicts},\
 \"retry_budget_error_pct\":{:.3},\"other_errors\":{other_errors},\"lost\":{lost},\
 \"manifest_dir_bytes\":{dir_bytes},\"version_bytes\":{},\"dir_over_version\":{:.2}}}",
+        cfg!(debug_assertions),
         if processes { "processes" } else { "tasks" },
         snapshot.entries().len(),
         ops as f64 / secs,
