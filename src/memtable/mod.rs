@@ -234,11 +234,18 @@ impl MemTable {
     /// a time (the shard's index task); searches run meanwhile.
     pub fn index_to(&self, batches: usize, threads: usize) {
         let from = self.indexed_batches();
-        for stored in self.batches(from, batches) {
-            for (column, graph) in &self.graphs {
-                let vectors = stored.batch.column(*column).as_fixed_size_list();
-                graph.add(vectors, stored.first_row, threads);
-            }
+        // All waiting batches in one add per graph: the threads share the
+        // inserts of many small puts.
+        let waiting = self.batches(from, batches);
+        for (column, graph) in &self.graphs {
+            let parts: Vec<_> = waiting
+                .iter()
+                .map(|stored| {
+                    let vectors = stored.batch.column(*column).as_fixed_size_list();
+                    (vectors, stored.first_row)
+                })
+                .collect();
+            graph.add_all(&parts, threads);
         }
         self.indexed.fetch_max(batches, Ordering::SeqCst);
         self.update_visible();
