@@ -34,7 +34,8 @@ def stamp(lines):
     meta = next(({k: d[k] for k in ("commit", "date")} for d in reversed(lines)
                  if "commit" in d), {})
     return (f"Commit {meta.get('commit', '?')}, {meta.get('date', '?')}; median of the "
-            "runs (min–max), systems interleaved in each run.\n")
+            "runs (min–max); each run goes through every cell, and a cell's systems run "
+            "one after another.\n")
 
 
 def summary(values, fmt):
@@ -211,7 +212,7 @@ def shard_writer(lines):
                      s(lambda d: d["unacked_max"]["share_of_run"], pct),
                      s(lambda d: d["rows_per_cpu_second"], count)])
     return stamp(lines) + "\n" + table(
-        ["store", "shape", "rows per put", "target rows/s", "runs", "rows/s", "MB/s",
+        ["store", "shape", "rows per put", "target rows/s", "runs", "rows/s", "MB/s of Arrow batches",
          "put p99 ms", "puts ≥ 1 s", "WAL queue final (share of run)", "WAL queue max (share of run)",
          "WAL queue max (s of target)", "unacknowledged max (share of run)",
          "rows per CPU-s"], rows) + "\n"
