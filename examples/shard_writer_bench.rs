@@ -133,16 +133,16 @@ fn make_puts(args: &Args, rows: usize, schema: SchemaRef) -> Vec<RecordBatch> {
         .collect()
 }
 
-/// User plus system CPU time of this process.
+/// User plus system CPU time of this process, from the kernel's
+/// per-process clock (as `hnsw_bench` reads it).
 fn cpu_time() -> Duration {
-    // SAFETY: getrusage writes into the zeroed struct we pass it.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1_000);
-    tv(usage.ru_utime) + tv(usage.ru_stime)
+    // SAFETY: clock_gettime writes into the timespec we pass it.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
