@@ -161,6 +161,7 @@ struct Peaks {
 
 #[tokio::main]
 async fn main() {
+    let _ = env_logger::try_init();
     let args = Args::parse();
     let paced = args.rate > 0;
     let rows = match paced {

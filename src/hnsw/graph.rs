@@ -204,6 +204,11 @@ impl Graph {
         self.metric
     }
 
+    /// The parameters it is built with.
+    pub fn params(&self) -> HnswParams {
+        self.params
+    }
+
     /// Published nodes: fully linked, visible to searches.
     pub fn len(&self) -> usize {
         (self.published.load(Ordering::Acquire) >> 32) as usize
@@ -721,6 +726,24 @@ impl Graph {
         }
     }
 
+    /// This graph's published nodes and links over other rows: each
+    /// node's row mapped through `position` into `vectors` (rows × dim),
+    /// nodes whose row maps to `None` dropped and bridged over. The caller
+    /// guarantees that row `position(r)` of `vectors` holds the vector of
+    /// row `r`. More vectors may be added to the result.
+    pub fn remapped(
+        &self,
+        position: &dyn Fn(u64) -> Option<u64>,
+        vectors: ScalarBuffer<f32>,
+    ) -> Graph {
+        Graph::from_parts(self.export(position), vectors)
+    }
+
+    /// The rows of the published nodes, in node order.
+    pub fn rows(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len() as u32).map(|id| self.node(id).row)
+    }
+
     /// The published nodes' structure (see [`Graph::encode`]): rows mapped
     /// through `position`, nodes whose row maps to `None` dropped and
     /// bridged over, the rest numbered in order of their new rows.
@@ -1015,6 +1038,62 @@ mod tests {
             .chunks(dim)
             .map(|q| graph.search(q, 10, 64, &|_| true))
             .map(|hits| hits.iter().map(|h| (h.row - 5_000) as u32).collect())
+            .collect();
+        let r = recall(&found, &truth);
+        assert!(r >= 0.98, "recall {r}");
+    }
+
+    /// A graph carried over to other rows (a compaction's output: rows
+    /// reordered, some dropped) and completed with new vectors finds every
+    /// row where it now is and searches as well as a graph built anew.
+    #[test]
+    fn a_remapped_graph_completed_with_new_rows_keeps_its_recall() {
+        use datafusion::arrow::buffer::NullBuffer;
+        let (dim, old, new) = (16, 2_000, 1_000);
+        let shape = Shape::Clustered {
+            clusters: 8,
+            spread: 0.3,
+        };
+        let data = vectors(shape, old + new, dim, 5, 0);
+        let queries = vectors(shape, 50, dim, 5, 1);
+        let graph = Graph::new(dim, Metric::L2, HnswParams::default(), 1);
+        graph.add(&array(&data[..old * dim], dim), 0, 2);
+        // The output: every vector but one old one in ten, shuffled.
+        let mut order: Vec<usize> = (0..old + new)
+            .filter(|&i| i >= old || i % 10 != 3)
+            .collect();
+        order.sort_by_key(|&i| (i * 7_919) % 3_001);
+        let mut at = vec![None; old + new];
+        let mut output = Vec::with_capacity(order.len() * dim);
+        for (position, &i) in order.iter().enumerate() {
+            at[i] = Some(position as u64);
+            output.extend_from_slice(&data[i * dim..][..dim]);
+        }
+        let seeded = graph.remapped(&|row| at[row as usize], output.clone().into());
+        assert_eq!(seeded.len(), old - old / 10);
+        let mut todo = vec![true; order.len()];
+        for row in seeded.rows() {
+            assert!(order[row as usize] < old, "only old rows are carried over");
+            todo[row as usize] = false;
+        }
+        let rest = FixedSizeListArray::new(
+            Arc::new(Field::new_list_field(DataType::Float32, true)),
+            dim as i32,
+            Arc::new(Float32Array::from(output.clone())),
+            Some(NullBuffer::from(todo)),
+        );
+        seeded.add(&rest, 0, 2);
+        assert_eq!(seeded.len(), order.len());
+        for position in [0, 1, 500, order.len() - 1] {
+            let hit = seeded.search(&output[position * dim..][..dim], 1, 32, &|_| true)[0];
+            assert_eq!(hit.row, position as u64);
+            assert!(hit.distance.abs() < 1e-6);
+        }
+        let truth = exact_neighbours(&output, &queries, dim, 10, distance::l2);
+        let found: Vec<Vec<u32>> = queries
+            .chunks(dim)
+            .map(|q| seeded.search(q, 10, 64, &|_| true))
+            .map(|hits| hits.iter().map(|h| h.row as u32).collect())
             .collect();
         let r = recall(&found, &truth);
         assert!(r >= 0.98, "recall {r}");

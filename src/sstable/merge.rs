@@ -11,13 +11,13 @@
 //!
 //! Memory stays bounded by a few batches per run, however large the runs.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::kernels::boolean::{not, or};
 use datafusion::arrow::compute::kernels::cmp::distinct;
 use datafusion::arrow::compute::{SortOptions, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
@@ -53,18 +53,57 @@ pub fn unrecorded() -> BaselineMetrics {
 
 /// The column carrying a row's run sequence through a merge.
 const SEQ_COLUMN: &str = "_seq";
+/// The column carrying a row's position in its run through a traced merge.
+const ROW_COLUMN: &str = "_row";
 
-/// `run`'s rows with its sequence as a last column (`schema`).
-fn with_seq(run: Run, schema: SchemaRef) -> SendableRecordBatchStream {
-    let Run { rows, seq } = run;
+/// `run`'s rows with its sequence as a last column and, if `rows`, each
+/// row's position in the run after it (`schema`).
+fn with_seq(run: Run, schema: SchemaRef, rows: bool) -> SendableRecordBatchStream {
+    let Run { rows: batches, seq } = run;
     let out = Arc::clone(&schema);
-    let rows = rows.map(move |batch| {
+    let mut next = 0u64;
+    let batches = batches.map(move |batch| {
         let batch = batch?;
+        let n = batch.num_rows();
         let mut columns = batch.columns().to_vec();
-        columns.push(Arc::new(UInt64Array::from_value(seq, batch.num_rows())));
+        columns.push(Arc::new(UInt64Array::from_value(seq, n)));
+        if rows {
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                next..next + n as u64,
+            )));
+            next += n as u64;
+        }
         Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
     });
-    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
+    Box::pin(RecordBatchStreamAdapter::new(schema, batches))
+}
+
+/// Where the rows of one run of a merge went: each row that reached the
+/// output and its position there, filled as the merged stream is read
+/// (complete once it has been read to the end).
+#[derive(Clone, Debug, Default)]
+pub struct RowTrace(Arc<Mutex<Vec<(u64, u64)>>>);
+
+impl RowTrace {
+    /// The trace of a run whose rows are the output's rows `at..at + rows`.
+    pub fn shifted(rows: u64, at: u64) -> Self {
+        Self(Arc::new(Mutex::new(
+            (0..rows).map(|r| (r, at + r)).collect(),
+        )))
+    }
+
+    /// The output position of the run's row `row`, if it reached the output.
+    pub fn position(&self, row: u64) -> Option<u64> {
+        let pairs = self.0.lock().expect("row trace poisoned");
+        let at = pairs.binary_search_by_key(&row, |&(r, _)| r).ok()?;
+        Some(pairs[at].1)
+    }
+
+    /// Every `(row of the run, output position)`, in order.
+    #[cfg(test)]
+    pub fn pairs(&self) -> Vec<(u64, u64)> {
+        self.0.lock().expect("row trace poisoned").clone()
+    }
 }
 
 /// Merges `runs` into the newest row of each key, sorted by key, in stored
@@ -74,11 +113,47 @@ fn with_seq(run: Run, schema: SchemaRef) -> SendableRecordBatchStream {
 pub fn merge_runs(
     schema: &TableSchema,
     columns: &[usize],
-    mut runs: Vec<Run>,
+    runs: Vec<Run>,
     keep_tombstones: bool,
     pool: &Arc<dyn MemoryPool>,
     metrics: BaselineMetrics,
 ) -> Result<SendableRecordBatchStream> {
+    let (rows, _) = merge(schema, columns, runs, keep_tombstones, pool, metrics, None)?;
+    Ok(rows)
+}
+
+/// [`merge_runs`] that also traces where the rows of the run with sequence
+/// `traced` go (an index built over that run can then be carried over to
+/// the output).
+pub fn merge_runs_traced(
+    schema: &TableSchema,
+    columns: &[usize],
+    runs: Vec<Run>,
+    keep_tombstones: bool,
+    pool: &Arc<dyn MemoryPool>,
+    traced: u64,
+) -> Result<(SendableRecordBatchStream, RowTrace)> {
+    let (rows, trace) = merge(
+        schema,
+        columns,
+        runs,
+        keep_tombstones,
+        pool,
+        unrecorded(),
+        Some(traced),
+    )?;
+    Ok((rows, trace.expect("a traced merge")))
+}
+
+fn merge(
+    schema: &TableSchema,
+    columns: &[usize],
+    mut runs: Vec<Run>,
+    keep_tombstones: bool,
+    pool: &Arc<dyn MemoryPool>,
+    metrics: BaselineMetrics,
+    traced: Option<u64>,
+) -> Result<(SendableRecordBatchStream, Option<RowTrace>)> {
     let projected = Arc::new(schema.stored.project(columns)?);
     let position = |stored: usize| {
         columns
@@ -92,49 +167,92 @@ pub fn merge_runs(
         .iter()
         .map(|&k| position(k))
         .collect::<Result<Vec<_>>>()?;
-    let rows = if runs.len() == 1 {
-        runs.pop().expect("one run").rows
-    } else {
-        if keys.is_empty() {
-            return Err(Error::invalid("a merge needs a key"));
-        }
-        let mut fields = projected.fields().to_vec();
-        fields.push(Arc::new(Field::new(SEQ_COLUMN, DataType::UInt64, false)));
-        let sequenced = Arc::new(Schema::new(fields));
-        let seq = projected.fields().len();
-        let order = LexOrdering::new(
-            keys.iter()
-                .map(|&k| (projected.field(k).name(), k, false))
-                .chain([(&SEQ_COLUMN.to_string(), seq, true)])
-                .map(|(name, at, descending)| {
-                    PhysicalSortExpr::new(
-                        Arc::new(Column::new(name, at)),
-                        SortOptions::new(descending, false),
-                    )
-                }),
+    if runs.len() == 1 && traced.is_none() {
+        let rows = runs.pop().expect("one run").rows;
+        return Ok((
+            match keep_tombstones {
+                true => rows,
+                false => drop_tombstones(rows, tombstone),
+            },
+            None,
+        ));
+    }
+    if keys.is_empty() {
+        return Err(Error::invalid("a merge needs a key"));
+    }
+    let mut fields = projected.fields().to_vec();
+    fields.push(Arc::new(Field::new(SEQ_COLUMN, DataType::UInt64, false)));
+    if traced.is_some() {
+        fields.push(Arc::new(Field::new(ROW_COLUMN, DataType::UInt64, false)));
+    }
+    let sequenced = Arc::new(Schema::new(fields));
+    let seq = projected.fields().len();
+    let order = LexOrdering::new(
+        keys.iter()
+            .map(|&k| (projected.field(k).name(), k, false))
+            .chain([(&SEQ_COLUMN.to_string(), seq, true)])
+            .map(|(name, at, descending)| {
+                PhysicalSortExpr::new(
+                    Arc::new(Column::new(name, at)),
+                    SortOptions::new(descending, false),
+                )
+            }),
+    )
+    .expect("a key column");
+    let merged = StreamingMergeBuilder::new()
+        .with_streams(
+            runs.into_iter()
+                .map(|r| with_seq(r, Arc::clone(&sequenced), traced.is_some()))
+                .collect(),
         )
-        .expect("a key column");
-        let merged = StreamingMergeBuilder::new()
-            .with_streams(
-                runs.into_iter()
-                    .map(|r| with_seq(r, Arc::clone(&sequenced)))
-                    .collect(),
-            )
-            .with_schema(sequenced)
-            .with_expressions(&order)
-            .with_metrics(metrics)
-            .with_batch_size(BATCH_ROWS)
-            .with_reservation(MemoryConsumer::new("memwal merge").register(pool))
-            .build()?;
-        let without_seq: Vec<usize> = (0..seq).collect();
-        let rows = newest_per_key(merged, keys).map(move |batch| Ok(batch?.project(&without_seq)?));
-        Box::pin(RecordBatchStreamAdapter::new(projected, rows))
-    };
-    Ok(if keep_tombstones {
-        rows
-    } else {
-        drop_tombstones(rows, tombstone)
-    })
+        .with_schema(sequenced)
+        .with_expressions(&order)
+        .with_metrics(metrics)
+        .with_batch_size(BATCH_ROWS)
+        .with_reservation(MemoryConsumer::new("memwal merge").register(pool))
+        .build()?;
+    let mut rows = newest_per_key(merged, keys);
+    if !keep_tombstones {
+        // Before the trace counts output positions.
+        rows = drop_tombstones(rows, tombstone);
+    }
+    let mut trace = None;
+    if let Some(traced) = traced {
+        let t = RowTrace::default();
+        rows = record(rows, seq, traced, t.clone());
+        trace = Some(t);
+    }
+    let without_seq: Vec<usize> = (0..seq).collect();
+    let rows = rows.map(move |batch| Ok(batch?.project(&without_seq)?));
+    Ok((
+        Box::pin(RecordBatchStreamAdapter::new(projected, rows)),
+        trace,
+    ))
+}
+
+/// `rows` (with `_seq` at `seq` and `_row` after it), recording in `trace`
+/// the output position of each row of run `traced`.
+fn record(
+    rows: SendableRecordBatchStream,
+    seq: usize,
+    traced: u64,
+    trace: RowTrace,
+) -> SendableRecordBatchStream {
+    let schema = rows.schema();
+    let mut position = 0u64;
+    let rows = rows.inspect(move |batch| {
+        let Ok(batch) = batch else { return };
+        let seqs = batch.column(seq).as_primitive::<UInt64Type>();
+        let runs_rows = batch.column(seq + 1).as_primitive::<UInt64Type>();
+        let mut pairs = trace.0.lock().expect("row trace poisoned");
+        for i in 0..batch.num_rows() {
+            if seqs.value(i) == traced {
+                pairs.push((runs_rows.value(i), position + i as u64));
+            }
+        }
+        position += batch.num_rows() as u64;
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
 }
 
 /// `rows` without the rows whose `_tombstone` (at `tombstone`) is set.

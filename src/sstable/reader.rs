@@ -112,11 +112,17 @@ impl VectorColumnData {
     /// The vectors as an Arrow array (no copy); rows that are not live
     /// are null.
     pub fn to_array(&self) -> FixedSizeListArray {
+        self.to_array_of(self.live.clone())
+    }
+
+    /// The vectors as an array whose valid rows are those where `rows` is
+    /// true (live ones, or the array is wrong).
+    pub fn to_array_of(&self, rows: Vec<bool>) -> FixedSizeListArray {
         FixedSizeListArray::new(
             Arc::new(Field::new_list_field(DataType::Float32, true)),
             self.dim as i32,
             Arc::new(Float32Array::new(self.values.clone(), None)),
-            Some(NullBuffer::from(self.live.clone())),
+            Some(NullBuffer::from(rows)),
         )
     }
 }

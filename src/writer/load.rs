@@ -232,7 +232,7 @@ impl ShardWriter {
             runs.extend(rest);
         }
         for run in runs.iter_mut() {
-            shared.build_graphs(&mut run.file).await?;
+            shared.build_graphs(&mut run.file, None).await?;
         }
         let schema = &shared.schema;
         let total = runs.iter().map(|r| r.file.rows).sum();
