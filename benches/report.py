@@ -193,15 +193,16 @@ def catalog(lines):
 # --- shard writer: benches/run_peers.sh --only shard-writer --------------------
 
 def shard_writer(lines):
-    cells = defaultdict(list)  # (store, shape, batch, target) -> [line]
+    cells = defaultdict(list)  # (store, shape, batch, target, rows) -> [line]
     for d in lines:
-        cells[(d["store"], d["shape"], d["batch"], d["target_rows_per_s"] or 0)].append(d)
+        cells[(d["store"], d["shape"], d["batch"], d["target_rows_per_s"] or 0, d["rows"])].append(d)
     rows = []
-    for cell in sorted(cells, key=lambda c: (c[0] != "local", c[1], -c[3], c[2])):
+    for cell in sorted(cells, key=lambda c: (c[0] != "local", c[1], -c[3], c[4], c[2])):
         runs = cells[cell]
         s = lambda f, fmt: summary([f(d) for d in runs], fmt)[0]  # noqa: E731
+        length = f"{cell[4] // cell[3]} s" if cell[3] else f"{cell[4]:,} rows"
         rows.append([cell[0], cell[1], str(cell[2]), f"{cell[3]:,}" if cell[3] else "unpaced",
-                     str(len(runs)),
+                     length, str(len(runs)),
                      s(lambda d: d["rows_per_s"], count),
                      s(lambda d: d["mb_per_s"], lambda v: f"{v:.1f}"),
                      s(lambda d: d["put_ms_p99"], lambda v: f"{v:.0f}"),
@@ -212,7 +213,8 @@ def shard_writer(lines):
                      s(lambda d: d["unacked_max"]["share_of_run"], pct),
                      s(lambda d: d["rows_per_cpu_second"], count)])
     return stamp(lines) + "\n" + table(
-        ["store", "shape", "rows per put", "target rows/s", "runs", "rows/s", "MB/s of Arrow batches",
+        ["store", "shape", "rows per put", "target rows/s", "length", "runs", "rows/s",
+         "MB/s of Arrow batches",
          "put p99 ms", "puts ≥ 1 s", "WAL queue final (share of run)", "WAL queue max (share of run)",
          "WAL queue max (s of target)", "unacknowledged max (share of run)",
          "rows per CPU-s"], rows) + "\n"

@@ -217,20 +217,21 @@ fi
 # --- shard-writer ---------------------------------------------------------------
 if has shard-writer; then
   out=$(results shard-writer)
-  secs=20 unpaced=60000
-  [ $quick = 1 ] && secs=4 unpaced=8000
+  secs=20 sustained=120 unpaced=60000
+  [ $quick = 1 ] && secs=4 sustained=12 unpaced=8000
   for run in $(seq 1 "$runs"); do
     for store in $stores; do
-      # shape batch rate: FineWeb rows at the 4,000 rows/s in puts
-      # of 10, 100 and 1,000 rows; vector-only rows; and FineWeb unpaced
-      # (32 puts in flight), the CPU-bound limit.
-      for cell in "fineweb 100 4000" "fineweb 10 4000" "fineweb 1000 4000" \
-                  "vector 100 4000" "fineweb 100 0"; do
+      # shape batch rate seconds: FineWeb rows at the 4,000 rows/s
+      # in puts of 10, 100 and 1,000 rows; vector-only rows; FineWeb
+      # unpaced (32 puts in flight), the CPU-bound limit; and FineWeb long
+      # enough for compactions to run beside the writes.
+      for cell in "fineweb 100 4000 $secs" "fineweb 10 4000 $secs" "fineweb 1000 4000 $secs" \
+                  "vector 100 4000 $secs" "fineweb 100 0 $secs" "fineweb 100 4000 $sustained"; do
         set -- $cell
         echo "shard-writer run $run/$runs: $store $cell" >&2
         settle
         "$bin/shard_writer_bench" --store "$store" --dir "$work" --shape "$1" --batch "$2" \
-          --rate "$3" --seconds "$secs" --rows "$unpaced" | stamp "$out" "$run"
+          --rate "$3" --seconds "$4" --rows "$unpaced" | stamp "$out" "$run"
       done
     done
   done

@@ -12,10 +12,19 @@
 //! | CRC32 (IEEE) of everything before it, u32
 //! ```
 //!
+//! A column's index may be several graphs over disjoint rows (a
+//! compaction keeps its inputs' graphs rather than building one anew);
+//! their file is a set:
+//!
+//! ```text
+//! magic "MWHNSWS\0" | graphs u32 | per graph: length u64, a graph as above
+//! | CRC32 (IEEE) of everything before it, u32
+//! ```
+//!
 //! Decoding checks everything a search relies on (ids in range, lists no
 //! longer than the graph's degree, rows inside the vector column, the
-//! entry point on the top level), so a damaged file is an error, never a
-//! wrong answer or a panic.
+//! entry point on the top level, no row in two graphs of a set), so a
+//! damaged file is an error, never a wrong answer or a panic.
 
 use datafusion::arrow::buffer::ScalarBuffer;
 
@@ -23,6 +32,7 @@ use super::Graph;
 use crate::schema::{HnswParams, Metric};
 
 const MAGIC: &[u8; 8] = b"MWHNSW\0\0";
+const SET_MAGIC: &[u8; 8] = b"MWHNSWS\0";
 /// The format version this code writes and reads.
 pub const VERSION: u32 = 1;
 
@@ -61,6 +71,67 @@ impl Graph {
         }
         Ok(Graph::from_parts(parts, vectors))
     }
+}
+
+/// The persisted form of `graphs` (over disjoint rows, positions as they
+/// are): one graph as [`Graph::encode`] writes it, several as a set.
+pub fn encode_set(graphs: &[Graph]) -> Vec<u8> {
+    if let [graph] = graphs {
+        return graph.encode(&Some);
+    }
+    let mut out = SET_MAGIC.to_vec();
+    out.extend_from_slice(&(graphs.len() as u32).to_le_bytes());
+    for graph in graphs {
+        let bytes = graph.encode(&Some);
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&bytes);
+    }
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The graphs `bytes` (made by [`encode_set`] or [`Graph::encode`])
+/// describe over `vectors`, each checked as [`Graph::decode`] checks one,
+/// and no row in two of them.
+pub fn decode_set(bytes: &[u8], vectors: ScalarBuffer<f32>) -> Result<Vec<Graph>, String> {
+    if !bytes.starts_with(SET_MAGIC) {
+        return Ok(vec![Graph::decode(bytes, vectors)?]);
+    }
+    if bytes.len() < SET_MAGIC.len() + 8 {
+        return Err("truncated".into());
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32fast::hash(body) != u32::from_le_bytes(crc.try_into().expect("4 bytes")) {
+        return Err("checksum mismatch".into());
+    }
+    let mut r = Reader {
+        bytes: &body[SET_MAGIC.len()..],
+    };
+    let count = r.u32()?;
+    let mut graphs = Vec::new();
+    let mut seen: Vec<bool> = Vec::new();
+    for i in 0..count {
+        let length = usize::try_from(r.u64()?).map_err(|_| "graph length".to_string())?;
+        let graph = Graph::decode(r.take(length)?, vectors.clone())
+            .map_err(|e| format!("graph {i} of {count}: {e}"))?;
+        if let Some(first) = graphs.first().map(|g: &Graph| (g.dim(), g.metric()))
+            && first != (graph.dim(), graph.metric())
+        {
+            return Err(format!("graph {i} of {count}: another dimension or metric"));
+        }
+        seen.resize(vectors.len() / graph.dim(), false);
+        for row in graph.rows() {
+            if std::mem::replace(&mut seen[row as usize], true) {
+                return Err(format!("row {row} is in two graphs"));
+            }
+        }
+        graphs.push(graph);
+    }
+    if !r.bytes.is_empty() {
+        return Err(format!("{} bytes after the last graph", r.bytes.len()));
+    }
+    Ok(graphs)
 }
 
 fn metric_code(metric: Metric) -> u32 {
@@ -347,6 +418,41 @@ mod tests {
         assert_eq!(loaded.len(), parts.rows.len());
         let r = recall_of(&loaded, &moved, &parts.rows, &queries);
         assert!(r >= 0.97, "recall {r} after dropping a third");
+    }
+
+    #[test]
+    fn a_set_of_graphs_round_trips_and_overlapping_ones_are_an_error() {
+        let data = vectors(shape(), 1_000, DIM, 8, 0);
+        let graphs: Vec<Graph> = [0..600, 600..1_000]
+            .into_iter()
+            .map(|rows| {
+                let graph = Graph::new(DIM, Metric::L2, HnswParams::default(), 1);
+                let part = &data[rows.start * DIM..rows.end * DIM];
+                graph.add(&to_array(part, DIM), rows.start as u64, 1);
+                graph
+            })
+            .collect();
+        let bytes = encode_set(&graphs);
+        let back = decode_set(&bytes, buffer(&data)).unwrap();
+        assert_eq!(back.len(), 2);
+        for (back, graph) in back.iter().zip(&graphs) {
+            assert_eq!(back.export(&Some), graph.export(&Some));
+        }
+        // One graph is written as it always was.
+        let one = encode_set(&graphs[..1]);
+        assert_eq!(one, graphs[0].encode(&Some));
+        assert_eq!(decode_set(&one, buffer(&data)).unwrap().len(), 1);
+
+        let decode = |b: &[u8]| decode_set(b, buffer(&data)).map(|_| ()).unwrap_err();
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 1;
+        assert!(decode(&flipped).contains("checksum"));
+        assert!(decode(&bytes[..bytes.len() - 9]).contains("checksum"));
+        let twice = encode_set(&[
+            graphs[0].remapped(&Some, buffer(&data)),
+            graphs[0].remapped(&Some, buffer(&data)),
+        ]);
+        assert!(decode(&twice).contains("in two graphs"));
     }
 
     #[test]

@@ -459,9 +459,8 @@ impl ShardSnapshot {
 }
 
 /// The `fetch` nearest rows an SSTable offers, over its decoded vectors:
-/// through its graph, or exactly (see [`through_graph`]) when it has none,
-/// or exactly after its graph found fewer (the graph did not reach them
-/// all).
+/// through its graphs, or exactly (see [`through_graph`]) when it has none,
+/// or exactly after its graphs found fewer (they did not reach them all).
 fn search_sstable(
     data: &VectorColumnData,
     matches: Option<&[bool]>,
@@ -471,15 +470,21 @@ fn search_sstable(
     fetch: usize,
 ) -> Offer {
     let admits = |p: usize| data.live[p] && matches.is_none_or(|m| m[p]);
-    let graph = (data.graph.as_ref()).filter(|_| through_graph(admissible, fetch, query.ef));
-    let found = graph.map(|graph| {
-        graph
-            .search(&query.vector, fetch, query.ef.max(fetch), &|p| {
-                admits(p as usize)
+    let graphs = !data.graphs.is_empty() && through_graph(admissible, fetch, query.ef);
+    // Each graph over its own rows; the nearest of all of them.
+    let found = graphs.then(|| {
+        let mut hits: Vec<(f32, u64)> = data
+            .graphs
+            .iter()
+            .flat_map(|graph| {
+                graph.search(&query.vector, fetch, query.ef.max(fetch), &|p| {
+                    admits(p as usize)
+                })
             })
-            .into_iter()
             .map(|h| (h.distance, h.row))
-            .collect::<Vec<_>>()
+            .collect();
+        top(&mut hits, fetch);
+        hits
     });
     let (hits, exhausted) = match found {
         Some(hits) if hits.len() == fetch => (hits, false),

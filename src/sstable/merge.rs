@@ -11,6 +11,7 @@
 //!
 //! Memory stays bounded by a few batches per run, however large the runs.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array};
@@ -78,31 +79,43 @@ fn with_seq(run: Run, schema: SchemaRef, rows: bool) -> SendableRecordBatchStrea
     Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
 
-/// Where the rows of one run of a merge went: each row that reached the
-/// output and its position there, filled as the merged stream is read
-/// (complete once it has been read to the end).
+/// Where the rows of a merge's runs went: for each run (by sequence), each
+/// row that reached the output and its position there, filled as the
+/// merged stream is read (complete once it has been read to the end).
 #[derive(Clone, Debug, Default)]
-pub struct RowTrace(Arc<Mutex<Vec<(u64, u64)>>>);
+pub struct RowTrace(Arc<Mutex<HashMap<u64, Moves>>>);
+
+/// `(row of a run, output position)` of the rows of a run that reached the
+/// output, in order.
+type Moves = Vec<(u64, u64)>;
 
 impl RowTrace {
-    /// The trace of a run whose rows are the output's rows `at..at + rows`.
-    pub fn shifted(rows: u64, at: u64) -> Self {
-        Self(Arc::new(Mutex::new(
-            (0..rows).map(|r| (r, at + r)).collect(),
-        )))
+    /// The trace of runs `(seq, rows)` whose rows follow one another in
+    /// the output, in this order.
+    pub fn concatenated(runs: &[(u64, u64)]) -> Self {
+        let mut at = 0;
+        let mut trace = HashMap::new();
+        for &(seq, rows) in runs {
+            trace.insert(seq, (0..rows).map(|r| (r, at + r)).collect());
+            at += rows;
+        }
+        Self(Arc::new(Mutex::new(trace)))
     }
 
-    /// The output position of the run's row `row`, if it reached the output.
-    pub fn position(&self, row: u64) -> Option<u64> {
-        let pairs = self.0.lock().expect("row trace poisoned");
+    /// The output position of row `row` of run `seq`, if it reached the
+    /// output.
+    pub fn position(&self, seq: u64, row: u64) -> Option<u64> {
+        let trace = self.0.lock().expect("row trace poisoned");
+        let pairs = trace.get(&seq)?;
         let at = pairs.binary_search_by_key(&row, |&(r, _)| r).ok()?;
         Some(pairs[at].1)
     }
 
-    /// Every `(row of the run, output position)`, in order.
+    /// Every `(row of the run, output position)` of run `seq`, in order.
     #[cfg(test)]
-    pub fn pairs(&self) -> Vec<(u64, u64)> {
-        self.0.lock().expect("row trace poisoned").clone()
+    pub fn pairs(&self, seq: u64) -> Vec<(u64, u64)> {
+        let trace = self.0.lock().expect("row trace poisoned");
+        trace.get(&seq).cloned().unwrap_or_default()
     }
 }
 
@@ -118,20 +131,18 @@ pub fn merge_runs(
     pool: &Arc<dyn MemoryPool>,
     metrics: BaselineMetrics,
 ) -> Result<SendableRecordBatchStream> {
-    let (rows, _) = merge(schema, columns, runs, keep_tombstones, pool, metrics, None)?;
+    let (rows, _) = merge(schema, columns, runs, keep_tombstones, pool, metrics, false)?;
     Ok(rows)
 }
 
-/// [`merge_runs`] that also traces where the rows of the run with sequence
-/// `traced` go (an index built over that run can then be carried over to
-/// the output).
+/// [`merge_runs`] that also traces where the rows of each run go (indexes
+/// built over the runs can then be carried over to the output).
 pub fn merge_runs_traced(
     schema: &TableSchema,
     columns: &[usize],
     runs: Vec<Run>,
     keep_tombstones: bool,
     pool: &Arc<dyn MemoryPool>,
-    traced: u64,
 ) -> Result<(SendableRecordBatchStream, RowTrace)> {
     let (rows, trace) = merge(
         schema,
@@ -140,7 +151,7 @@ pub fn merge_runs_traced(
         keep_tombstones,
         pool,
         unrecorded(),
-        Some(traced),
+        true,
     )?;
     Ok((rows, trace.expect("a traced merge")))
 }
@@ -152,7 +163,7 @@ fn merge(
     keep_tombstones: bool,
     pool: &Arc<dyn MemoryPool>,
     metrics: BaselineMetrics,
-    traced: Option<u64>,
+    traced: bool,
 ) -> Result<(SendableRecordBatchStream, Option<RowTrace>)> {
     let projected = Arc::new(schema.stored.project(columns)?);
     let position = |stored: usize| {
@@ -167,7 +178,7 @@ fn merge(
         .iter()
         .map(|&k| position(k))
         .collect::<Result<Vec<_>>>()?;
-    if runs.len() == 1 && traced.is_none() {
+    if runs.len() == 1 && !traced {
         let rows = runs.pop().expect("one run").rows;
         return Ok((
             match keep_tombstones {
@@ -182,7 +193,7 @@ fn merge(
     }
     let mut fields = projected.fields().to_vec();
     fields.push(Arc::new(Field::new(SEQ_COLUMN, DataType::UInt64, false)));
-    if traced.is_some() {
+    if traced {
         fields.push(Arc::new(Field::new(ROW_COLUMN, DataType::UInt64, false)));
     }
     let sequenced = Arc::new(Schema::new(fields));
@@ -202,7 +213,7 @@ fn merge(
     let merged = StreamingMergeBuilder::new()
         .with_streams(
             runs.into_iter()
-                .map(|r| with_seq(r, Arc::clone(&sequenced), traced.is_some()))
+                .map(|r| with_seq(r, Arc::clone(&sequenced), traced))
                 .collect(),
         )
         .with_schema(sequenced)
@@ -217,9 +228,9 @@ fn merge(
         rows = drop_tombstones(rows, tombstone);
     }
     let mut trace = None;
-    if let Some(traced) = traced {
+    if traced {
         let t = RowTrace::default();
-        rows = record(rows, seq, traced, t.clone());
+        rows = record(rows, seq, t.clone());
         trace = Some(t);
     }
     let without_seq: Vec<usize> = (0..seq).collect();
@@ -231,11 +242,10 @@ fn merge(
 }
 
 /// `rows` (with `_seq` at `seq` and `_row` after it), recording in `trace`
-/// the output position of each row of run `traced`.
+/// the output position of each row.
 fn record(
     rows: SendableRecordBatchStream,
     seq: usize,
-    traced: u64,
     trace: RowTrace,
 ) -> SendableRecordBatchStream {
     let schema = rows.schema();
@@ -244,11 +254,10 @@ fn record(
         let Ok(batch) = batch else { return };
         let seqs = batch.column(seq).as_primitive::<UInt64Type>();
         let runs_rows = batch.column(seq + 1).as_primitive::<UInt64Type>();
-        let mut pairs = trace.0.lock().expect("row trace poisoned");
+        let mut trace = trace.0.lock().expect("row trace poisoned");
         for i in 0..batch.num_rows() {
-            if seqs.value(i) == traced {
-                pairs.push((runs_rows.value(i), position + i as u64));
-            }
+            let run = trace.entry(seqs.value(i)).or_default();
+            run.push((runs_rows.value(i), position + i as u64));
         }
         position += batch.num_rows() as u64;
     });

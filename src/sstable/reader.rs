@@ -78,14 +78,16 @@ pub struct VectorColumnData {
     pub live: Vec<bool>,
     /// How many rows are live.
     pub live_rows: usize,
-    /// The column's HNSW graph over the live rows, if the SSTable has one.
-    pub graph: Option<Graph>,
+    /// The column's HNSW graphs, each over some of the live rows and
+    /// together over all of them, if the SSTable has an index (empty if
+    /// not).
+    pub graphs: Vec<Graph>,
 }
 
 impl VectorColumnData {
     /// Memory the vectors and the graph take.
     pub fn bytes(&self) -> usize {
-        self.values.len() * 4 + self.graph.as_ref().map_or(0, Graph::bytes)
+        self.values.len() * 4 + self.graphs.iter().map(Graph::bytes).sum::<usize>()
     }
 
     /// The vector at `position`.
@@ -257,10 +259,10 @@ impl SstableReader {
             // warning.
             let loaded = async {
                 let path = paths::graph_file(&file.path, name)?;
-                self.load_graph(&path, graph.crc32(), column, &data).await
+                self.load_graphs(&path, graph.crc32(), column, &data).await
             };
             match loaded.await {
-                Ok(graph) => data.graph = Some(graph),
+                Ok(graphs) => data.graphs = graphs,
                 Err(e) => log::warn!("searching {} exactly: {e}", file.path),
             }
         }
@@ -269,15 +271,15 @@ impl SstableReader {
         Ok(data)
     }
 
-    /// The persisted graph at `path` of vector column `column` over `data`,
-    /// checked against `crc32` if the manifest records one.
-    async fn load_graph(
+    /// The persisted graphs at `path` of vector column `column` over
+    /// `data`, checked against `crc32` if the manifest records one.
+    async fn load_graphs(
         &self,
         path: &Path,
         crc32: Option<u32>,
         column: usize,
         data: &VectorColumnData,
-    ) -> Result<Graph> {
+    ) -> Result<Vec<Graph>> {
         let bytes = self.store.get(path).await?.bytes().await?;
         let corrupt = |reason: String| Error::Corrupt {
             path: path.to_string(),
@@ -288,14 +290,18 @@ impl SstableReader {
                 "checksum mismatch: damaged, or not the graph of this SSTable".into(),
             ));
         }
-        let graph = Graph::decode(&bytes, data.values.clone()).map_err(corrupt)?;
+        let graphs =
+            crate::hnsw::persist::decode_set(&bytes, data.values.clone()).map_err(corrupt)?;
         let expected = self.schema.vectors.iter().find(|v| v.index == column);
-        if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim()) {
-            return Err(corrupt(
-                "another metric or dimension than the column's".into(),
-            ));
+        for graph in &graphs {
+            if expected.is_none_or(|v| v.metric != graph.metric() || v.dim as usize != graph.dim())
+            {
+                return Err(corrupt(
+                    "another metric or dimension than the column's".into(),
+                ));
+            }
         }
-        Ok(graph)
+        Ok(graphs)
     }
 
     /// Keeps `data` as what [`SstableReader::vector_column`] returns for
@@ -353,7 +359,7 @@ impl SstableReader {
             values: values.into(),
             live_rows: live.iter().filter(|&&l| l).count(),
             live,
-            graph: None,
+            graphs: Vec::new(),
         })
     }
 

@@ -15,9 +15,10 @@
 //!    [`super::WriterOptions::fence_grace`] old, since a stale writer's
 //!    next append lands exactly on a later epoch's fence and must collide
 //!    with it (the writer's module doc says why that grace suffices);
-//! 3. compaction: merge a run of the newest SSTables into one (streaming),
-//!    commit the swap, and delete the inputs once
-//!    [`super::WriterOptions::sstable_grace`] has passed;
+//! 3. compaction, in a task of its own so flushes go on while it runs:
+//!    merge a run of consecutive SSTables into one (streaming), commit the
+//!    swap of that run (whatever flushes appended meanwhile), and delete
+//!    the inputs once [`super::WriterOptions::sstable_grace`] has passed;
 //! 4. at start, objects a crash left behind are collected: SSTables of
 //!    older epochs that the manifest does not name (their writers can no
 //!    longer commit them)
@@ -41,7 +42,7 @@ use object_store::path::Path;
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
 use super::{Generation, Shared, shared_error};
 use crate::error::{Error, Result};
-use crate::hnsw::Graph;
+use crate::hnsw::{Graph, persist};
 use crate::schema::VectorColumn;
 use crate::sstable::{self, ReadMetrics, SstableFile, VectorColumnData, merge};
 use crate::store::{Versioned, delete_if_present, paths};
@@ -79,16 +80,6 @@ impl Shared {
                     .cloned()
             };
             let Some(generation) = sealed else {
-                if self.compaction_holds.load(Ordering::Acquire) == 0
-                    && self.compaction_due.swap(false, Ordering::AcqRel)
-                {
-                    let _one_at_a_time = self.maintenance.lock().await;
-                    if let Err(e) = self.compact().await {
-                        self.stop(e);
-                        return;
-                    }
-                    continue;
-                }
                 if self.closing.load(Ordering::Acquire)
                     && self.progress.borrow().wal_done
                     && self.index_done.load(Ordering::Acquire)
@@ -98,15 +89,41 @@ impl Shared {
                 self.flush_wake.notified().await;
                 continue;
             };
-            let done = async {
+            let flushed = async {
                 let _one_at_a_time = self.maintenance.lock().await;
-                self.flush(&generation).await?;
-                self.compact().await
+                self.flush(&generation).await
             };
-            if let Err(e) = done.await {
+            if let Err(e) = flushed.await {
                 self.stop(e);
                 return;
             }
+            self.compaction_due.store(true, Ordering::Release);
+            self.compaction_wake.notify_one();
+        }
+    }
+
+    /// The compaction loop: compacts whenever a flush made it due and no
+    /// bulk load holds it; ends once the flush loop has ended and nothing
+    /// is due.
+    pub(super) async fn run_compaction(self: Arc<Self>) {
+        loop {
+            if self.progress.borrow().error.is_some() {
+                return;
+            }
+            if self.compaction_holds.load(Ordering::Acquire) == 0
+                && self.compaction_due.swap(false, Ordering::AcqRel)
+            {
+                let _one_at_a_time = self.compacting.lock().await;
+                if let Err(e) = self.compact().await {
+                    self.stop(e);
+                    return;
+                }
+                continue;
+            }
+            if self.flush_done.load(Ordering::Acquire) {
+                return;
+            }
+            self.compaction_wake.notified().await;
         }
     }
 
@@ -469,7 +486,7 @@ impl Shared {
     async fn compact(&self) -> Result<()> {
         self.delete_retired().await?;
         if self.compaction_holds.load(Ordering::Acquire) > 0 {
-            // The flush task compacts once the holds are released.
+            // The compaction task compacts once the holds are released.
             self.compaction_due.store(true, Ordering::Release);
             return Ok(());
         }
@@ -492,7 +509,7 @@ impl Shared {
 
     /// Merges every SSTable of the shard into one (a major compaction).
     pub(super) async fn compact_all(&self) -> Result<()> {
-        let _one_at_a_time = self.maintenance.lock().await;
+        let _one_at_a_time = self.compacting.lock().await;
         let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
         if files.len() > 1 {
             self.merge_run(&files, true).await?;
@@ -559,11 +576,8 @@ impl Shared {
                     .await?,
             );
         }
-        // The largest input's graphs are carried over to the output, not
-        // built again: the merge traces where its rows go.
-        let seed = (0..inputs.len())
-            .max_by_key(|&i| inputs[i].rows)
-            .expect("inputs");
+        // The inputs' graphs are carried over to the output, not built
+        // again: the merge traces where their rows go.
         let has_graphs = !schema.vectors.is_empty();
         let (rows, trace) = if schema.has_key() {
             let mut runs = Vec::with_capacity(inputs.len());
@@ -575,9 +589,8 @@ impl Shared {
             }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
             if has_graphs {
-                let traced = inputs[seed].generation;
                 let (rows, trace) =
-                    merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool, traced)?;
+                    merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool)?;
                 (rows, Some(trace))
             } else {
                 let rows =
@@ -585,8 +598,8 @@ impl Shared {
                 (rows, None)
             }
         } else {
-            let at = inputs[..seed].iter().map(|f| f.rows).sum();
-            let trace = has_graphs.then(|| merge::RowTrace::shifted(inputs[seed].rows, at));
+            let runs: Vec<(u64, u64)> = inputs.iter().map(|f| (f.generation, f.rows)).collect();
+            let trace = has_graphs.then(|| merge::RowTrace::concatenated(&runs));
             (merge::concat(Arc::clone(&schema.stored), streams), trace)
         };
         let generations = (
@@ -597,12 +610,18 @@ impl Shared {
             Some(load) => paths::new_load_run(&self.shard_dir, load, generations.1, self.epoch),
             None => paths::new_sstable_file(&self.shard_dir, generations.1, self.epoch),
         };
+        // A compaction inserts on one thread: it runs beside the writes,
+        // whose MemTable inserts come first. A bulk load takes them all.
+        let threads = match load {
+            Some(_) => self.options.index_threads,
+            None => 1,
+        };
         let started = std::time::Instant::now();
         let mut output =
             sstable::write_stream(&self.store, path, generations, schema, rows, || ()).await?;
         let written = started.elapsed();
         if let Err(e) = self
-            .build_graphs(&mut output, trace.as_ref().map(|t| (&inputs[seed], t)))
+            .build_graphs(&mut output, trace.as_ref().map(|t| (inputs, t)), threads)
             .await
         {
             sstable::discard(&self.store, &output.path).await;
@@ -618,40 +637,30 @@ impl Shared {
         Ok(output)
     }
 
-    /// Builds and writes the graph of every vector column of `file` (a
-    /// compaction's output, not yet committed) and caches it for searches.
-    /// With a `seed` (an input of the compaction and where its rows went),
-    /// each graph starts from the seed's graph and only the other rows are
-    /// inserted.
+    /// Builds and writes the graphs of every vector column of `file` (a
+    /// compaction's output, not yet committed) and caches them for
+    /// searches. With the compaction's `inputs` and where their rows went,
+    /// their graphs are carried over and only the rows none of them holds
+    /// are inserted (see [`complete_graphs`]), on `threads` threads.
     pub(super) async fn build_graphs(
         &self,
         file: &mut SstableFile,
-        seed: Option<(&SstableFile, &merge::RowTrace)>,
+        inputs: Option<(&[SstableFile], &merge::RowTrace)>,
+        threads: usize,
     ) -> Result<()> {
         for v in &self.schema.vectors {
             let mut data = self.reader.read_vectors(file, v.index).await?;
             if data.live_rows == 0 {
                 continue;
             }
-            let seeded = match seed {
-                Some((input, trace)) => self.seed_graph(input, trace, v, &data).await,
-                None => None,
+            let carried = match inputs {
+                Some((inputs, trace)) => self.carried_graphs(inputs, trace, v, &data).await,
+                None => Vec::new(),
             };
-            let (v, threads) = (v.clone(), self.options.index_threads);
+            let column = v.clone();
             let (data, bytes) = tokio::task::spawn_blocking(move || {
-                let mut todo = data.live.clone();
-                let graph = match seeded {
-                    Some(graph) => {
-                        for row in graph.rows() {
-                            todo[row as usize] = false;
-                        }
-                        graph
-                    }
-                    None => Graph::new(v.dim as usize, v.metric, v.params, v.index as u64),
-                };
-                graph.add(&data.to_array_of(todo), 0, threads);
-                let bytes = graph.encode(&Some);
-                data.graph = Some(graph);
+                data.graphs = complete_graphs(carried, &data, &column, threads);
+                let bytes = persist::encode_set(&data.graphs);
                 (data, bytes)
             })
             .await
@@ -664,34 +673,39 @@ impl Shared {
         Ok(())
     }
 
-    /// The graph of column `v` of `input` over the rows of `output` (whose
-    /// vectors are `output`), if `input` has one built with the column's
-    /// settings and at least half its nodes reached the output (each one
-    /// dropped is bridged over; past that, building anew is better).
-    async fn seed_graph(
+    /// The graphs of column `v` of `inputs` carried over to the rows of
+    /// `output` (a merge of them whose rows went where `trace` says): those
+    /// built with the column's settings of which at least half the nodes
+    /// reached the output (each one dropped is bridged over; past that,
+    /// inserting the rest anew is better).
+    async fn carried_graphs(
         &self,
-        input: &SstableFile,
+        inputs: &[SstableFile],
         trace: &merge::RowTrace,
         v: &VectorColumn,
         output: &VectorColumnData,
-    ) -> Option<Graph> {
-        let data = match self.reader.vector_column(input, v.index).await {
-            Ok(data) => data,
-            Err(e) => {
-                log::debug!("building the graph of a merge of {} anew: {e}", input.path);
-                return None;
+    ) -> Vec<Graph> {
+        let mut carried = Vec::new();
+        for input in inputs {
+            let data = match self.reader.vector_column(input, v.index).await {
+                Ok(data) => data,
+                Err(e) => {
+                    log::debug!("not carrying over the graphs of {}: {e}", input.path);
+                    continue;
+                }
+            };
+            for graph in &data.graphs {
+                if graph.params() != v.params || graph.metric() != v.metric {
+                    continue;
+                }
+                let position = |row| trace.position(input.generation, row);
+                let kept = graph.rows().filter(|&r| position(r).is_some()).count();
+                if kept > 0 && kept * 2 >= graph.len() {
+                    carried.push(graph.remapped(&position, output.values.clone()));
+                }
             }
-        };
-        let graph = data.graph.as_ref()?;
-        if graph.params() != v.params || graph.metric() != v.metric {
-            return None;
         }
-        let position = |row| trace.position(row);
-        let kept = graph.rows().filter(|&r| position(r).is_some()).count();
-        if kept * 2 < graph.len() {
-            return None;
-        }
-        Some(graph.remapped(&position, output.values.clone()))
+        carried
     }
 
     /// Deletes retired SSTables past their grace period and drops them
@@ -733,6 +747,47 @@ impl Shared {
         )
         .await
     }
+}
+
+/// Graphs an SSTable's vector column keeps before a compaction merges the
+/// smallest: each is searched on its own, so a search of the column costs
+/// up to this many graph searches, and a compaction that keeps its inputs'
+/// graphs inserts no vector again.
+const MAX_GRAPHS: usize = 8;
+
+/// The index of column `v` of `data` (on `threads` threads): `graphs`
+/// (over disjoint live rows of `data`), at most [`MAX_GRAPHS`] of them —
+/// the smallest past that merged into the largest of them — with every
+/// live row no graph holds inserted into the smallest one (a new one if
+/// there are none).
+fn complete_graphs(
+    mut graphs: Vec<Graph>,
+    data: &VectorColumnData,
+    v: &VectorColumn,
+    threads: usize,
+) -> Vec<Graph> {
+    graphs.sort_by_key(|g| std::cmp::Reverse(g.len()));
+    let mut todo = data.live.clone();
+    for (i, graph) in graphs.iter().enumerate() {
+        let merged = i >= MAX_GRAPHS;
+        for row in graph.rows() {
+            todo[row as usize] = merged;
+        }
+    }
+    graphs.truncate(MAX_GRAPHS);
+    if todo.contains(&true) {
+        if graphs.is_empty() {
+            graphs.push(Graph::new(
+                v.dim as usize,
+                v.metric,
+                v.params,
+                v.index as u64,
+            ));
+        }
+        let smallest = graphs.last().expect("a graph");
+        smallest.add(&data.to_array_of(todo), 0, threads);
+    }
+    graphs
 }
 
 /// The run of consecutive SSTables to merge, if `files` (oldest first) are
@@ -794,6 +849,81 @@ mod tests {
             run_to_merge(&files(&[9, 8, 7, 6, 5, 4, 3, 17, 1]), 8),
             Some(0..8)
         );
+    }
+
+    /// A compaction's index: the largest graphs kept as they are, the
+    /// smallest past [`MAX_GRAPHS`] merged into the largest of them with
+    /// the rows no graph held; every live row in exactly one graph.
+    #[test]
+    fn complete_graphs_keeps_the_largest_and_merges_the_rest() {
+        use crate::hnsw::dataset::{Shape, vectors};
+        use crate::schema::{HnswParams, Metric};
+        let (dim, rows) = (8, 1_000);
+        let shape = Shape::Clustered {
+            clusters: 4,
+            spread: 0.3,
+        };
+        let values = vectors(shape, rows, dim, 9, 0);
+        // Every tenth row is dead (a tombstone or a null vector).
+        let live: Vec<bool> = (0..rows).map(|r| r % 10 != 7).collect();
+        let data = VectorColumnData {
+            dim,
+            values: values.clone().into(),
+            live_rows: live.iter().filter(|&&l| l).count(),
+            live: live.clone(),
+            graphs: Vec::new(),
+        };
+        let v = VectorColumn {
+            index: 1,
+            dim: dim as i32,
+            metric: Metric::L2,
+            params: HnswParams::default(),
+        };
+        // Two graphs more than are kept, over the live rows of 0..850,
+        // each smaller than the one before; 850..1000 in none.
+        let count = MAX_GRAPHS + 2;
+        let weights: usize = (1..=count).sum();
+        let mut bounds = vec![0];
+        for i in 0..count {
+            bounds.push(bounds[i] + 850 * (count - i) / weights);
+        }
+        *bounds.last_mut().unwrap() = 850;
+        let graphs: Vec<Graph> = bounds
+            .windows(2)
+            .map(|w| {
+                let graph = Graph::new(dim, Metric::L2, HnswParams::default(), 1);
+                let part = data.to_array_of(
+                    (0..rows)
+                        .map(|r| live[r] && (w[0]..w[1]).contains(&r))
+                        .collect(),
+                );
+                graph.add(&part, 0, 1);
+                graph
+            })
+            .collect();
+        let lens: Vec<usize> = graphs.iter().map(Graph::len).collect();
+        let index = complete_graphs(graphs, &data, &v, 2);
+        let after: Vec<usize> = index.iter().map(Graph::len).collect();
+        assert_eq!(after.len(), MAX_GRAPHS);
+        let kept = MAX_GRAPHS - 1;
+        assert_eq!(after[..kept], lens[..kept], "the largest kept as they were");
+        let mut held: Vec<u64> = index.iter().flat_map(|g| g.rows()).collect();
+        held.sort_unstable();
+        let expected: Vec<u64> = (0..rows as u64).filter(|&r| live[r as usize]).collect();
+        assert_eq!(held, expected, "every live row in exactly one graph");
+        for row in [0, 299, 650, 799, 849, 999] {
+            let query = &values[row * dim..][..dim];
+            let nearest = index
+                .iter()
+                .flat_map(|g| g.search(query, 1, 32, &|_| true))
+                .min_by(|a, b| a.distance.total_cmp(&b.distance))
+                .unwrap();
+            assert_eq!(nearest.row, row as u64);
+        }
+        // Without graphs to carry over: one graph of every live row.
+        let fresh = complete_graphs(Vec::new(), &data, &v, 2);
+        assert_eq!(fresh.len(), 1);
+        assert_eq!(fresh[0].len(), data.live_rows);
     }
 
     /// Bytes written by compactions per byte flushed, `flushes` equal

@@ -232,7 +232,8 @@ impl ShardWriter {
             runs.extend(rest);
         }
         for run in runs.iter_mut() {
-            shared.build_graphs(&mut run.file, None).await?;
+            let threads = shared.options.index_threads;
+            shared.build_graphs(&mut run.file, None, threads).await?;
         }
         let schema = &shared.schema;
         let total = runs.iter().map(|r| r.file.rows).sum();
@@ -325,11 +326,11 @@ impl ShardWriter {
         self.shared.compaction_holds.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Ends a [`ShardWriter::hold_compaction`]; the flush task compacts
-    /// what became due meanwhile once no hold is left.
+    /// Ends a [`ShardWriter::hold_compaction`]; the compaction task
+    /// compacts what became due meanwhile once no hold is left.
     pub(crate) fn release_compaction(&self) {
         self.shared.compaction_holds.fetch_sub(1, Ordering::AcqRel);
-        self.shared.flush_wake.notify_one();
+        self.shared.compaction_wake.notify_one();
     }
 
     /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of

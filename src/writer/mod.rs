@@ -243,10 +243,12 @@ struct Shared {
     /// Rows and bytes ever put (replay included).
     written_rows: AtomicU64,
     written_bytes: AtomicU64,
-    /// Wakes the WAL task, the flush task, the index task.
+    /// Wakes the WAL task, the flush task, the index task, the compaction
+    /// task.
     wake: Notify,
     flush_wake: Notify,
     index_wake: Notify,
+    compaction_wake: Notify,
     closing: AtomicBool,
     /// Set when the index task has exited (the WAL task's end is in
     /// `progress`).
@@ -262,8 +264,13 @@ struct Shared {
     /// WAL data entries at or below this are deleted (recorded in the
     /// manifest with the next commit).
     wal_deleted_through: AtomicU64,
-    /// Held while flushing or compacting: one manifest change at a time.
+    /// Held while flushing: one flush at a time.
     maintenance: tokio::sync::Mutex<()>,
+    /// Held while compacting: one compaction at a time (flushes go on).
+    compacting: tokio::sync::Mutex<()>,
+    /// Set when the flush task has exited: the compaction task ends once
+    /// nothing is due.
+    flush_done: AtomicBool,
     /// Puts hold it shared while they enter the MemTable; a bulk load
     /// holds it alone while it commits (see [`load`]).
     ingest_gate: tokio::sync::RwLock<()>,
@@ -277,7 +284,7 @@ struct Shared {
 /// The writer of one shard. See the module doc for what it guarantees.
 pub struct ShardWriter {
     shared: Arc<Shared>,
-    /// The WAL task and the flush task.
+    /// The WAL, flush, index and compaction tasks.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -444,6 +451,7 @@ impl ShardWriter {
             written_bytes: AtomicU64::new(bytes),
             wake: Notify::new(),
             flush_wake: Notify::new(),
+            compaction_wake: Notify::new(),
             index_wake: Notify::new(),
             closing: AtomicBool::new(false),
             index_done: AtomicBool::new(false),
@@ -457,6 +465,8 @@ impl ShardWriter {
             fences_deleted: Mutex::default(),
             wal_deleted_through: AtomicU64::new(wal_deleted_through),
             maintenance: tokio::sync::Mutex::new(()),
+            compacting: tokio::sync::Mutex::new(()),
+            flush_done: AtomicBool::new(false),
             ingest_gate: tokio::sync::RwLock::new(()),
             compaction_holds: AtomicUsize::new(0),
             compaction_due: AtomicBool::new(false),
@@ -467,9 +477,17 @@ impl ShardWriter {
             Arc::clone(&shared),
             Arc::clone(&shared).run_wal(fence + 1),
         ));
-        let flush_task = tokio::spawn(Shared::guarded(
+        let flush_task = tokio::spawn(Shared::guarded(Arc::clone(&shared), {
+            let shared = Arc::clone(&shared);
+            async move {
+                Arc::clone(&shared).run_flush().await;
+                shared.flush_done.store(true, Ordering::Release);
+                shared.compaction_wake.notify_one();
+            }
+        }));
+        let compaction_task = tokio::spawn(Shared::guarded(
             Arc::clone(&shared),
-            Arc::clone(&shared).run_flush(),
+            Arc::clone(&shared).run_compaction(),
         ));
         let index_task = tokio::spawn(Shared::guarded(
             Arc::clone(&shared),
@@ -477,7 +495,7 @@ impl ShardWriter {
         ));
         Ok(Self {
             shared,
-            tasks: Mutex::new(vec![wal_task, flush_task, index_task]),
+            tasks: Mutex::new(vec![wal_task, flush_task, index_task, compaction_task]),
         })
     }
 
@@ -737,6 +755,7 @@ impl ShardWriter {
         self.shared.wake.notify_one();
         self.shared.flush_wake.notify_one();
         self.shared.index_wake.notify_one();
+        self.shared.compaction_wake.notify_one();
         let tasks = std::mem::take(&mut *self.tasks.lock().expect("task handles poisoned"));
         for task in tasks {
             task.await
@@ -764,6 +783,7 @@ impl Drop for ShardWriter {
         self.shared.wake.notify_one();
         self.shared.flush_wake.notify_one();
         self.shared.index_wake.notify_one();
+        self.shared.compaction_wake.notify_one();
     }
 }
 
@@ -864,6 +884,7 @@ impl Shared {
         self.wake.notify_one();
         self.flush_wake.notify_one();
         self.index_wake.notify_one();
+        self.compaction_wake.notify_one();
     }
 }
 

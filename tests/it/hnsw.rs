@@ -175,8 +175,9 @@ fn recall_at_ef_64_on_clustered_1024d() {
 /// 14,000 nodes superseded by upserts, so dropped and bridged over), or
 /// builds one anew when most nodes are superseded (the second MemTable:
 /// two stale versions of each of its 8,000 keys); searches of the reopened
-/// shard run on them. A compaction builds one graph for the merged SSTable
-/// and deletes the inputs' graphs with them; a reopened shard finds it.
+/// shard run on them. A compaction carries both graphs over to the merged
+/// SSTable (inserting no vector again) and deletes the inputs' graph files
+/// with them; a reopened shard finds them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
@@ -281,7 +282,8 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
                 let dir = file.path.trim_end_matches("data.parquet");
                 expected.extend([format!("{dir}data.parquet"), format!("{dir}emb.hnsw")]);
                 let data = reader.vector_column(file, 1).await.unwrap();
-                assert_eq!(data.graph.as_ref().unwrap().len(), data.live_rows);
+                let nodes: usize = data.graphs.iter().map(|g| g.len()).sum();
+                assert_eq!(nodes, data.live_rows);
             }
             let sst = object_store::path::Path::from(format!("{location}/shards/0/sst"));
             let mut listed: Vec<String> = store
@@ -330,6 +332,13 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     let (snapshot, found) = search(&writer).await;
     assert_eq!(snapshot.sstables.len(), 1);
     check_files(&snapshot).await;
+    let data = (snapshot
+        .reader
+        .vector_column(&snapshot.sstables[0], 1)
+        .await)
+        .unwrap();
+    let graphs: Vec<usize> = data.graphs.iter().map(|g| g.len()).collect();
+    assert_eq!(graphs, [12_000, 8_000], "the inputs' graphs, carried over");
     let r = recall(&found, &truth);
     assert!(
         r >= 0.99,

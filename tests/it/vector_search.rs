@@ -351,10 +351,9 @@ async fn search_returns_min_k_live_rows_whatever_the_graph() {
             .vector_column(&snapshot.sstables[0], 2)
             .await
             .unwrap();
-        let graph = big
-            .graph
-            .as_ref()
-            .expect("the big SSTable's graph, from its file");
+        let [graph] = &big.graphs[..] else {
+            panic!("the big SSTable's one graph, from its file");
+        };
         assert!(big.live_rows >= 256 && snapshot.sstables[1].rows < 256);
         assert!(snapshot.stored_rows() < EXHAUSTIVE_EF as u64);
         if !accepted {
