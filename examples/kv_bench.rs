@@ -76,6 +76,10 @@ struct Args {
     /// Seed of the latency profile's draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Any other writer option, as the shell's `--option NAME=VALUE`
+    /// (repeatable; named in the JSON's settings).
+    #[arg(long = "option", value_name = "NAME=VALUE")]
+    options: Vec<String>,
 }
 
 const STRING_LEN: usize = 72;
@@ -160,6 +164,9 @@ fn requests(latency: &Option<Arc<LatencyStore>>) -> serde_json::Value {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
+    let _ = env_logger::Builder::from_default_env()
+        .format_timestamp_millis()
+        .try_init();
     std::fs::create_dir_all(&args.dir).unwrap();
     let dir = tempfile::tempdir_in(&args.dir).unwrap();
     let (root, latency) = bench_root(&args.store, dir.path(), args.seed).unwrap();
@@ -172,6 +179,10 @@ async fn main() {
         // Nothing reads while the bench writes: compaction inputs go at
         // once, so the bytes on disk are the live ones.
         o.sstable_grace = Duration::ZERO;
+        for option in &args.options {
+            let (name, value) = option.split_once('=').expect("--option takes NAME=VALUE");
+            o.set(name, value).unwrap();
+        }
         o
     };
     let session = open_session(&root, &options).await;
@@ -185,6 +196,9 @@ async fn main() {
             .map(|ids| batch(&table, args.keys, ids))
             .collect(),
     );
+    // The writer opens (claims the shard, fences, replays) before the
+    // clock starts, as the peers open their databases first.
+    table.writer(0).await.unwrap();
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..args.window)
@@ -281,8 +295,11 @@ async fn main() {
         "debug_assertions": cfg!(debug_assertions),
         "settings": format!(
             "sstable_grace = 0 (compaction inputs deleted at once); memtable {} MiB; \
-             compaction above {} SSTables; all else default",
-            args.memtable_mb, args.max_sstables
+             compaction above {} SSTables; WAL appends in flight {}; {}all else default",
+            args.memtable_mb,
+            args.max_sstables,
+            options.wal_appends_in_flight,
+            args.options.iter().map(|o| format!("{o}; ")).collect::<String>()
         ),
         "keys": format!("{:?}", args.keys).to_lowercase(),
         "store": args.store,

@@ -54,13 +54,20 @@ impl WalTail {
         if cursor > self.cursor {
             self.drop_through(cursor)?;
         }
-        let positions = self.wal.positions_after(self.read_through).await?;
-        // Positions are created one after another, so the listing is dense
-        // unless entries were deleted under the cursor we were given.
-        for (expected, &position) in (self.read_through + 1..).zip(&positions) {
-            if position != expected {
-                return Ok(Some(expected));
+        let mut positions = self.wal.positions_after(self.read_through).await?;
+        // The listing is dense unless entries were deleted under the cursor
+        // we were given, or the writer has appends in flight (or had, when
+        // it died) and a later one landed first. Nothing at or after such a
+        // gap is acknowledged: the tail ends before it until it fills.
+        let gap = (self.read_through + 1..)
+            .zip(&positions)
+            .position(|(expected, &position)| position != expected);
+        if let Some(at) = gap {
+            let first_missing = self.read_through + 1 + at as u64;
+            if !self.wal.explains_gap(positions[at], first_missing).await? {
+                return Ok(Some(first_missing));
             }
+            positions.truncate(at);
         }
         let wal = &self.wal;
         let entries: Vec<_> = futures::stream::iter(positions)
@@ -138,5 +145,65 @@ impl WalTail {
             memtable: Arc::clone(&self.memtable),
             batches: self.memtable.written_batches(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::TableMeta;
+    use crate::store::paths;
+    use crate::wal::WalEntry;
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use object_store::memory::InMemory;
+
+    fn table() -> Arc<TableSchema> {
+        let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+        let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
+        Arc::new(TableSchema::new(&meta))
+    }
+
+    async fn append(wal: &WalLog, t: &TableSchema, position: u64, landed_through: Option<u64>) {
+        let rows = RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![Arc::new(Int64Array::from(vec![position as i64]))],
+        )
+        .unwrap();
+        let entry = WalEntry {
+            landed_through,
+            ..WalEntry::data(1, 1, vec![t.to_stored(&rows).unwrap()])
+        };
+        let bytes = wal.encode(position, &entry).unwrap();
+        wal.append(position, 1, bytes).await.unwrap();
+    }
+
+    fn rows(tail: &WalTail) -> usize {
+        let layer = tail.layer();
+        let batches = layer.memtable.batches(0, layer.batches);
+        batches.iter().map(|b| b.batch.num_rows()).sum()
+    }
+
+    #[tokio::test]
+    async fn the_tail_ends_before_an_append_in_flight_and_reports_a_lost_entry() {
+        let t = table();
+        let wal = WalLog::new(
+            Arc::new(InMemory::new()),
+            paths::wal_dir(&paths::shard_dir("t", 0)),
+        );
+        append(&wal, &t, 1, None).await;
+        // 3 overtook 2, still in flight: nothing from 2 on is acknowledged.
+        append(&wal, &t, 3, Some(1)).await;
+        let mut tail = WalTail::new(wal.clone(), Arc::clone(&t));
+        assert_eq!(tail.refresh(0).await.unwrap(), None);
+        assert_eq!(rows(&tail), 1);
+        // 2 lands: the tail goes on through 3.
+        append(&wal, &t, 2, None).await;
+        assert_eq!(tail.refresh(0).await.unwrap(), None);
+        assert_eq!(rows(&tail), 3);
+        // 5 says 4 had landed: 4 is gone, not in flight.
+        append(&wal, &t, 5, None).await;
+        assert_eq!(tail.refresh(0).await.unwrap(), Some(4));
+        assert_eq!(rows(&tail), 3);
     }
 }

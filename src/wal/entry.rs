@@ -9,7 +9,9 @@
 //! covered end in `MWAL` and their CRC covers the stream only.)
 //!
 //! The stream's schema metadata carries the format version, the kind
-//! (`data` or `fence`), the writer's epoch and the MemTable generation.
+//! (`data` or `fence`), the writer's epoch and the MemTable generation,
+//! and, for an entry written while earlier appends were still in flight,
+//! the position below them (see [`WalEntry::landed_through`]).
 //! Data entries hold the table's columns plus the `_tombstone` column; a fence
 //! entry has no columns and no rows.
 
@@ -34,6 +36,7 @@ const FORMAT_VERSION: &str = "1";
 const KIND_KEY: &str = "memwal.wal.kind";
 const EPOCH_KEY: &str = "memwal.wal.epoch";
 const GENERATION_KEY: &str = "memwal.wal.generation";
+const LANDED_KEY: &str = "memwal.wal.landed_through";
 
 /// What an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,13 @@ pub struct WalEntry {
     /// For data entries: the rows, in put order, each batch with the
     /// table's columns plus the `_tombstone` column.
     pub batches: Vec<RecordBatch>,
+    /// `Some(p)`: when this entry was written, the writer's appends at the
+    /// positions after `p` and before this one were still in flight, so
+    /// any of them may never land (its writer acknowledges nothing at or
+    /// after a position that did not). `None`: every earlier position had
+    /// landed. Only this lets a reader tell a gap that was never written
+    /// from an entry that was lost.
+    pub landed_through: Option<u64>,
 }
 
 impl WalEntry {
@@ -67,6 +77,7 @@ impl WalEntry {
             epoch,
             generation,
             batches,
+            landed_through: None,
         }
     }
 
@@ -77,7 +88,15 @@ impl WalEntry {
             epoch,
             generation: 0,
             batches: Vec::new(),
+            landed_through: None,
         }
+    }
+
+    /// Whether this entry, present at `position`, explains the positions
+    /// from `first_missing` up to it as appends that were in flight when it
+    /// was written (and so may never land), rather than entries lost.
+    pub fn explains_gap_from(&self, first_missing: u64) -> bool {
+        self.landed_through.is_some_and(|p| p < first_missing)
     }
 
     /// The stored bytes of the entry as the object at `path`: IPC
@@ -94,12 +113,15 @@ impl WalEntry {
             }
             (EntryKind::Fence, _) => Schema::empty(),
         };
-        let metadata = HashMap::from([
+        let mut metadata = HashMap::from([
             (FORMAT_KEY.to_string(), FORMAT_VERSION.to_string()),
             (KIND_KEY.to_string(), kind.to_string()),
             (EPOCH_KEY.to_string(), self.epoch.to_string()),
             (GENERATION_KEY.to_string(), self.generation.to_string()),
         ]);
+        if let Some(p) = self.landed_through {
+            metadata.insert(LANDED_KEY.to_string(), p.to_string());
+        }
         let schema = Arc::new(base.with_metadata(metadata));
         let mut out = Vec::with_capacity(
             self.batches
@@ -177,6 +199,10 @@ impl WalEntry {
             other => return Err(corrupt(format!("unknown entry kind '{other}'"))),
         };
         let (epoch, generation) = (number(EPOCH_KEY)?, number(GENERATION_KEY)?);
+        let landed_through = match schema.metadata().contains_key(LANDED_KEY) {
+            true => Some(number(LANDED_KEY)?),
+            false => None,
+        };
         // Batches come back with the table's schema, without our metadata.
         let plain = Arc::new(schema.as_ref().clone().with_metadata(HashMap::new()));
         let mut batches = Vec::new();
@@ -192,6 +218,7 @@ impl WalEntry {
             epoch,
             generation,
             batches,
+            landed_through,
         })
     }
 }
@@ -233,6 +260,13 @@ mod tests {
         let entry = WalEntry::data(3, 7, vec![batch(&[1, 2]), batch(&[3])]);
         let decoded = WalEntry::decode("w", entry.encode("w").unwrap()).unwrap();
         assert_eq!(decoded, entry);
+        let overtaking = WalEntry {
+            landed_through: Some(11),
+            ..entry
+        };
+        let decoded = WalEntry::decode("w", overtaking.encode("w").unwrap()).unwrap();
+        assert_eq!(decoded, overtaking);
+        assert!(decoded.explains_gap_from(12) && !decoded.explains_gap_from(11));
         let rows: usize = decoded.batches.iter().map(RecordBatch::num_rows).sum();
         assert_eq!(rows, 3);
         let fence = WalEntry::fence(4);

@@ -8,8 +8,14 @@
 //! - a new writer fences older ones by writing a fence entry at the first
 //!   free position after the tip: an older writer's next append collides
 //!   with it or with something after it;
-//! - positions are dense: replay reports a missing position as corruption
-//!   instead of skipping it.
+//! - positions are dense, with one exception: a writer may have a few
+//!   appends in flight, and a later one can land before an earlier one (or
+//!   the earlier one never lands, if the writer dies). The entry that
+//!   overtook says so ([`WalEntry::landed_through`]); the writer
+//!   acknowledges nothing at or after a position that has not landed; the
+//!   next writer plugs such a gap with its fence before it replays, so the
+//!   missing append can never land afterwards. Any other missing position
+//!   is reported as corruption, never skipped.
 
 use std::sync::Arc;
 
@@ -117,17 +123,6 @@ impl WalLog {
         Ok(positions)
     }
 
-    /// The highest position at or after `after` that holds an entry
-    /// (`after` itself if none is later).
-    pub async fn tip(&self, after: u64) -> Result<u64> {
-        Ok(self
-            .positions_after(after)
-            .await?
-            .last()
-            .copied()
-            .unwrap_or(after))
-    }
-
     /// Every entry after `after`, in position order (read a few at a
     /// time). A gap in the positions or an entry that fails its checksum is
     /// an error naming the object.
@@ -159,11 +154,28 @@ impl WalLog {
     /// appends collide with it. Fences land in epoch order: finding an entry
     /// of a newer epoch at the tip or in the way means a newer writer owns
     /// the shard, and this one is [`Error::Fenced`] before it starts.
+    ///
+    /// First, every gap after `after` that the entry after it explains as
+    /// appends in flight ([`WalEntry::explains_gap_from`]) gets the same
+    /// fence, so an older writer's append still on its way there fails
+    /// instead of landing (and being acknowledged) out of this writer's
+    /// sight. A gap nothing explains is left for [`WalLog::replay`] to
+    /// report.
     pub async fn fence(&self, epoch: u64, after: u64) -> Result<u64> {
         let fence = WalEntry::fence(epoch);
-        let tip = self.tip(after).await?;
+        let positions = self.positions_after(after).await?;
+        let tip = positions.last().copied().unwrap_or(after);
         if tip > after {
             self.check_not_newer(tip, epoch).await?;
+        }
+        let mut expected = after + 1;
+        for &present in &positions {
+            if present > expected && self.explains_gap(present, expected).await? {
+                for missing in expected..present {
+                    self.plug(missing, &fence, epoch).await?;
+                }
+            }
+            expected = present + 1;
         }
         let mut position = tip + 1;
         loop {
@@ -177,6 +189,30 @@ impl WalLog {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+    }
+
+    /// Whether the entry at `present` explains the positions from
+    /// `first_missing` up to it as appends that were in flight when it was
+    /// written. A damaged or vanished entry explains nothing.
+    pub async fn explains_gap(&self, present: u64, first_missing: u64) -> Result<bool> {
+        match self.read(present).await {
+            Ok(Some(entry)) => Ok(entry.explains_gap_from(first_missing)),
+            Ok(None) | Err(Error::Corrupt { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes `fence` (of `epoch`) at the missing `position`, unless the
+    /// append on its way there landed first.
+    async fn plug(&self, position: u64, fence: &WalEntry, epoch: u64) -> Result<()> {
+        let bytes = self.encode(position, fence)?;
+        match self.create(&self.path_of(position), &bytes).await {
+            Ok(()) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                self.check_not_newer(position, epoch).await
+            }
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -237,8 +273,8 @@ mod tests {
         let replayed = wal.replay(1).await.unwrap();
         assert_eq!(replayed.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(replayed[1].1, entry(1, &[5, 6]));
-        assert_eq!(wal.tip(0).await.unwrap(), 3);
-        assert_eq!(wal.tip(3).await.unwrap(), 3);
+        assert_eq!(wal.positions_after(0).await.unwrap(), [1, 2, 3]);
+        assert!(wal.positions_after(3).await.unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -269,6 +305,59 @@ mod tests {
         assert_eq!(replayed[1].1.kind, EntryKind::Fence);
         // A second fence goes after the first.
         assert_eq!(wal.fence(3, 0).await.unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_fence_plugs_a_gap_an_overtaking_entry_explains_and_no_other() {
+        let (_, wal) = log();
+        let data = |position: u64, landed_through: Option<u64>| WalEntry {
+            landed_through,
+            ..entry(1, &[position as i64])
+        };
+        // Epoch 1 had 2 and 3 in flight; 3 landed first, then the writer
+        // died. 5 overtook 4 too, but says 4 had landed: 4 was lost.
+        for (position, landed_through) in [(1, None), (3, Some(1)), (5, Some(4))] {
+            let bytes = wal
+                .encode(position, &data(position, landed_through))
+                .unwrap();
+            wal.append(position, 1, bytes).await.unwrap();
+        }
+        assert_eq!(wal.fence(2, 0).await.unwrap(), 6);
+        // 2 now holds epoch 2's fence: epoch 1's append on its way there
+        // fails instead of landing unseen.
+        let late = wal.encode(2, &data(2, None)).unwrap();
+        assert!(matches!(
+            wal.append(2, 1, late).await.unwrap_err(),
+            Error::Fenced { by_epoch: 2, .. }
+        ));
+        // 4 is not plugged: replay reports it.
+        let err = wal.replay(0).await.unwrap_err().to_string();
+        assert!(err.contains("00000000000000000004.arrow"), "{err}");
+        assert!(wal.explains_gap(3, 2).await.unwrap());
+        assert!(!wal.explains_gap(5, 4).await.unwrap());
+        assert!(!wal.explains_gap(4, 4).await.unwrap(), "absent");
+    }
+
+    #[tokio::test]
+    async fn a_plug_gives_way_to_an_append_that_landed_first_unless_newer() {
+        let (_, wal) = log();
+        wal.append(1, 1, wal.encode(1, &entry(1, &[1])).unwrap())
+            .await
+            .unwrap();
+        wal.append(2, 3, wal.encode(2, &entry(3, &[2])).unwrap())
+            .await
+            .unwrap();
+        let fence = WalEntry::fence(2);
+        // Epoch 1's append landed between the listing and the plug: kept.
+        wal.plug(1, &fence, 2).await.unwrap();
+        assert_eq!(wal.read(1).await.unwrap().unwrap(), entry(1, &[1]));
+        // Epoch 3 is newer: this writer is fenced.
+        assert!(matches!(
+            wal.plug(2, &fence, 2).await.unwrap_err(),
+            Error::Fenced { by_epoch: 3, .. }
+        ));
+        wal.plug(3, &fence, 2).await.unwrap();
+        assert_eq!(wal.read(3).await.unwrap().unwrap(), fence);
     }
 
     #[tokio::test]

@@ -18,12 +18,19 @@ pub struct WriterOptions {
     pub durable: bool,
     /// The group-commit cadence: at most one WAL append starts per interval
     /// while puts keep coming (default 100 ms); a put arriving after a whole
-    /// idle interval starts one at once. Zero is latency mode: the next
-    /// append starts as soon as the previous one finishes.
+    /// idle interval starts one at once. Zero is latency mode: an append
+    /// starts as soon as batches wait and fewer than
+    /// `wal_appends_in_flight` are in flight.
     pub wal_flush_interval: Duration,
     /// An append starts early once this many bytes are pending (default
     /// 8 MiB).
     pub wal_flush_bytes: usize,
+    /// WAL appends that may be in flight at once (default 2; at least 1).
+    /// Puts are acknowledged in append order whatever order the appends
+    /// land in, so a second append lets the cadence, not one PUT's
+    /// latency, set the rate on a store whose PUTs take longer than the
+    /// interval. 1 starts each append after the previous one landed.
+    pub wal_appends_in_flight: usize,
     /// Puts wait while more than this many bytes of rows are in memory and
     /// not yet in SSTables (default 256 MiB; at least `memtable_bytes`).
     pub max_unflushed_bytes: usize,
@@ -82,6 +89,7 @@ impl Default for WriterOptions {
             durable: true,
             wal_flush_interval: Duration::from_millis(100),
             wal_flush_bytes: 8 << 20,
+            wal_appends_in_flight: 2,
             max_unflushed_bytes: 256 << 20,
             memtable_bytes: 64 << 20,
             max_sstables: 8,
@@ -126,6 +134,7 @@ impl WriterOptions {
     pub fn check(&self) -> Result<()> {
         let positive = [
             ("wal_flush_bytes", self.wal_flush_bytes),
+            ("wal_appends_in_flight", self.wal_appends_in_flight),
             ("memtable_bytes", self.memtable_bytes),
             ("max_sstables", self.max_sstables),
             ("load_memory_bytes", self.load_memory_bytes),
@@ -156,6 +165,7 @@ impl WriterOptions {
         "durable",
         "wal_flush_interval",
         "wal_flush_bytes",
+        "wal_appends_in_flight",
         "max_unflushed_bytes",
         "memtable_bytes",
         "max_sstables",
@@ -177,6 +187,7 @@ impl WriterOptions {
             "durable" => self.durable.to_string(),
             "wal_flush_interval" => ms(self.wal_flush_interval),
             "wal_flush_bytes" => self.wal_flush_bytes.to_string(),
+            "wal_appends_in_flight" => self.wal_appends_in_flight.to_string(),
             "max_unflushed_bytes" => self.max_unflushed_bytes.to_string(),
             "memtable_bytes" => self.memtable_bytes.to_string(),
             "max_sstables" => self.max_sstables.to_string(),
@@ -197,6 +208,7 @@ impl WriterOptions {
             "durable" => "a put returns once its WAL entry exists (false: once indexed)",
             "wal_flush_interval" => "group commit: at most one WAL append per interval",
             "wal_flush_bytes" => "a WAL append starts early once this many bytes wait",
+            "wal_appends_in_flight" => "WAL appends in flight at once, acknowledged in order",
             "max_unflushed_bytes" => "puts wait while more bytes than this are not in SSTables",
             "memtable_bytes" => "a MemTable freezes and flushes at this size",
             "max_sstables" => "compaction merges SSTables above this many per shard",
@@ -224,6 +236,7 @@ impl WriterOptions {
             "durable" => self.durable = parse_bool(name, value)?,
             "wal_flush_interval" => self.wal_flush_interval = parse_duration(name, value)?,
             "wal_flush_bytes" => self.wal_flush_bytes = parse_bytes(name, value)?,
+            "wal_appends_in_flight" => self.wal_appends_in_flight = parse_count(name, value)?,
             "max_unflushed_bytes" => self.max_unflushed_bytes = parse_bytes(name, value)?,
             "memtable_bytes" => self.memtable_bytes = parse_bytes(name, value)?,
             "max_sstables" => self.max_sstables = parse_count(name, value)?,

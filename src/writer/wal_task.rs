@@ -1,13 +1,19 @@
-//! The WAL task (group commit): one append at a time, each carrying every
-//! batch put since the last one, at most one append per
+//! The WAL task (group commit): each append carries every batch put since
+//! the last one started, at most one append starts per
 //! [`WriterOptions::wal_flush_interval`](super::WriterOptions) unless
-//! enough bytes wait; see [`next_step`] for the whole rule.
+//! enough bytes wait, and up to
+//! [`WriterOptions::wal_appends_in_flight`](super::WriterOptions) run at
+//! once, acknowledged in position order; see [`Group::next_step`] for the
+//! whole rule.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::Shared;
+use tokio::task::JoinHandle;
+
+use super::{Generation, Shared};
 use crate::error::{Error, Result};
 use crate::wal::WalEntry;
 
@@ -15,15 +21,19 @@ use crate::wal::WalEntry;
 /// decides what to do next.
 #[derive(Debug, Clone)]
 struct Group {
-    /// Batches of the generation put so far, and durable so far.
+    /// Batches of the generation put so far, and sent to the WAL so far
+    /// (in appends in flight or landed).
     written: usize,
-    durable: usize,
+    sent: usize,
+    /// Appends in flight, and how many may be at once.
+    in_flight: usize,
+    max_in_flight: usize,
     /// The next generation, once this one is frozen (no batch comes any
     /// more).
     next_generation: Option<u64>,
     /// The writer is closing: no put comes any more.
     closing: bool,
-    /// Bytes put but not yet durable (every generation).
+    /// Bytes put but not yet sent (every generation).
     pending_bytes: u64,
     /// When the last append started.
     last_start: Option<Instant>,
@@ -39,8 +49,11 @@ enum Step {
     Finish,
     /// Nothing waits: sleep until a put.
     WaitForPut,
+    /// Wait for the oldest append in flight to land, or a put that changes
+    /// the answer.
+    WaitForAppend,
     /// Batches wait, but the last append started less than an interval
-    /// ago: sleep until `due`, or a put that changes the answer.
+    /// ago: sleep until `due`, a put that changes the answer or a landing.
     WaitUntil(Instant),
     /// Append every waiting batch now.
     Append,
@@ -51,14 +64,21 @@ impl Group {
     /// previous append started, and not at all when the first append is
     /// due, when `flush_bytes` or more wait, when the generation is frozen
     /// (so a full MemTable flushes without delay) or when the writer is
-    /// closing.
+    /// closing; but never while `max_in_flight` appends are in flight. A
+    /// generation is sealed once nothing of it is in flight.
     fn next_step(&self, now: Instant, interval: Duration, flush_bytes: u64) -> Step {
-        if self.written == self.durable {
+        if self.written == self.sent {
+            if self.in_flight > 0 {
+                return Step::WaitForAppend;
+            }
             return match (self.next_generation, self.closing) {
                 (Some(next), _) => Step::Seal { next },
                 (None, true) => Step::Finish,
                 (None, false) => Step::WaitForPut,
             };
+        }
+        if self.in_flight >= self.max_in_flight {
+            return Step::WaitForAppend;
         }
         match self.last_start.map(|at| at + interval) {
             Some(due)
@@ -74,19 +94,56 @@ impl Group {
     }
 }
 
+/// One append in flight, in its own task.
+struct Append {
+    position: u64,
+    generation: Arc<Generation>,
+    /// The generation's batches durable once it lands, and their rows and
+    /// bytes.
+    written: usize,
+    rows: u64,
+    bytes: u64,
+    started: Instant,
+    /// The entry's bytes once it landed.
+    task: JoinHandle<Result<u64>>,
+}
+
+/// The oldest append in flight once it has landed or failed; pending while
+/// none is in flight. Cancel-safe: the append stays in `in_flight` until
+/// it has ended.
+async fn next_landing(in_flight: &mut VecDeque<Append>) -> (Append, Result<u64>) {
+    let Some(front) = in_flight.front_mut() else {
+        return std::future::pending().await;
+    };
+    let result = match (&mut front.task).await {
+        Ok(result) => result,
+        Err(e) => Err(Error::Poisoned(format!("a WAL append failed: {e}"))),
+    };
+    (in_flight.pop_front().expect("the front"), result)
+}
+
 impl Shared {
-    /// The group-commit loop: one WAL append at a time, each carrying every
-    /// batch of the oldest generation with batches not yet durable, written
-    /// when it starts. Seals a frozen generation once all of it is durable.
-    pub(super) async fn run_wal(self: Arc<Self>, mut position: u64) {
-        self.append_all(&mut position).await;
+    /// The group-commit loop: appends, each carrying every batch of the
+    /// oldest generation with batches not yet sent, written when it
+    /// starts. Seals a frozen generation once all of it is durable. Ends
+    /// with no append in flight.
+    pub(super) async fn run_wal(self: Arc<Self>, position: u64) {
+        let mut in_flight = VecDeque::new();
+        self.append_all(position, &mut in_flight).await;
+        // Stopped: appends still in flight count for nothing, but none may
+        // run once the task says it has ended.
+        for append in in_flight {
+            let _ = append.task.await;
+        }
         self.progress.send_modify(|p| p.wal_done = true);
         self.flush_wake.notify_one();
     }
 
-    async fn append_all(&self, position: &mut u64) {
+    async fn append_all(self: &Arc<Self>, mut position: u64, in_flight: &mut VecDeque<Append>) {
         let interval = self.options.wal_flush_interval;
         let mut last_start: Option<Instant> = None;
+        // Batches of the generation being made durable that were sent.
+        let mut sent = 0;
         loop {
             // `closing` first: once it is set no put enters the MemTable, so
             // `written` read after it is final. Likewise a generation seen
@@ -109,40 +166,57 @@ impl Shared {
                 )
             };
             let written = generation.memtable.written_batches();
+            sent = sent.max(durable.batches);
+            let sending: u64 = in_flight.iter().map(|a| a.bytes).sum();
             let group = Group {
                 written,
-                durable: durable.batches,
+                sent,
+                in_flight: in_flight.len(),
+                max_in_flight: self.options.wal_appends_in_flight,
                 next_generation: next,
                 closing,
                 pending_bytes: self
                     .written_bytes
                     .load(Ordering::Relaxed)
-                    .saturating_sub(durable.bytes),
+                    .saturating_sub(durable.bytes + sending),
                 last_start,
             };
-            match group.next_step(
+            let step = group.next_step(
                 Instant::now(),
                 interval,
                 self.options.wal_flush_bytes as u64,
-            ) {
+            );
+            match step {
                 Step::Seal { next } => {
                     generation.sealed.store(true, Ordering::Release);
                     self.progress.send_modify(|p| {
                         p.generation = next;
                         p.batches = 0;
                     });
+                    sent = 0;
                     self.flush_wake.notify_one();
                     continue;
                 }
                 Step::Finish => return,
-                Step::WaitForPut => {
-                    self.wake.notified().await;
-                    continue;
-                }
-                Step::WaitUntil(due) => {
+                Step::WaitForPut | Step::WaitForAppend | Step::WaitUntil(_) => {
+                    let due = match step {
+                        Step::WaitUntil(due) => Some(due),
+                        _ => None,
+                    };
+                    let sleep = async {
+                        match due {
+                            Some(due) => tokio::time::sleep_until(due.into()).await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
-                        _ = tokio::time::sleep_until(due.into()) => {}
+                        _ = sleep => {}
                         _ = self.wake.notified() => {}
+                        (append, result) = next_landing(in_flight) => {
+                            if !self.landed(append, result) {
+                                return;
+                            }
+                        }
                     }
                     continue;
                 }
@@ -166,77 +240,113 @@ impl Shared {
                     Err(e) => return self.stop(e),
                 }
             }
-            last_start = Some(Instant::now());
-            let batches = generation.memtable.batches(durable.batches, written);
+            let started = Instant::now();
+            last_start = Some(started);
+            let batches = generation.memtable.batches(sent, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
             let bytes: u64 = batches
                 .iter()
                 .map(|b| b.batch.get_array_memory_size() as u64)
                 .sum();
-            let entry = WalEntry::data(
+            let mut entry = WalEntry::data(
                 self.epoch,
                 generation.number,
                 batches.into_iter().map(|b| b.batch).collect(),
             );
-            let result = match self.wal.encode(*position, &entry) {
-                Ok(encoded) => {
-                    let len = encoded.len() as u64;
-                    self.append_at(*position, encoded).await.map(|()| len)
-                }
-                Err(e) => Err(e),
-            };
-            // An append slower than the lease may have landed after a newer
-            // epoch's fence was deleted, out of every reader's sight: it
-            // counts only if the manifest still names this writer.
-            let result = match result {
-                Ok(len) if last_start.expect("set above").elapsed() > lease => {
-                    match self.newer_claim().await {
-                        Ok(None) => Ok(len),
-                        Ok(Some(fenced)) => Err(Error::CommitOutcomeUnknown {
-                            path: self.wal.path_of(*position).to_string(),
-                            write: format!(
-                                "the append took longer than {lease:?} and another writer \
-                                 claimed the shard meanwhile ({fenced})"
-                            ),
-                            read_back: "the entry exists, but may be out of the new writer's sight"
-                                .into(),
-                        }),
-                        Err(e) => Err(e),
-                    }
-                }
-                other => other,
-            };
-            match result {
-                Ok(len) => {
-                    let latency = last_start.expect("set above").elapsed().as_micros() as u64;
-                    let c = &self.counters;
-                    c.wal_appends.fetch_add(1, Ordering::Relaxed);
-                    c.wal_bytes.fetch_add(len, Ordering::Relaxed);
-                    c.latency_total_us.fetch_add(latency, Ordering::Relaxed);
-                    c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
-                    c.latency.record(Duration::from_micros(latency));
-                    generation.last_position.store(*position, Ordering::Release);
-                    *position += 1;
-                    c.next_position.store(*position, Ordering::Release);
-                    // Our entry landed, so nobody had fenced when it started.
-                    self.confirm_owned(last_start.expect("set above"));
-                    // Visible and counted at once: a reader that sees the
-                    // batches and then reads the progress sees them durable.
-                    self.progress.send_modify(|p| {
-                        if self.options.durable {
-                            generation.memtable.mark_durable(written);
-                        }
-                        p.batches = written;
-                        p.rows += rows;
-                        p.bytes += bytes;
-                    });
-                }
-                Err(e) => {
-                    self.stop(e);
-                    return;
-                }
+            // The appends in flight hold the positions just below this one.
+            if !in_flight.is_empty() {
+                entry.landed_through = Some(position - 1 - in_flight.len() as u64);
             }
+            log::trace!(
+                "WAL append at {position} starts: {rows} rows, {} in flight",
+                in_flight.len()
+            );
+            let shared = Arc::clone(self);
+            let task =
+                tokio::spawn(async move { shared.write_entry(position, entry, started).await });
+            in_flight.push_back(Append {
+                position,
+                generation,
+                written,
+                rows,
+                bytes,
+                started,
+                task,
+            });
+            sent = written;
+            position += 1;
+            self.counters
+                .next_position
+                .store(position, Ordering::Release);
         }
+    }
+
+    /// Encodes and appends `entry` at `position`; the entry's bytes once it
+    /// landed.
+    async fn write_entry(&self, position: u64, entry: WalEntry, started: Instant) -> Result<u64> {
+        let encoded = self.wal.encode(position, &entry)?;
+        drop(entry);
+        let len = encoded.len() as u64;
+        self.append_at(position, encoded).await?;
+        // An append slower than the lease may have landed after a newer
+        // epoch's fence was deleted, out of every reader's sight: it
+        // counts only if the manifest still names this writer.
+        let lease = self.options.lease();
+        if started.elapsed() > lease
+            && let Some(fenced) = self.newer_claim().await?
+        {
+            return Err(Error::CommitOutcomeUnknown {
+                path: self.wal.path_of(position).to_string(),
+                write: format!(
+                    "the append took longer than {lease:?} and another writer \
+                     claimed the shard meanwhile ({fenced})"
+                ),
+                read_back: "the entry exists, but may be out of the new writer's sight".into(),
+            });
+        }
+        Ok(len)
+    }
+
+    /// Acknowledges an append that ended, in position order: its batches
+    /// become durable (and, in durable mode, visible). A failure stops the
+    /// writer; `false` then.
+    fn landed(&self, append: Append, result: Result<u64>) -> bool {
+        let len = match result {
+            Ok(len) => len,
+            Err(e) => {
+                self.stop(e);
+                return false;
+            }
+        };
+        let latency = append.started.elapsed().as_micros() as u64;
+        log::trace!(
+            "WAL append at {} landed: {} rows, {len} bytes, {latency} µs",
+            append.position,
+            append.rows
+        );
+        let c = &self.counters;
+        c.wal_appends.fetch_add(1, Ordering::Relaxed);
+        c.wal_bytes.fetch_add(len, Ordering::Relaxed);
+        c.latency_total_us.fetch_add(latency, Ordering::Relaxed);
+        c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
+        c.latency.record(Duration::from_micros(latency));
+        let generation = &append.generation;
+        generation
+            .last_position
+            .store(append.position, Ordering::Release);
+        // Our entry landed, so nobody had fenced when it started.
+        self.confirm_owned(append.started);
+        // Visible and counted at once: a reader that sees the batches and
+        // then reads the progress sees them durable.
+        self.progress.send_modify(|p| {
+            if self.options.durable {
+                generation.memtable.mark_durable(append.written);
+            }
+            p.batches = append.written;
+            p.rows += append.rows;
+            p.bytes += append.bytes;
+        });
+        true
     }
 
     /// Appends `bytes` at `position`, retrying the same position with the
@@ -282,11 +392,14 @@ mod tests {
     const INTERVAL: Duration = Duration::from_millis(100);
     const FLUSH_BYTES: u64 = 1 << 20;
 
-    /// Three batches written, one durable; the last append started at `t0`.
+    /// Three batches written, one sent and durable; the last append started
+    /// at `t0`.
     fn waiting(t0: Instant) -> Group {
         Group {
             written: 3,
-            durable: 1,
+            sent: 1,
+            in_flight: 0,
+            max_in_flight: 2,
             next_generation: None,
             closing: false,
             pending_bytes: 100,
@@ -352,7 +465,7 @@ mod tests {
     fn with_nothing_waiting_it_seals_sleeps_or_ends() {
         let t0 = Instant::now();
         let done = Group {
-            durable: 3,
+            sent: 3,
             ..waiting(t0)
         };
         assert_eq!(step(&done, t0), Step::WaitForPut);
@@ -373,5 +486,67 @@ mod tests {
             ..done
         };
         assert_eq!(step(&closing, t0), Step::Finish);
+    }
+
+    #[test]
+    fn appends_in_flight_overlap_up_to_the_limit_and_keep_the_cadence() {
+        let t0 = Instant::now();
+        let one = Group {
+            in_flight: 1,
+            ..waiting(t0)
+        };
+        // A second append may start while one is in flight, on the cadence.
+        assert_eq!(step(&one, t0), Step::WaitUntil(t0 + INTERVAL));
+        assert_eq!(step(&one, t0 + INTERVAL), Step::Append);
+        // At the limit nothing starts, whatever is due.
+        let full = Group {
+            in_flight: 2,
+            ..waiting(t0)
+        };
+        assert_eq!(step(&full, t0 + INTERVAL), Step::WaitForAppend);
+        for urgent in [
+            Group {
+                closing: true,
+                ..full.clone()
+            },
+            Group {
+                next_generation: Some(8),
+                ..full.clone()
+            },
+            Group {
+                pending_bytes: FLUSH_BYTES,
+                ..full.clone()
+            },
+        ] {
+            assert_eq!(step(&urgent, t0), Step::WaitForAppend);
+        }
+        let serial = Group {
+            max_in_flight: 1,
+            ..one
+        };
+        assert_eq!(step(&serial, t0 + INTERVAL), Step::WaitForAppend);
+    }
+
+    #[test]
+    fn a_generation_is_sealed_and_the_task_ends_only_with_nothing_in_flight() {
+        let t0 = Instant::now();
+        let sent = Group {
+            sent: 3,
+            in_flight: 1,
+            next_generation: Some(8),
+            closing: true,
+            ..waiting(t0)
+        };
+        assert_eq!(step(&sent, t0), Step::WaitForAppend);
+        let landed = Group {
+            in_flight: 0,
+            ..sent.clone()
+        };
+        assert_eq!(step(&landed, t0), Step::Seal { next: 8 });
+        let last = Group {
+            next_generation: None,
+            ..sent
+        };
+        assert_eq!(step(&last, t0), Step::WaitForAppend);
     }
 }

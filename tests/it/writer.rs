@@ -472,3 +472,93 @@ async fn close_makes_every_put_durable_and_later_puts_fail() {
         "close lost non-durable puts"
     );
 }
+
+/// Waits until the WAL object at `position` exists.
+async fn landed(store: &Arc<dyn ObjectStore>, position: u64) {
+    let wal = wal(store);
+    for _ in 0..5_000 {
+        if wal.read(position).await.unwrap().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("WAL position {position} never landed");
+}
+
+/// A writer with its append at WAL position 2 held (its first after the
+/// fence at 1) and a second put's append at 3 landed; the puts' waits.
+async fn overtaken() -> (
+    Arc<dyn ObjectStore>,
+    Arc<FaultyStore>,
+    memwal::testing::Gate,
+    ShardWriter,
+    [tokio::task::JoinHandle<memwal::Result<()>>; 2],
+) {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    // Latency mode: the second append starts as soon as its put arrives.
+    let writer = open(&store, 0).await.unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    let held = faulty.gate(OpKind::Put, "00000000000000000002.arrow");
+    let first = writer.put_nowait(&[rows(&schema, 0..10, 1)]).await.unwrap();
+    held.arrived(1).await;
+    let second = writer
+        .put_nowait(&[rows(&schema, 10..20, 2)])
+        .await
+        .unwrap();
+    landed(&inner, 3).await;
+    let entry = wal(&inner).read(3).await.unwrap().unwrap();
+    assert_eq!(entry.landed_through, Some(1), "3 says 2 was in flight");
+    let waits = [tokio::spawn(first.wait()), tokio::spawn(second.wait())];
+    (inner, faulty, held, writer, waits)
+}
+
+#[tokio::test]
+async fn an_append_that_overtakes_another_is_acknowledged_after_it() {
+    let (inner, _faulty, held, writer, [mut first, mut second]) = overtaken().await;
+    // Given 100 ms, neither put is acknowledged while 2 is held (the gate,
+    // not the time, holds them).
+    for wait in [&mut first, &mut second] {
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), wait)
+                .await
+                .is_err(),
+            "a put was acknowledged before the append before it landed"
+        );
+    }
+    assert_eq!(writer.stats().durable_batches, 0);
+    assert!(visible(&writer).await.is_empty());
+    held.open();
+    first.await.unwrap().unwrap();
+    second.await.unwrap().unwrap();
+    assert_eq!(visible(&writer).await.len(), 20);
+    writer.close().await.unwrap();
+    let reopened = open(&inner, 5).await.unwrap();
+    assert_eq!(visible(&reopened).await.len(), 20);
+}
+
+#[tokio::test]
+async fn a_new_writer_plugs_the_gap_so_the_held_append_can_never_land() {
+    let (inner, _faulty, held, old, [first, second]) = overtaken().await;
+    // Another process takes the shard over while 2 is still on its way
+    // (it reaches the store without the gate).
+    let new = open(&inner, 5).await.unwrap();
+    let plug = wal(&inner).read(2).await.unwrap().unwrap();
+    assert_eq!(
+        (plug.kind, plug.epoch),
+        (memwal::testing::EntryKind::Fence, new.epoch())
+    );
+    // The held append now fails, and with it both puts: nothing was
+    // acknowledged, and the overtaking entry's unacknowledged rows replay.
+    held.open();
+    for wait in [first, second] {
+        assert!(matches!(wait.await.unwrap(), Err(Error::Fenced { .. })));
+    }
+    assert!(matches!(old.stopped(), Some(Error::Fenced { .. })));
+    let seen = visible(&new).await;
+    assert_eq!(seen, (10..20).map(|id| (id, 2)).collect::<Vec<_>>());
+    new.close().await.unwrap();
+    let again = open(&inner, 5).await.unwrap();
+    assert_eq!(visible(&again).await, seen);
+}
