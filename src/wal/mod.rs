@@ -1,6 +1,7 @@
 //! The write-ahead log (DESIGN.md §6): one immutable object per group
-//! commit, at dense fixed-width positions, created with put-if-absent;
-//! fence entries for epochs; a replay reader. The ShardWriter that drives it
+//! commit, at fixed-width positions created with put-if-absent, dense but
+//! for appends in flight (see [`WalLog`]); fence entries for epochs; a
+//! replay reader. The ShardWriter that drives it
 //! (group commit cadence, retries, poisoning) is built on top.
 
 mod entry;
