@@ -295,10 +295,9 @@ async fn main() {
         "debug_assertions": cfg!(debug_assertions),
         "settings": format!(
             "sstable_grace = 0 (compaction inputs deleted at once); memtable {} MiB; \
-             compaction above {} SSTables; WAL appends in flight {}; {}all else default",
+             compaction above {} SSTables; {}all else default",
             args.memtable_mb,
             args.max_sstables,
-            options.wal_appends_in_flight,
             args.options.iter().map(|o| format!("{o}; ")).collect::<String>()
         ),
         "keys": format!("{:?}", args.keys).to_lowercase(),

@@ -92,8 +92,8 @@ impl WalEntry {
         }
     }
 
-    /// Whether this entry, present at `position`, explains the positions
-    /// from `first_missing` up to it as appends that were in flight when it
+    /// Whether this entry explains the missing positions from
+    /// `first_missing` up to its own as appends that were in flight when it
     /// was written (and so may never land), rather than entries lost.
     pub fn explains_gap_from(&self, first_missing: u64) -> bool {
         self.landed_through.is_some_and(|p| p < first_missing)

@@ -199,14 +199,10 @@ impl Shared {
                 }
                 Step::Finish => return,
                 Step::WaitForPut | Step::WaitForAppend | Step::WaitUntil(_) => {
-                    let due = match step {
-                        Step::WaitUntil(due) => Some(due),
-                        _ => None,
-                    };
                     let sleep = async {
-                        match due {
-                            Some(due) => tokio::time::sleep_until(due.into()).await,
-                            None => std::future::pending().await,
+                        match step {
+                            Step::WaitUntil(due) => tokio::time::sleep_until(due.into()).await,
+                            _ => std::future::pending().await,
                         }
                     };
                     tokio::select! {
