@@ -48,8 +48,9 @@ pub use writer::{WriterOptions, WriterStats};
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
     pub use crate::hnsw::{Graph, Hit, dataset, distance, kernel};
+    pub use crate::read::{KeyBounds, ScanMetrics};
     pub use crate::schema::TableSchema;
-    pub use crate::sstable::SstableFile;
+    pub use crate::sstable::{SstableFile, deletions_complete};
     pub use crate::store::{
         Delay, Fault, FaultMode, FaultyStore, Gate, LatencyProfile, LatencyStore, OpKind,
         RequestCount, VersionedObjects, bench_root, paths,

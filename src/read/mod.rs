@@ -9,11 +9,13 @@ mod vector;
 mod wal_tail;
 
 use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::compute::{concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
@@ -30,7 +32,10 @@ use crate::error::Result;
 use crate::memtable::MemLayer;
 use crate::schema::TableSchema;
 use crate::sstable::merge::{self, KeyRange, Run};
-use crate::sstable::{ReadMetrics, SstableFile, SstableReader, newest_per_key_sorted};
+use crate::sstable::{
+    DeletionVector, ReadMetrics, SstableFile, SstableReader, deletions_complete,
+    newest_per_key_sorted,
+};
 
 /// What a reader sees of one shard at one moment: MemTable layers (the
 /// writer's frozen and active MemTables, or the durable WAL after the
@@ -133,6 +138,7 @@ impl ShardSnapshot {
                 true => Vec::new(),
                 false => vec![pieces],
             },
+            unmerged: None,
         };
         let mut all: Vec<Piece> = (0..self.sstables.len()).map(Piece::File).collect();
         let memtable_rows: u64 = self
@@ -164,6 +170,7 @@ impl ShardSnapshot {
         }
         pieces.retain(|(_, (lo, hi), _)| bounds.may_overlap(lo, hi));
         pieces.sort_by(|a, b| a.1.0.partial_cmp(&b.1.0).unwrap_or(Ordering::Equal));
+        let piece_rows: HashMap<Piece, u64> = pieces.iter().map(|(p, _, r)| (*p, *r)).collect();
         // Sweep in key order: a piece that starts at or before the largest
         // key seen so far joins the current cluster.
         let mut clusters: Vec<(Vec<Piece>, u64)> = Vec::new();
@@ -186,8 +193,41 @@ impl ShardSnapshot {
                 reach = Some(hi);
             }
         }
-        // Consecutive clusters into parts of about equal rows.
+        // Overlapping runs need no merge if the deletion vectors mark every
+        // row a newer SSTable holds: each piece is read on its own, minus
+        // its marked rows and (if the MemTables' keys overlap it) the rows
+        // whose keys the MemTables hold. That costs the order by key, so
+        // only where most rows would be merged (random keys) rather than a
+        // few at the edges of runs (keys written in order).
         let total: u64 = clusters.iter().map(|c| c.1).sum();
+        let merged: u64 = clusters
+            .iter()
+            .filter(|(c, _)| c.len() > 1)
+            .map(|c| c.1)
+            .sum();
+        let mut unmerged = None;
+        if 2 * merged > total && deletions_complete(&self.sstables) {
+            let deletions = futures::future::try_join_all(
+                self.sstables.iter().map(|f| self.reader.deletions(f)),
+            )
+            .await?;
+            let under_memtable = clusters
+                .iter()
+                .filter(|(c, _)| c.len() > 1 && c.contains(&Piece::Memtable))
+                .flat_map(|(c, _)| c.iter().copied())
+                .filter(|p| *p != Piece::Memtable)
+                .collect();
+            unmerged = Some(Arc::new(Unmerged {
+                deletions,
+                under_memtable,
+            }));
+            clusters = clusters
+                .into_iter()
+                .flat_map(|(c, _)| c)
+                .map(|p| (vec![p], piece_rows[&p]))
+                .collect();
+        }
+        // Consecutive clusters into parts of about equal rows.
         let per_part = total.div_ceil(parts.max(1) as u64).max(1);
         let mut out: Vec<ScanPart> = Vec::new();
         let mut rows_in_last = u64::MAX;
@@ -197,6 +237,7 @@ impl ShardSnapshot {
                     snapshot: self.clone(),
                     rows: 0,
                     clusters: Vec::new(),
+                    unmerged: unmerged.clone(),
                 });
                 rows_in_last = 0;
             }
@@ -226,7 +267,9 @@ impl ShardSnapshot {
 /// filtered out above the scan.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KeyBounds {
+    /// The smallest key and whether it is included.
     pub lower: Option<(ScalarValue, bool)>,
+    /// The largest key and whether it is included.
     pub upper: Option<(ScalarValue, bool)>,
 }
 
@@ -330,7 +373,7 @@ impl ScanMetrics {
 }
 
 /// A piece of a shard's rows for a scan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Piece {
     /// A whole SSTable (by index in the snapshot).
     File(usize),
@@ -342,19 +385,38 @@ enum Piece {
 
 /// What one scan partition reads of a shard snapshot: clusters of pieces,
 /// in key order for a table with a key; the pieces of a cluster are
-/// merged, and no key is in two clusters (or two parts).
+/// merged, and no key is in two clusters (or two parts). Unless the
+/// pieces are read `unmerged`: then each cluster is one piece, whose rows
+/// no other piece holds a newer version of once its deletion vector's
+/// marks (and the MemTables' keys) are left out.
 #[derive(Debug, Clone)]
 pub struct ScanPart {
     snapshot: ShardSnapshot,
     /// Rows in the pieces, before de-duplication.
     rows: u64,
     clusters: Vec<Vec<Piece>>,
+    unmerged: Option<Arc<Unmerged>>,
+}
+
+/// What reading the pieces of a snapshot unmerged needs.
+#[derive(Debug)]
+struct Unmerged {
+    /// The deletion vector of each SSTable of the snapshot.
+    deletions: Vec<Option<Arc<DeletionVector>>>,
+    /// The SSTable pieces whose key ranges overlap the MemTables' rows.
+    under_memtable: HashSet<Piece>,
 }
 
 impl ScanPart {
     /// Rows in the pieces, before de-duplication.
     pub fn stored_rows(&self) -> u64 {
         self.rows
+    }
+
+    /// Whether the rows come sorted by key (a table with a key, read
+    /// merged).
+    pub fn sorted(&self) -> bool {
+        self.snapshot.schema.has_key() && self.unmerged.is_none()
     }
 
     /// A one-line description of the layers and the merging (for
@@ -371,8 +433,12 @@ impl ScanPart {
             .filter(|p| matches!(p, Piece::File(_)))
             .count();
         let memtable = pieces.contains(&&Piece::Memtable);
+        let how = match self.unmerged {
+            Some(_) => "unmerged: deletion vectors".to_string(),
+            None => format!("{merged} merged"),
+        };
         format!(
-            "{}; reads {groups} row groups, {files} whole SSTables{} in {} clusters ({merged} merged)",
+            "{}; reads {groups} row groups, {files} whole SSTables{} in {} clusters ({how})",
             self.snapshot.describe(),
             if memtable { ", the MemTables" } else { "" },
             self.clusters.len()
@@ -411,11 +477,13 @@ impl ScanPart {
             .map(|c| merge_columns.binary_search(c).expect("a subset"))
             .collect();
 
-        let memtable = self
-            .clusters
-            .iter()
-            .flatten()
-            .any(|p| *p == Piece::Memtable);
+        let memtable = self.clusters.iter().flatten().any(|p| {
+            *p == Piece::Memtable
+                || self
+                    .unmerged
+                    .as_ref()
+                    .is_some_and(|u| u.under_memtable.contains(p))
+        });
         let memtable = match memtable {
             true if schema.has_key() => {
                 Some(newest_per_key_sorted(schema, &snapshot.memtable_batches())?)
@@ -428,7 +496,28 @@ impl ScanPart {
         };
         let projected = Arc::new(schema.stored.project(&columns)?);
         let mut streams = Vec::with_capacity(self.clusters.len());
-        for cluster in &self.clusters {
+        if let Some(unmerged) = &self.unmerged {
+            let memtable_keys = match &memtable {
+                Some(rows) if !unmerged.under_memtable.is_empty() => {
+                    Some(Arc::new(KeySet::new(schema, rows)?))
+                }
+                _ => None,
+            };
+            for &piece in self.clusters.iter().flatten() {
+                streams.push(
+                    self.unmerged_piece(
+                        piece,
+                        unmerged,
+                        (&columns, &merge_columns, &drop_keys),
+                        memtable.as_ref(),
+                        memtable_keys.as_ref(),
+                        metrics,
+                    )
+                    .await?,
+                );
+            }
+        }
+        for cluster in self.clusters.iter().filter(|_| self.unmerged.is_none()) {
             if !schema.has_key() || cluster.len() == 1 {
                 for &piece in cluster {
                     streams.push(
@@ -448,6 +537,7 @@ impl ScanPart {
                         Piece::File(i) | Piece::RowGroup(i, _) => snapshot.sstables[i].generation,
                         Piece::Memtable => u64::MAX,
                     },
+                    deleted: None,
                 });
             }
             let merged = merge::merge_runs(
@@ -537,6 +627,124 @@ impl ScanPart {
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, counted)))
+    }
+}
+
+impl ScanPart {
+    /// The rows of one piece read unmerged (stored form projected to
+    /// `columns`): an SSTable piece without the rows its deletion vector
+    /// marks and, if it lies under the MemTables, without the rows whose
+    /// keys they hold (`memtable_keys`; read with the key columns, at
+    /// `merge_columns`, which `drop_keys` projects away again).
+    async fn unmerged_piece(
+        &self,
+        piece: Piece,
+        unmerged: &Unmerged,
+        (columns, merge_columns, drop_keys): (&[usize], &[usize], &[usize]),
+        memtable: Option<&RecordBatch>,
+        memtable_keys: Option<&Arc<KeySet>>,
+        metrics: &ScanMetrics,
+    ) -> Result<SendableRecordBatchStream> {
+        let snapshot = &self.snapshot;
+        let (i, group) = match piece {
+            Piece::Memtable => return self.piece(piece, columns, memtable, metrics).await,
+            Piece::File(i) => (i, None),
+            Piece::RowGroup(i, g) => (i, Some(g)),
+        };
+        let shadowed = memtable_keys.filter(|_| unmerged.under_memtable.contains(&piece));
+        let read = match shadowed {
+            Some(_) => merge_columns,
+            None => columns,
+        };
+        let file = &snapshot.sstables[i];
+        let rows = match &unmerged.deletions[i] {
+            Some(deleted) => {
+                snapshot
+                    .reader
+                    .stream_unmarked(file, group, deleted, read, &metrics.read)
+                    .await?
+            }
+            None => {
+                snapshot
+                    .reader
+                    .stream(file, group.map(|g| vec![g]), read, &metrics.read)
+                    .await?
+            }
+        };
+        let counter = metrics.sstable_rows.clone();
+        let rows = rows.inspect(move |batch| {
+            if let Ok(batch) = batch {
+                counter.add(batch.num_rows());
+            }
+        });
+        let Some(keys) = shadowed else {
+            let schema = Arc::new(snapshot.schema.stored.project(columns)?);
+            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, rows)));
+        };
+        let keys = Arc::clone(keys);
+        let positions: Vec<usize> = snapshot
+            .schema
+            .key
+            .iter()
+            .map(|k| merge_columns.binary_search(k).expect("keys are read"))
+            .collect();
+        let drop_keys = drop_keys.to_vec();
+        let out = Arc::new(snapshot.schema.stored.project(columns)?);
+        let schema = Arc::clone(&out);
+        let rows = rows.map(move |batch| {
+            let batch = batch?;
+            let key_columns: Vec<ArrayRef> = positions
+                .iter()
+                .map(|&k| Arc::clone(batch.column(k)))
+                .collect();
+            let keep = keys.absent(&key_columns)?;
+            let batch = filter_record_batch(&batch, &keep)?;
+            Ok(RecordBatch::try_new(
+                Arc::clone(&schema),
+                batch.project(&drop_keys)?.columns().to_vec(),
+            )?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
+    }
+}
+
+/// The keys of a set of rows, to tell rows of other layers with those keys.
+#[derive(Debug)]
+struct KeySet {
+    converter: RowConverter,
+    keys: HashSet<Box<[u8]>>,
+}
+
+impl KeySet {
+    /// The keys of `rows` (stored form).
+    fn new(schema: &TableSchema, rows: &RecordBatch) -> Result<Self> {
+        let converter = RowConverter::new(
+            schema
+                .key
+                .iter()
+                .map(|&k| SortField::new(schema.stored.field(k).data_type().clone()))
+                .collect(),
+        )?;
+        let columns: Vec<ArrayRef> = schema
+            .key
+            .iter()
+            .map(|&k| Arc::clone(rows.column(k)))
+            .collect();
+        let keys = converter
+            .convert_columns(&columns)?
+            .iter()
+            .map(|r| r.as_ref().into())
+            .collect();
+        Ok(Self { converter, keys })
+    }
+
+    /// Per row of `key_columns`: whether its key is not in the set.
+    fn absent(&self, key_columns: &[ArrayRef]) -> Result<BooleanArray> {
+        let rows = self.converter.convert_columns(key_columns)?;
+        Ok(rows
+            .iter()
+            .map(|r| Some(!self.keys.contains(r.as_ref())))
+            .collect())
     }
 }
 

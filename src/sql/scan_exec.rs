@@ -103,7 +103,10 @@ impl ScanExec {
             }
         }
         let (partitions, ordering) = match mode {
-            ScanMode::All => (parts.len(), key_ordering(&table, &schema)),
+            ScanMode::All => (
+                parts.len(),
+                key_ordering(&table, &schema).filter(|_| parts.iter().all(ScanPart::sorted)),
+            ),
             ScanMode::Keys(_) => (1, None),
         };
         let equivalence = match ordering {

@@ -29,6 +29,7 @@ use datafusion::physical_plan::sorts::streaming_merge::StreamingMergeBuilder;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::StreamExt;
 
+use super::DeletionVector;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 
@@ -45,6 +46,9 @@ pub struct Run {
     pub rows: SendableRecordBatchStream,
     /// Newer runs have higher numbers; no two runs of a merge share one.
     pub seq: u64,
+    /// Rows of the run (by position in it) to leave out: a newer run
+    /// holds their keys.
+    pub deleted: Option<Arc<DeletionVector>>,
 }
 
 /// Metrics for a merge nobody measures (the writer's flushes and loads).
@@ -57,10 +61,15 @@ const SEQ_COLUMN: &str = "_seq";
 /// The column carrying a row's position in its run through a traced merge.
 const ROW_COLUMN: &str = "_row";
 
-/// `run`'s rows with its sequence as a last column and, if `rows`, each
-/// row's position in the run after it (`schema`).
+/// `run`'s rows without its deleted ones, with its sequence as a last
+/// column and, if `rows`, each row's position in the run after it
+/// (`schema`).
 fn with_seq(run: Run, schema: SchemaRef, rows: bool) -> SendableRecordBatchStream {
-    let Run { rows: batches, seq } = run;
+    let Run {
+        rows: batches,
+        seq,
+        deleted,
+    } = run;
     let out = Arc::clone(&schema);
     let mut next = 0u64;
     let batches = batches.map(move |batch| {
@@ -72,9 +81,17 @@ fn with_seq(run: Run, schema: SchemaRef, rows: bool) -> SendableRecordBatchStrea
             columns.push(Arc::new(UInt64Array::from_iter_values(
                 next..next + n as u64,
             )));
-            next += n as u64;
         }
-        Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+        let batch = RecordBatch::try_new(Arc::clone(&out), columns)?;
+        let first = next;
+        next += n as u64;
+        match &deleted {
+            Some(d) if (first..next).any(|r| d.contains(r)) => {
+                let keep: BooleanArray = (first..next).map(|r| Some(!d.contains(r))).collect();
+                Ok(filter_record_batch(&batch, &keep)?)
+            }
+            _ => Ok(batch),
+        }
     });
     Box::pin(RecordBatchStreamAdapter::new(schema, batches))
 }
@@ -178,7 +195,7 @@ fn merge(
         .iter()
         .map(|&k| position(k))
         .collect::<Result<Vec<_>>>()?;
-    if runs.len() == 1 && !traced {
+    if runs.len() == 1 && !traced && runs[0].deleted.is_none() {
         let rows = runs.pop().expect("one run").rows;
         return Ok((
             match keep_tombstones {

@@ -25,11 +25,13 @@
 //! newest version of each key, for scans and compaction alike.
 
 mod checksum;
+pub mod deletions;
 pub mod merge;
 mod object;
 mod reader;
 
 pub use checksum::FileChecksum;
+pub use deletions::{DeletionVector, Deletions};
 pub use reader::{SstableReader, VectorColumnData};
 
 /// What reading SSTables cost, for `EXPLAIN ANALYZE` (DataFusion metric
@@ -243,7 +245,7 @@ fn properties(schema: &TableSchema, rows: usize) -> WriterProperties {
 const CRC32_RESIDUE: u32 = 0x2144_DF1C;
 
 /// What a shard manifest records about one SSTable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SstableFile {
     /// Object path, relative to the root.
     pub path: String,
@@ -263,6 +265,38 @@ pub struct SstableFile {
     /// The vector columns with a persisted graph next to the file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub graphs: Vec<GraphFile>,
+    /// The rows a newer SSTable of the shard holds a version of, as far as
+    /// they are marked (see [`deletions`]); `None`: none marked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletions: Option<Deletions>,
+    /// Every row whose key an SSTable newer than this one and of a
+    /// generation up to this holds is marked in `deletions` (0 for files
+    /// written before deletion vectors: none known).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub checked_through: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Whether the deletion vectors of `files` (one shard's, oldest first)
+/// mark every row a newer file holds a version of: their unmarked rows are
+/// then the newest version of each key.
+pub fn deletions_complete(files: &[SstableFile]) -> bool {
+    let Some((newest, older)) = files.split_last() else {
+        return true;
+    };
+    older.iter().all(|f| f.checked_through >= newest.generation)
+}
+
+/// How far the marks of `files[i]` are complete (see
+/// [`SstableFile::checked_through`]): the newest file has nothing newer.
+pub fn checked_through(files: &[SstableFile], i: usize) -> u64 {
+    match i + 1 == files.len() {
+        true => files[i].checked_through.max(files[i].generation),
+        false => files[i].checked_through,
+    }
 }
 
 /// A persisted graph next to an SSTable: its vector column and, for graphs
@@ -325,6 +359,8 @@ pub async fn write(
         bytes: sstable.bytes.len() as u64,
         checksum: Some(sstable.checksum),
         graphs: Vec::new(),
+        deletions: None,
+        checked_through: generation,
     };
     let written = async {
         let payload = PutPayload::from_bytes(sstable.bytes.clone());
@@ -455,6 +491,8 @@ pub async fn write_stream(
         bytes,
         checksum: Some(checksum),
         graphs: Vec::new(),
+        deletions: None,
+        checked_through: 0,
     })
 }
 
@@ -642,6 +680,7 @@ mod tests {
                             futures::stream::iter([Ok(rows)]),
                         )),
                         seq: seq as u64,
+                        deleted: None,
                     }
                 })
                 .collect();
@@ -671,6 +710,7 @@ mod tests {
                         futures::stream::iter([Ok(put(&t, &[1, 2, 3, 4 + seq], seq))]),
                     )),
                     seq: seq as u64,
+                    deleted: None,
                 })
                 .collect();
             let (merged, trace) = merge::merge_runs_traced(&t, &all, runs, false, &pool).unwrap();

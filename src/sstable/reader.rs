@@ -39,7 +39,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::merge::KeyRange;
 use super::object::SstableObject;
-use super::{ReadMetrics, SstableFile, checksum};
+use super::{DeletionVector, Deletions, ReadMetrics, SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::schema::TableSchema;
@@ -54,6 +54,8 @@ const CACHED_PAGE_BYTES: usize = 64 << 20;
 const CACHED_FILE_BYTES: usize = 256 << 20;
 /// Largest file a lookup fetches whole.
 const WHOLE_FILE_BYTES: u64 = 64 << 20;
+/// Memory of deletion vectors kept (per reader).
+const CACHED_DELETION_BYTES: usize = 64 << 20;
 /// Cached footers; the cache starts over when it grows past this.
 const CACHED_FILES: usize = 4096;
 
@@ -152,6 +154,7 @@ pub struct SstableReader {
     pages: Mutex<BoundedCache<PageKey, RecordBatch>>,
     files: Mutex<BoundedCache<String, Bytes>>,
     vectors: Mutex<VectorCache>,
+    deletion_vectors: Mutex<BoundedCache<String, Arc<DeletionVector>>>,
 }
 
 impl SstableReader {
@@ -165,6 +168,7 @@ impl SstableReader {
             pages: Mutex::new(BoundedCache::new(CACHED_PAGE_BYTES)),
             files: Mutex::new(BoundedCache::new(CACHED_FILE_BYTES)),
             vectors: Mutex::default(),
+            deletion_vectors: Mutex::new(BoundedCache::new(CACHED_DELETION_BYTES)),
         }
     }
 
@@ -485,6 +489,39 @@ impl SstableReader {
         columns: &[usize],
         metrics: &ReadMetrics,
     ) -> Result<SendableRecordBatchStream> {
+        self.stream_selected(file, row_groups, None, columns, metrics)
+            .await
+    }
+
+    /// [`SstableReader::stream`] of the rows `deleted` does not mark, of
+    /// row group `row_group` or of the whole file.
+    pub async fn stream_unmarked(
+        &self,
+        file: &SstableFile,
+        row_group: Option<usize>,
+        deleted: &DeletionVector,
+        columns: &[usize],
+        metrics: &ReadMetrics,
+    ) -> Result<SendableRecordBatchStream> {
+        let sizes = self.row_group_rows(file).await?;
+        let (start, len) = match row_group {
+            Some(g) => (sizes[..g].iter().sum(), sizes[g]),
+            None => (0, sizes.iter().sum()),
+        };
+        let selection = deleted.selection(start, len);
+        let groups = row_group.map(|g| vec![g]);
+        self.stream_selected(file, groups, Some(selection), columns, metrics)
+            .await
+    }
+
+    async fn stream_selected(
+        &self,
+        file: &SstableFile,
+        row_groups: Option<Vec<usize>>,
+        selection: Option<RowSelection>,
+        columns: &[usize],
+        metrics: &ReadMetrics,
+    ) -> Result<SendableRecordBatchStream> {
         let footer = self.footer(file).await?;
         let meta = footer.meta.clone();
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().copied());
@@ -497,6 +534,9 @@ impl SstableReader {
         .with_batch_size(BATCH_ROWS);
         if let Some(row_groups) = row_groups {
             builder = builder.with_row_groups(row_groups);
+        }
+        if let Some(selection) = selection {
+            builder = builder.with_row_selection(selection);
         }
         let stream = builder.build().map_err(|e| Self::corrupt(file, e))?;
         let file = file.clone();
@@ -512,6 +552,123 @@ impl SstableReader {
             schema,
             stream.map_err(|e: Error| e.into()),
         )))
+    }
+
+    /// The deletion vector of `file`, if it has one: read once, checked
+    /// against its manifest entry, and cached.
+    pub async fn deletions(&self, file: &SstableFile) -> Result<Option<Arc<DeletionVector>>> {
+        let Some(entry) = &file.deletions else {
+            return Ok(None);
+        };
+        let cached = self
+            .deletion_vectors
+            .lock()
+            .expect("deletions poisoned")
+            .get(&entry.path);
+        if let Some(vector) = cached {
+            return Ok(Some(vector));
+        }
+        let bytes = self
+            .store
+            .get(&paths::stored(&entry.path)?)
+            .await?
+            .bytes()
+            .await?;
+        let vector = Arc::new(DeletionVector::decode(entry, file.rows, &bytes)?);
+        self.cache_deletions(entry, Arc::clone(&vector));
+        Ok(Some(vector))
+    }
+
+    /// Keeps `vector`, just written as `entry`, for later reads.
+    pub fn cache_deletions(&self, entry: &Deletions, vector: Arc<DeletionVector>) {
+        let bytes = vector.rows() as usize / 8 + 64;
+        self.deletion_vectors
+            .lock()
+            .expect("deletions poisoned")
+            .insert(entry.path.clone(), vector, bytes);
+    }
+
+    /// The positions (ascending) of the rows of `file` whose key is among
+    /// `keys` (key columns, stored types, sorted by key with no key twice,
+    /// as a flush writes them). Reads only the key columns of the row
+    /// groups whose key range holds one of `keys` and, when few do, whose
+    /// bloom filter may contain one.
+    pub async fn rows_with_keys(&self, file: &SstableFile, keys: &[ArrayRef]) -> Result<Vec<u64>> {
+        use datafusion::arrow::row::{RowConverter, SortField};
+        let schema = &self.schema;
+        let converter = RowConverter::new(
+            schema
+                .key
+                .iter()
+                .map(|&k| SortField::new(schema.stored.field(k).data_type().clone()))
+                .collect(),
+        )?;
+        let wanted = converter.convert_columns(keys)?;
+        if wanted.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let sizes = self.row_group_rows(file).await?;
+        let ranges = self.row_group_ranges(file).await?;
+        let footer = self.footer(file).await?;
+        let metrics = ReadMetrics::default();
+        let mut hits = Vec::new();
+        let mut start = 0u64;
+        for (g, &rows) in sizes.iter().enumerate() {
+            let first_row = start;
+            start += rows;
+            // The slice of `wanted` this row group's key range holds.
+            let (lo, hi) = match &ranges {
+                Some(ranges) => {
+                    let ((lo, hi), _) = &ranges[g];
+                    let bound = |v: &ScalarValue| -> Result<_> {
+                        let rows = converter.convert_columns(&[v.to_array()?])?;
+                        Ok(rows.row(0).owned())
+                    };
+                    let (lo, hi) = (bound(lo)?, bound(hi)?);
+                    let from = partition_point(&wanted, |r| r < lo.row());
+                    let to = partition_point(&wanted, |r| r <= hi.row());
+                    (from, to)
+                }
+                None => (0, wanted.num_rows()),
+            };
+            if lo >= hi {
+                continue;
+            }
+            if hi - lo <= FEW_KEYS {
+                let mut any = false;
+                for i in lo..hi {
+                    let key: Vec<ArrayRef> = keys.iter().map(|k| k.slice(i, 1)).collect();
+                    if self
+                        .bloom_may_contain(file, &footer, g, &key, &metrics)
+                        .await?
+                    {
+                        any = true;
+                        break;
+                    }
+                }
+                if !any {
+                    continue;
+                }
+            }
+            let mut batches = self
+                .stream(file, Some(vec![g]), &schema.key, &metrics)
+                .await?;
+            let (mut at, mut w) = (first_row, lo);
+            while let Some(batch) = batches.next().await {
+                let batch = batch?;
+                let found = converter.convert_columns(batch.columns())?;
+                for row in found.iter() {
+                    while w < hi && wanted.row(w) < row {
+                        w += 1;
+                    }
+                    if w < hi && wanted.row(w) == row {
+                        hits.push(at);
+                    }
+                    at += 1;
+                }
+            }
+        }
+        Ok(hits)
     }
 
     /// The smallest and largest key and the row count of each row group
@@ -776,6 +933,26 @@ fn pages_covering(
 
 /// Whether `bloom` may contain the one value of `key` as Parquet hashes
 /// it (its physical value), or `None` for a type this does not map.
+/// Keys of a flush a row group's bloom filter is asked about before its
+/// keys are read; more than that almost surely pass it anyway.
+const FEW_KEYS: usize = 16;
+
+/// The first index of `rows` (sorted) for which `before` is false.
+fn partition_point(
+    rows: &datafusion::arrow::row::Rows,
+    before: impl Fn(datafusion::arrow::row::Row<'_>) -> bool,
+) -> usize {
+    let (mut lo, mut hi) = (0, rows.num_rows());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match before(rows.row(mid)) {
+            true => lo = mid + 1,
+            false => hi = mid,
+        }
+    }
+    lo
+}
+
 fn bloom_check(bloom: &Sbbf, key: &ArrayRef) -> Option<bool> {
     use datafusion::arrow::datatypes::*;
     if key.is_null(0) {

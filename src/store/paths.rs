@@ -188,6 +188,30 @@ pub fn graph_file(sstable: &str, column: &str) -> Result<Path> {
     Ok(stored(sstable_dir(sstable))?.join(format!("{}.hnsw", safe_part(column)).as_str()))
 }
 
+/// `<SSTable dir>/deletions-<20-digit epoch>-<16 hex>.bin`: a fresh name
+/// for a deletion vector of the SSTable at `sstable` (a stored path)
+/// written by the writer of `epoch` (random: a retried or raced write never
+/// overwrites one a manifest may already name).
+pub fn new_deletions_file(sstable: &str, epoch: u64) -> Result<Path> {
+    Ok(stored(sstable_dir(sstable))?.join(
+        format!(
+            "{DELETIONS_PREFIX}{epoch:020}-{:016x}.bin",
+            rand::random::<u64>()
+        )
+        .as_str(),
+    ))
+}
+
+/// The epoch of the writer that made `path`, if it is a name made by
+/// [`new_deletions_file`].
+pub fn deletions_epoch(path: &str) -> Option<u64> {
+    let name = path.rsplit('/').next()?;
+    let rest = name.strip_prefix(DELETIONS_PREFIX)?.strip_suffix(".bin")?;
+    rest.split('-').next()?.parse().ok()
+}
+
+const DELETIONS_PREFIX: &str = "deletions-";
+
 /// `<wal dir>/<20-digit position>.arrow`: one WAL entry.
 pub fn wal_file(wal_dir: &Path, position: u64) -> Path {
     wal_dir

@@ -4,9 +4,12 @@
 //!
 //! Order of effects, each safe to interrupt at any point:
 //! 1. flush: write the SSTable under a fresh name (an interrupted write
-//!    leaves an unreferenced object), then commit the manifest — append the
-//!    SSTable, advance the replay cursor, bump the generation — as the
-//!    writer's epoch only (a fenced writer never commits). Generations are
+//!    leaves an unreferenced object), mark the rows of older SSTables its
+//!    keys make old in new deletion vectors (fresh names too; see
+//!    [`super::deletions`]), then commit the manifest — append the
+//!    SSTable, name the new vectors and retire the old ones, advance the
+//!    replay cursor, bump the generation — as the writer's epoch only (a
+//!    fenced writer never commits). Generations are
 //!    flushed one at a time, oldest first, so commits land in generation
 //!    order, and a failed flush is retried before anything newer: a later
 //!    success never hides an earlier failure;
@@ -16,9 +19,11 @@
 //!    next append lands exactly on a later epoch's fence and must collide
 //!    with it (the writer's module doc says why that grace suffices);
 //! 3. compaction, in a task of its own so flushes go on while it runs:
-//!    merge a run of consecutive SSTables into one (streaming), commit the
-//!    swap of that run (whatever flushes appended meanwhile), and delete
-//!    the inputs once [`super::WriterOptions::sstable_grace`] has passed;
+//!    merge a run of consecutive SSTables into one (streaming, without
+//!    their marked rows), carry the marks flushes added meanwhile over to
+//!    the output, commit the swap of that run (whatever flushes appended
+//!    meanwhile), and delete the inputs once
+//!    [`super::WriterOptions::sstable_grace`] has passed;
 //! 4. at start, objects a crash left behind are collected: SSTables of
 //!    older epochs that the manifest does not name (their writers can no
 //!    longer commit them)
@@ -227,7 +232,7 @@ impl Shared {
         if memtable.written_batches() == 0 {
             return self.flush_load(generation).await;
         }
-        let (encoded, graphs) = {
+        let (encoded, graphs, keys) = {
             let memtable = Arc::clone(memtable);
             let schema = Arc::clone(&self.schema);
             let threads = self.options.index_threads;
@@ -268,7 +273,12 @@ impl Shared {
                         Some((schema.schema.field(v.index).name().clone(), bytes.into()))
                     })
                     .collect();
-                Ok::<_, Error>((encoded, graphs))
+                let keys: Vec<_> = schema
+                    .key
+                    .iter()
+                    .map(|&k| Arc::clone(body.column(k)))
+                    .collect();
+                Ok::<_, Error>((encoded, graphs, keys))
             })
             .await
             .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
@@ -284,6 +294,24 @@ impl Shared {
                 )
             })
             .await?;
+        // The rows of older SSTables its keys make old (the maintenance
+        // lock keeps their vectors as they are until the commit).
+        let older = self.manifest().state.sstables.clone();
+        let marked = self
+            .retrying("deletion vectors of a flush", || {
+                self.mark_shadowed(&older, &keys, generation.number)
+            })
+            .await?;
+        // The vectors new ones replace wait out the grace period.
+        let replaced: Vec<String> = older
+            .into_iter()
+            .filter_map(|f| {
+                let now = &marked.get(&f.path)?.deletions;
+                f.deletions.filter(|d| Some(d) != now.as_ref())
+            })
+            .map(|d| d.path)
+            .collect();
+        let retired_at_ms = now_ms();
         let last = generation.last_position.load(Ordering::Acquire);
         let flushed = Arc::clone(generation);
         self.commit(
@@ -292,6 +320,16 @@ impl Shared {
                 if m.sstables.iter().any(|f| f.path == file.path) {
                     return false;
                 }
+                for f in &mut m.sstables {
+                    if let Some(marked) = marked.get(&f.path) {
+                        f.deletions = marked.deletions.clone();
+                        f.checked_through = marked.checked_through;
+                    }
+                }
+                m.retired.extend(replaced.iter().map(|path| RetiredFile {
+                    path: path.clone(),
+                    retired_at_ms,
+                }));
                 m.sstables.push(file.clone());
                 m.replay_after = m.replay_after.max(last);
                 m.generation = m.generation.max(generation.number + 1);
@@ -438,21 +476,22 @@ impl Shared {
             .map(|p| self.wal.path_of(p))
             .collect();
         let named = m.named_dirs();
-        let listed: Vec<Path> = self
+        let listed: Vec<object_store::ObjectMeta> = self
             .store
             .list(Some(&paths::sstables_dir(&self.shard_dir)))
-            .map_ok(|meta| meta.location)
             .try_collect()
             .await?;
         // Only older epochs' files: a newer writer (one that fenced this
         // one since) may be about to commit its own.
-        let orphans: Vec<Path> = listed
-            .into_iter()
+        let mut orphans: Vec<Path> = listed
+            .iter()
+            .map(|meta| meta.location.clone())
             .filter(|path| {
                 !named.contains(paths::sstable_dir(path.as_ref()))
                     && paths::sstable_epoch(path.as_ref()) < self.epoch
             })
             .collect();
+        orphans.extend(self.unnamed_deletions(m, &listed));
         if !leftovers.is_empty() || !orphans.is_empty() {
             log::debug!(
                 "deleting {} WAL entries and {} SSTables left behind in {}",
@@ -520,18 +559,47 @@ impl Shared {
     /// Replaces `inputs`, consecutive SSTables (the oldest among them if
     /// `oldest`), by their merge, and retires them.
     async fn merge_run(&self, inputs: &[SstableFile], oldest: bool) -> Result<()> {
-        let output = self
+        let (mut output, trace) = self
             .retrying("compaction", || self.merge(inputs, oldest, None))
             .await?;
+        // Flushes since the merge began may have marked more rows of the
+        // inputs: the output gets the marks the inputs have now, and no
+        // flush adds any until the commit.
+        let _no_flush = self.maintenance.lock().await;
+        let files = self.manifest().state.sstables.clone();
+        let same = |run: &[SstableFile]| {
+            run.len() == inputs.len() && run.iter().zip(inputs).all(|(a, b)| a.path == b.path)
+        };
+        let Some(at) = files.iter().position(|f| f.path == inputs[0].path) else {
+            return Err(Error::Poisoned(format!(
+                "the compaction's input {} left the shard",
+                inputs[0].path
+            )));
+        };
+        let current = files.get(at..at + inputs.len()).unwrap_or_default();
+        if !same(current) {
+            return Err(Error::Poisoned(
+                "the compaction's inputs changed while it ran".into(),
+            ));
+        }
+        if let Some(trace) = trace.as_ref().filter(|_| self.schema.has_key()) {
+            let marked = self
+                .retrying("deletion vectors of a compaction", || {
+                    self.carry_marks(&files, current, trace, &output)
+                })
+                .await?;
+            output.deletions = marked.deletions;
+            output.checked_through = marked.checked_through;
+        }
         let retired_at_ms = now_ms();
         self.commit(
             "shard manifest commit of a compaction",
             |m| {
-                let Some(at) = m.sstables.iter().position(|f| *f == inputs[0]) else {
+                let Some(at) = m.sstables.iter().position(|f| f.path == inputs[0].path) else {
                     return false;
                 };
                 let run = at..at + inputs.len();
-                if m.sstables.get(run.clone()) != Some(inputs) {
+                if !m.sstables.get(run.clone()).is_some_and(same) {
                     return false;
                 }
                 m.sstables.splice(run, [output.clone()]);
@@ -565,7 +633,7 @@ impl Shared {
         inputs: &[SstableFile],
         oldest: bool,
         load: Option<u64>,
-    ) -> Result<SstableFile> {
+    ) -> Result<(SstableFile, Option<merge::RowTrace>)> {
         let schema = &self.schema;
         let columns: Vec<usize> = (0..schema.stored.fields().len()).collect();
         let mut streams = Vec::with_capacity(inputs.len());
@@ -582,21 +650,17 @@ impl Shared {
         let (rows, trace) = if schema.has_key() {
             let mut runs = Vec::with_capacity(inputs.len());
             for (rows, file) in streams.into_iter().zip(inputs) {
+                // Rows a newer file holds are left out; marks added
+                // meanwhile follow the trace (see `merge_run`).
                 runs.push(merge::Run {
                     rows,
                     seq: file.generation,
+                    deleted: self.reader.deletions(file).await?,
                 });
             }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-            if has_graphs {
-                let (rows, trace) =
-                    merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool)?;
-                (rows, Some(trace))
-            } else {
-                let rows =
-                    merge::merge_runs(schema, &columns, runs, !oldest, &pool, merge::unrecorded())?;
-                (rows, None)
-            }
+            let (rows, trace) = merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool)?;
+            (rows, Some(trace))
         } else {
             let runs: Vec<(u64, u64)> = inputs.iter().map(|f| (f.generation, f.rows)).collect();
             let trace = has_graphs.then(|| merge::RowTrace::concatenated(&runs));
@@ -634,7 +698,7 @@ impl Shared {
             written,
             started.elapsed() - written
         );
-        Ok(output)
+        Ok((output, trace))
     }
 
     /// Builds and writes the graphs of every vector column of `file` (a
@@ -827,8 +891,7 @@ mod tests {
                 first_generation: i as u64 + 1,
                 rows: 1,
                 bytes,
-                checksum: None,
-                graphs: Vec::new(),
+                ..Default::default()
             })
             .collect()
     }

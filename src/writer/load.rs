@@ -282,6 +282,7 @@ impl ShardWriter {
                     .stream(&run.file, row_groups, &columns, &ReadMetrics::default())
                     .await?,
                 seq: run.file.generation,
+                deleted: None,
             });
         }
         if streams.is_empty() {
@@ -304,7 +305,7 @@ impl ShardWriter {
         let files: Vec<SstableFile> = group.iter().map(|r| r.file.clone()).collect();
         // The merged run is the same load's (see `Shared::delete_dead_loads`).
         let load = paths::load_of(group[0].file.path.as_ref()).unwrap_or_default();
-        let file = shared.merge(&files, true, Some(load)).await?;
+        let (file, _) = shared.merge(&files, true, Some(load)).await?;
         sstable::discard_all(&shared.store, &files).await;
         // The group's keys lie within the union of its ranges.
         let range = group

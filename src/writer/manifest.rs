@@ -30,8 +30,9 @@ pub struct ShardManifest {
     /// The shard's SSTables, oldest generations first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sstables: Vec<SstableFile>,
-    /// SSTables a compaction replaced, kept for running queries until
-    /// their grace period ends; no new snapshot reads them.
+    /// SSTables a compaction replaced and deletion vectors a flush
+    /// replaced, kept for running queries until their grace period ends;
+    /// no new snapshot reads them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub retired: Vec<RetiredFile>,
     /// Fences at or below `replay_after`, by position. A stale writer's
@@ -93,7 +94,8 @@ impl From<FenceRepr> for Fence {
     }
 }
 
-/// An SSTable no longer part of the shard, and when it stopped being.
+/// An SSTable (or a deletion vector) no longer part of the shard, and
+/// when it stopped being.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetiredFile {
     pub path: String,

@@ -32,6 +32,7 @@
 //!   lands while the newer epoch's fence still exists (and collides), or
 //!   is never acknowledged.
 
+mod deletions;
 mod flush;
 mod index_task;
 mod latency;

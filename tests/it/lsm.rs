@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::common::ScalarValue;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use futures::TryStreamExt;
 use memwal::CommitOptions;
@@ -18,6 +19,7 @@ use memwal::testing::ShardWriter;
 use memwal::testing::TableSchema;
 use memwal::testing::{EntryKind, WalLog};
 use memwal::testing::{Fault, FaultyStore, OpKind, VersionedObjects, paths};
+use memwal::testing::{KeyBounds, deletions_complete};
 use memwal::{TableMeta, WriterOptions};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
@@ -150,11 +152,27 @@ async fn check_files(store: &Arc<dyn ObjectStore>, orphans_allowed: bool) -> Sha
         .unwrap();
     if !orphans_allowed {
         // Retired SSTables wait out their grace period, named in the
-        // manifest (a name may outlive its object by one commit).
-        let retired: HashSet<&str> = m.retired.iter().map(|f| f.path.as_str()).collect();
+        // manifest (a name may outlive its object by one commit); a live
+        // one has the deletion vector it names.
+        let retired: HashSet<&str> = m
+            .retired
+            .iter()
+            .flat_map(|f| [Some(f.path.as_str()), paths::own_sstable_dir(&f.path)])
+            .flatten()
+            .collect();
+        let vectors: HashSet<&str> = m
+            .sstables
+            .iter()
+            .filter_map(|f| f.deletions.as_ref().map(|d| d.path.as_str()))
+            .collect();
         let orphans: Vec<&String> = present
             .iter()
-            .filter(|p| !named.contains(*p) && !retired.contains(p.as_str()))
+            .filter(|p| {
+                !named.contains(*p)
+                    && !retired.contains(p.as_str())
+                    && !retired.contains(paths::sstable_dir(p))
+                    && !vectors.contains(p.as_str())
+            })
             .collect();
         assert!(
             orphans.is_empty(),
@@ -240,6 +258,102 @@ async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     let m = check_files(&store, false).await;
     assert!(m.retired.is_empty(), "{:?}", m.retired);
     assert!(m.sstables.len() <= 4, "{} SSTables", m.sstables.len());
+}
+
+#[tokio::test]
+async fn overlapping_sstables_are_read_unmerged_through_their_deletion_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let options = {
+        let mut o = tiny(6);
+        o.sstable_grace = GRACE;
+        o
+    };
+    let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options.clone())
+        .await
+        .unwrap();
+    // Keys in no order: every SSTable's range overlaps every other's.
+    let ops: Vec<Op> = (0..120)
+        .map(|i| match i % 5 {
+            2 => Op::Delete((i * 37) % 41),
+            _ => Op::Put((i * 17) % 41, i),
+        })
+        .collect();
+    let mut unmerged = 0;
+    for (i, &op) in ops.iter().enumerate() {
+        apply(&writer, op).await.unwrap();
+        if i % 10 == 9 {
+            let snapshot = writer.snapshot();
+            let parts = snapshot.parts(2, &KeyBounds::all()).await.unwrap();
+            if parts.iter().any(|p| p.describe().contains("unmerged")) {
+                unmerged += 1;
+                assert!(deletions_complete(&snapshot.sstables));
+            }
+            assert_eq!(scan(&writer).await, model(&ops[..=i]), "after op {i}");
+            // A key range: only its rows, each once.
+            let mut bounds = KeyBounds::all();
+            bounds.above(ScalarValue::Int64(Some(10)), true);
+            bounds.below(ScalarValue::Int64(Some(30)), false);
+            let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+            let mut seen = BTreeMap::new();
+            for part in snapshot.parts(2, &bounds).await.unwrap() {
+                let rows: Vec<RecordBatch> = part
+                    .scan(None, &pool, &memwal::testing::ScanMetrics::unrecorded())
+                    .await
+                    .unwrap()
+                    .try_collect()
+                    .await
+                    .unwrap();
+                for b in rows {
+                    let ids = b.column(0).as_primitive::<Int64Type>();
+                    let vs = b.column(1).as_primitive::<Int64Type>();
+                    for r in 0..b.num_rows() {
+                        assert!(seen.insert(ids.value(r), vs.value(r)).is_none());
+                    }
+                }
+            }
+            let expected = model(&ops[..=i]);
+            for (id, v) in &expected {
+                if (10..30).contains(id) {
+                    assert_eq!(seen.get(id), Some(v), "key {id} after op {i}");
+                }
+            }
+        }
+    }
+    assert!(unmerged >= 6, "read unmerged {unmerged} times of 12");
+    writer.close().await.unwrap();
+    let m = manifest(&store).await;
+    assert!(deletions_complete(&m.sstables), "{m:?}");
+    assert!(m.sstables.iter().any(|f| f.deletions.is_some()));
+
+    // A new writer (its own caches) reads the vectors back.
+    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options)
+        .await
+        .unwrap();
+    assert_eq!(scan(&reopened).await, model(&ops));
+    reopened.close().await.unwrap();
+
+    // One damaged byte of a vector is an error naming it, never another
+    // answer.
+    let m = manifest(&store).await;
+    let vector = m
+        .sstables
+        .iter()
+        .find_map(|f| f.deletions.clone())
+        .expect("a file with marks");
+    let path = dir.path().join(&vector.path);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[12] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(6))
+        .await
+        .unwrap();
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let err = reopened.snapshot().collect(&pool).await.unwrap_err();
+    assert!(
+        matches!(&err, memwal::Error::Corrupt { path, .. } if *path == vector.path),
+        "{err}"
+    );
 }
 
 /// The workload of the fault matrix: upserts and deletes over six keys.
