@@ -47,7 +47,10 @@ impl Shared {
         keys: &[ArrayRef],
         generation: u64,
     ) -> Result<HashMap<String, Marked>> {
-        if !self.schema.has_key() || files.is_empty() {
+        // Scans read unmerged only by the key ranges of a one-column key
+        // (see `ShardSnapshot::parts`): for other tables marks would not
+        // pay for themselves.
+        if self.schema.key.len() != 1 || files.is_empty() {
             return Ok(HashMap::new());
         }
         let mut marked = HashMap::new();
