@@ -220,6 +220,7 @@ impl ShardSnapshot {
             unmerged = Some(Arc::new(Unmerged {
                 deletions,
                 under_memtable,
+                memtable: tokio::sync::OnceCell::new(),
             }));
             clusters = clusters
                 .into_iter()
@@ -405,6 +406,8 @@ struct Unmerged {
     deletions: Vec<Option<Arc<DeletionVector>>>,
     /// The SSTable pieces whose key ranges overlap the MemTables' rows.
     under_memtable: HashSet<Piece>,
+    /// See [`Unmerged::memtable`].
+    memtable: tokio::sync::OnceCell<Arc<MemtableRows>>,
 }
 
 impl ScanPart {
@@ -477,13 +480,37 @@ impl ScanPart {
             .map(|c| merge_columns.binary_search(c).expect("a subset"))
             .collect();
 
-        let memtable = self.clusters.iter().flatten().any(|p| {
-            *p == Piece::Memtable
-                || self
-                    .unmerged
-                    .as_ref()
-                    .is_some_and(|u| u.under_memtable.contains(p))
-        });
+        let projected = Arc::new(schema.stored.project(&columns)?);
+        let mut streams = Vec::with_capacity(self.clusters.len());
+        if let Some(unmerged) = &self.unmerged {
+            let needs_memtable = self
+                .clusters
+                .iter()
+                .flatten()
+                .any(|p| *p == Piece::Memtable || unmerged.under_memtable.contains(p));
+            let memtable = match needs_memtable {
+                true => Some(unmerged.memtable(snapshot).await?),
+                false => None,
+            };
+            for &piece in self.clusters.iter().flatten() {
+                streams.push(
+                    self.unmerged_piece(
+                        piece,
+                        unmerged,
+                        (&columns, &merge_columns, &drop_keys),
+                        memtable.as_deref(),
+                        metrics,
+                    )
+                    .await?,
+                );
+            }
+        }
+        let memtable = self.unmerged.is_none()
+            && self
+                .clusters
+                .iter()
+                .flatten()
+                .any(|p| *p == Piece::Memtable);
         let memtable = match memtable {
             true if schema.has_key() => {
                 Some(newest_per_key_sorted(schema, &snapshot.memtable_batches())?)
@@ -494,29 +521,6 @@ impl ScanPart {
             )?),
             false => None,
         };
-        let projected = Arc::new(schema.stored.project(&columns)?);
-        let mut streams = Vec::with_capacity(self.clusters.len());
-        if let Some(unmerged) = &self.unmerged {
-            let memtable_keys = match &memtable {
-                Some(rows) if !unmerged.under_memtable.is_empty() => {
-                    Some(Arc::new(KeySet::new(schema, rows)?))
-                }
-                _ => None,
-            };
-            for &piece in self.clusters.iter().flatten() {
-                streams.push(
-                    self.unmerged_piece(
-                        piece,
-                        unmerged,
-                        (&columns, &merge_columns, &drop_keys),
-                        memtable.as_ref(),
-                        memtable_keys.as_ref(),
-                        metrics,
-                    )
-                    .await?,
-                );
-            }
-        }
         for cluster in self.clusters.iter().filter(|_| self.unmerged.is_none()) {
             if !schema.has_key() || cluster.len() == 1 {
                 for &piece in cluster {
@@ -641,17 +645,21 @@ impl ScanPart {
         piece: Piece,
         unmerged: &Unmerged,
         (columns, merge_columns, drop_keys): (&[usize], &[usize], &[usize]),
-        memtable: Option<&RecordBatch>,
-        memtable_keys: Option<&Arc<KeySet>>,
+        memtable: Option<&MemtableRows>,
         metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
         let snapshot = &self.snapshot;
         let (i, group) = match piece {
-            Piece::Memtable => return self.piece(piece, columns, memtable, metrics).await,
+            Piece::Memtable => {
+                let rows = memtable.map(|m| &m.rows);
+                return self.piece(piece, columns, rows, metrics).await;
+            }
             Piece::File(i) => (i, None),
             Piece::RowGroup(i, g) => (i, Some(g)),
         };
-        let shadowed = memtable_keys.filter(|_| unmerged.under_memtable.contains(&piece));
+        let shadowed = memtable
+            .filter(|_| unmerged.under_memtable.contains(&piece))
+            .map(|m| &m.keys);
         let read = match shadowed {
             Some(_) => merge_columns,
             None => columns,
@@ -706,6 +714,27 @@ impl ScanPart {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
+}
+
+impl Unmerged {
+    /// The MemTables' rows of `snapshot` (newest version per key, sorted)
+    /// and their keys, made once for every part of the scan.
+    async fn memtable(&self, snapshot: &ShardSnapshot) -> Result<Arc<MemtableRows>> {
+        let made = self.memtable.get_or_try_init(|| async {
+            let schema = &snapshot.schema;
+            let rows = newest_per_key_sorted(schema, &snapshot.memtable_batches())?;
+            let keys = Arc::new(KeySet::new(schema, &rows)?);
+            Ok::<_, crate::error::Error>(Arc::new(MemtableRows { rows, keys }))
+        });
+        Ok(Arc::clone(made.await?))
+    }
+}
+
+/// The MemTables' rows a scan reads, and their keys.
+#[derive(Debug)]
+struct MemtableRows {
+    rows: RecordBatch,
+    keys: Arc<KeySet>,
 }
 
 /// The keys of a set of rows, to tell rows of other layers with those keys.

@@ -35,7 +35,7 @@ use super::ShardSnapshot;
 use crate::error::{Error, Result};
 use crate::memtable::MemLayer;
 use crate::schema::Metric;
-use crate::sstable::{ReadMetrics, SstableFile, VectorColumnData};
+use crate::sstable::{ReadMetrics, SstableFile, VectorColumnData, deletions_complete};
 
 /// A layer that could offer fewer rows than this (live rows, or rows the
 /// filter matches) is searched exactly: a scan of that many vectors costs
@@ -178,11 +178,21 @@ impl ShardSnapshot {
                 admissible,
             });
         }
+        // With complete deletion vectors a marked row is an old version:
+        // never offered, and no newer SSTable need be asked about the
+        // others.
+        let marked = deletions_complete(&self.sstables);
         for file in self.sstables.iter().rev() {
-            let matches = match &query.filter {
+            let mut matches = match &query.filter {
                 Some(filter) => Some(self.filter_sstable(file, filter).await?),
                 None => None,
             };
+            if marked && let Some(marks) = self.reader.deletions(file).await? {
+                let m = matches.get_or_insert_with(|| vec![true; file.rows as usize]);
+                for row in marks.iter() {
+                    m[row as usize] = false;
+                }
+            }
             let vectors = self.reader.vector_column(file, query.column).await?;
             let admissible = match &matches {
                 Some(m) => (m.iter().zip(&vectors.live))
@@ -288,7 +298,7 @@ impl ShardSnapshot {
                     }
                     (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
                 };
-                if !self.superseded(&row, at).await? {
+                if !self.superseded(&row, at, !marked).await? {
                     out.push(Neighbour {
                         distance: candidate.distance,
                         row,
@@ -306,8 +316,13 @@ impl ShardSnapshot {
     }
 
     /// Whether a layer newer than `layer` (0: the newest MemTable) holds a
-    /// version of the key of `row`.
-    async fn superseded(&self, row: &RecordBatch, layer: usize) -> Result<bool> {
+    /// version of the key of `row` (newer SSTables only if `ask_sstables`).
+    async fn superseded(
+        &self,
+        row: &RecordBatch,
+        layer: usize,
+        ask_sstables: bool,
+    ) -> Result<bool> {
         if !self.schema.has_key() || layer == 0 {
             return Ok(false);
         }
@@ -324,7 +339,11 @@ impl ShardSnapshot {
                 return Ok(true);
             }
         }
-        for file in sstables.take(layer.saturating_sub(self.memtables.len())) {
+        let newer = match ask_sstables {
+            true => layer.saturating_sub(self.memtables.len()),
+            false => 0,
+        };
+        for file in sstables.take(newer) {
             if self
                 .reader
                 .lookup(file, &key, &ReadMetrics::default())
