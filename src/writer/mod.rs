@@ -343,6 +343,8 @@ fn shared_error(error: &Arc<Error>) -> Error {
             epoch: *epoch,
             by_epoch: *by_epoch,
         },
+        // Already a stop: said once.
+        Error::Poisoned(reason) => Error::Poisoned(reason.clone()),
         other => Error::Poisoned(other.to_string()),
     }
 }
@@ -894,5 +896,24 @@ fn unix_ms(counter: &AtomicU64) -> Option<SystemTime> {
     match counter.load(Ordering::Relaxed) {
         0 => None,
         ms => Some(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stop_is_said_once() {
+        let stopped = Arc::new(Error::Poisoned("the flush failed 6 times".into()));
+        assert_eq!(
+            shared_error(&stopped).to_string(),
+            "shard writer stopped: the flush failed 6 times; reopen the shard to continue"
+        );
+        let other = Arc::new(Error::invalid("bad"));
+        assert_eq!(
+            shared_error(&other).to_string(),
+            format!("shard writer stopped: {other}; reopen the shard to continue")
+        );
     }
 }
