@@ -15,7 +15,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::row::RowConverter;
 use datafusion::common::ScalarValue;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
@@ -747,20 +747,9 @@ struct KeySet {
 impl KeySet {
     /// The keys of `rows` (stored form).
     fn new(schema: &TableSchema, rows: &RecordBatch) -> Result<Self> {
-        let converter = RowConverter::new(
-            schema
-                .key
-                .iter()
-                .map(|&k| SortField::new(schema.stored.field(k).data_type().clone()))
-                .collect(),
-        )?;
-        let columns: Vec<ArrayRef> = schema
-            .key
-            .iter()
-            .map(|&k| Arc::clone(rows.column(k)))
-            .collect();
+        let converter = schema.key_converter()?;
         let keys = converter
-            .convert_columns(&columns)?
+            .convert_columns(&schema.key_columns(rows))?
             .iter()
             .map(|r| r.as_ref().into())
             .collect();

@@ -187,12 +187,20 @@ impl TableSchema {
     /// The keys of a batch's rows (stored or user form) in Arrow's row
     /// format: rows compare as their keys sort (the SSTable order).
     pub fn key_rows(&self, stored: &RecordBatch) -> Result<Rows> {
+        Ok(self
+            .key_converter()?
+            .convert_columns(&self.key_columns(stored))?)
+    }
+
+    /// Converts key columns (in key order) to Arrow's row format, whose
+    /// rows compare as their keys sort.
+    pub fn key_converter(&self) -> Result<RowConverter> {
         let fields = self
             .key
             .iter()
             .map(|&k| SortField::new(self.schema.field(k).data_type().clone()))
             .collect();
-        Ok(RowConverter::new(fields)?.convert_columns(&self.key_columns(stored))?)
+        Ok(RowConverter::new(fields)?)
     }
 
     /// The canonical key encoding of each row of a batch (stored or user

@@ -594,15 +594,8 @@ impl SstableReader {
     /// groups whose key range holds one of `keys` and, when few do, whose
     /// bloom filter may contain one.
     pub async fn rows_with_keys(&self, file: &SstableFile, keys: &[ArrayRef]) -> Result<Vec<u64>> {
-        use datafusion::arrow::row::{RowConverter, SortField};
         let schema = &self.schema;
-        let converter = RowConverter::new(
-            schema
-                .key
-                .iter()
-                .map(|&k| SortField::new(schema.stored.field(k).data_type().clone()))
-                .collect(),
-        )?;
+        let converter = schema.key_converter()?;
         let wanted = converter.convert_columns(keys)?;
         if wanted.num_rows() == 0 {
             return Ok(Vec::new());
