@@ -8,7 +8,9 @@
 //! when the layer is small or has no graph. A layer only offers rows that
 //! are the newest version of their key within it, not deleted, and match
 //! the filter; a candidate is then dropped if a newer layer holds any
-//! version of its key (that version supersedes or deletes it). When the
+//! version of its key (that version supersedes or deletes it). While the
+//! SSTables' deletion vectors are complete, an SSTable offers none of its
+//! marked rows and only the MemTables are asked about the others. When the
 //! drops leave fewer than `k` rows nearer than what a layer may still
 //! hold, every layer is asked again for twice as many candidates.
 //!
