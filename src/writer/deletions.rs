@@ -36,6 +36,14 @@ pub(super) struct Marked {
 }
 
 impl Shared {
+    /// Whether this shard's SSTables get deletion vectors: scans read
+    /// unmerged only by the key ranges of a one-column key (see
+    /// `ShardSnapshot::parts`), so for other tables marks would not pay
+    /// for themselves.
+    pub(super) fn keeps_marks(&self) -> bool {
+        self.schema.key.len() == 1
+    }
+
     /// Marks, in each SSTable of `files` (the shard's, oldest first), the
     /// rows whose keys are among `keys` (the key columns of the SSTable of
     /// `generation` about to be appended, sorted by key), writing a new
@@ -47,10 +55,7 @@ impl Shared {
         keys: &[ArrayRef],
         generation: u64,
     ) -> Result<HashMap<String, Marked>> {
-        // Scans read unmerged only by the key ranges of a one-column key
-        // (see `ShardSnapshot::parts`): for other tables marks would not
-        // pay for themselves.
-        if self.schema.key.len() != 1 || files.is_empty() {
+        if !self.keeps_marks() || files.is_empty() {
             return Ok(HashMap::new());
         }
         let mut marked = HashMap::new();

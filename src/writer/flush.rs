@@ -582,7 +582,7 @@ impl Shared {
                 "the compaction's inputs changed while it ran".into(),
             ));
         }
-        if let Some(trace) = trace.as_ref().filter(|_| self.schema.has_key()) {
+        if let Some(trace) = trace.as_ref().filter(|_| self.keeps_marks()) {
             let marked = self
                 .retrying("deletion vectors of a compaction", || {
                     self.carry_marks(&files, current, trace, &output)
@@ -659,8 +659,17 @@ impl Shared {
                 });
             }
             let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-            let (rows, trace) = merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool)?;
-            (rows, Some(trace))
+            // The trace carries graphs and marks over; without either,
+            // the merge need not record it.
+            if has_graphs || self.keeps_marks() {
+                let (rows, trace) =
+                    merge::merge_runs_traced(schema, &columns, runs, !oldest, &pool)?;
+                (rows, Some(trace))
+            } else {
+                let rows =
+                    merge::merge_runs(schema, &columns, runs, !oldest, &pool, merge::unrecorded())?;
+                (rows, None)
+            }
         } else {
             let runs: Vec<(u64, u64)> = inputs.iter().map(|f| (f.generation, f.rows)).collect();
             let trace = has_graphs.then(|| merge::RowTrace::concatenated(&runs));
