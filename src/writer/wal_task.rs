@@ -1,7 +1,7 @@
 //! The WAL task (group commit): each append carries every batch put since
 //! the last one started, at most one append starts per
 //! [`WriterOptions::wal_flush_interval`](super::WriterOptions) unless
-//! enough bytes wait, and up to
+//! enough bytes wait or a lone writer puts one batch at a time, and up to
 //! [`WriterOptions::wal_appends_in_flight`](super::WriterOptions) run at
 //! once, acknowledged in position order; see [`Group::next_step`] for the
 //! whole rule.
@@ -35,8 +35,9 @@ struct Group {
     closing: bool,
     /// Bytes put but not yet sent (every generation).
     pending_bytes: u64,
-    /// When the last append started.
+    /// When the last append started, and how many batches it carried.
     last_start: Option<Instant>,
+    last_batches: usize,
 }
 
 /// The WAL task's next move.
@@ -63,9 +64,12 @@ impl Group {
     /// Group commit's rule: batches wait at most one `interval` after the
     /// previous append started, and not at all when the first append is
     /// due, when `flush_bytes` or more wait, when the generation is frozen
-    /// (so a full MemTable flushes without delay) or when the writer is
-    /// closing; but never while `max_in_flight` appends are in flight. A
-    /// generation is sealed once nothing of it is in flight.
+    /// (so a full MemTable flushes without delay), when the writer is
+    /// closing, or when nothing is in flight and the previous append
+    /// carried a single batch (a lone writer that waits for each put
+    /// before the next gains nothing from waiting: its put takes one PUT,
+    /// not an interval); but never while `max_in_flight` appends are in
+    /// flight. A generation is sealed once nothing of it is in flight.
     fn next_step(&self, now: Instant, interval: Duration, flush_bytes: u64) -> Step {
         if self.written == self.sent {
             if self.in_flight > 0 {
@@ -80,9 +84,11 @@ impl Group {
         if self.in_flight >= self.max_in_flight {
             return Step::WaitForAppend;
         }
+        let lone_writer = self.in_flight == 0 && self.last_batches <= 1;
         match self.last_start.map(|at| at + interval) {
             Some(due)
                 if !self.closing
+                    && !lone_writer
                     && self.next_generation.is_none()
                     && self.pending_bytes < flush_bytes
                     && now < due =>
@@ -141,7 +147,7 @@ impl Shared {
 
     async fn append_all(self: &Arc<Self>, mut position: u64, in_flight: &mut VecDeque<Append>) {
         let interval = self.options.wal_flush_interval;
-        let mut last_start: Option<Instant> = None;
+        let (mut last_start, mut last_batches) = (None, 0);
         // Batches of the generation being made durable that were sent.
         let mut sent = 0;
         loop {
@@ -180,6 +186,7 @@ impl Shared {
                     .load(Ordering::Relaxed)
                     .saturating_sub(durable.bytes + sending),
                 last_start,
+                last_batches,
             };
             let step = group.next_step(
                 Instant::now(),
@@ -238,6 +245,7 @@ impl Shared {
             }
             let started = Instant::now();
             last_start = Some(started);
+            last_batches = written - sent;
             let batches = generation.memtable.batches(sent, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
             let bytes: u64 = batches
@@ -400,6 +408,7 @@ mod tests {
             closing: false,
             pending_bytes: 100,
             last_start: Some(t0),
+            last_batches: 2,
         }
     }
 
@@ -430,6 +439,25 @@ mod tests {
         );
         assert_eq!(step(&group, due), Step::Append);
         assert_eq!(step(&group, t0 + 10 * INTERVAL), Step::Append);
+    }
+
+    #[test]
+    fn a_lone_writer_putting_one_batch_at_a_time_does_not_wait() {
+        let t0 = Instant::now();
+        let lone = Group {
+            last_batches: 1,
+            ..waiting(t0)
+        };
+        assert_eq!(step(&lone, t0), Step::Append);
+        // Another put while its append is in flight: puts come together,
+        // and they wait for the cadence.
+        let overlapping = Group {
+            in_flight: 1,
+            ..lone.clone()
+        };
+        assert_eq!(step(&overlapping, t0), Step::WaitUntil(t0 + INTERVAL));
+        // The previous append carried several batches: the cadence holds.
+        assert_eq!(step(&waiting(t0), t0), Step::WaitUntil(t0 + INTERVAL));
     }
 
     #[test]
