@@ -134,6 +134,18 @@ impl RowTrace {
         let trace = self.0.lock().expect("row trace poisoned");
         trace.get(&seq).cloned().unwrap_or_default()
     }
+
+    /// The rows of each run (by sequence) that reached the output since
+    /// the last call, emptying the trace: for a caller that needs only
+    /// which rows reached it, in memory bounded by what was read between
+    /// calls.
+    pub fn take(&self) -> Vec<(u64, Vec<u64>)> {
+        let mut trace = self.0.lock().expect("row trace poisoned");
+        trace
+            .drain()
+            .map(|(seq, moves)| (seq, moves.into_iter().map(|(row, _)| row).collect()))
+            .collect()
+    }
 }
 
 /// Merges `runs` into the newest row of each key, sorted by key, in stored

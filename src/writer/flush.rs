@@ -368,6 +368,7 @@ impl Shared {
             .clone();
         let next = generation.number + files.len().max(1) as u64;
         let flushed = Arc::clone(generation);
+        let keeps_marks = self.keeps_marks();
         self.commit(
             "shard manifest commit of a load",
             |m| {
@@ -377,7 +378,17 @@ impl Shared {
                 {
                     return false;
                 }
-                m.sstables.extend(files.iter().cloned());
+                // The runs are marked against each other (see
+                // `ShardWriter::finish_runs`): into an empty shard, their
+                // marks are complete through the last of them.
+                let through = match keeps_marks && m.sstables.is_empty() {
+                    true => next - 1,
+                    false => 0,
+                };
+                m.sstables.extend(files.iter().map(|f| SstableFile {
+                    checked_through: through,
+                    ..f.clone()
+                }));
                 m.generation = m.generation.max(next);
                 true
             },

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::row::OwnedRow;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
@@ -39,7 +39,7 @@ use super::manifest::{ShardManifest, now_ms};
 use super::{ShardWriter, shared_error};
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
-use crate::sstable::{self, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
+use crate::sstable::{self, DeletionVector, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
 use crate::store::{VersionedObjects, delete_if_present, paths};
 
 /// Rows per batch a run is written in.
@@ -110,6 +110,27 @@ pub(crate) async fn delete_dead_loads(
 
 /// The first and last key of some rows sorted by key.
 type KeyRange = (OwnedRow, OwnedRow);
+
+/// The rows of a load's run that a merge with its other runs reads.
+struct MergedRows {
+    /// The run (its index among the load's runs).
+    run: usize,
+    /// `(first row, rows)` of each part read, in order.
+    parts: Vec<(u64, u64)>,
+    /// The rows (by position in what was read) that reached the output.
+    reached: DeletionVector,
+}
+
+impl MergedRows {
+    fn new(run: usize, parts: Vec<(u64, u64)>) -> Self {
+        let rows = parts.iter().map(|&(_, rows)| rows).sum();
+        Self {
+            run,
+            parts,
+            reached: DeletionVector::new(rows),
+        }
+    }
+}
 
 /// A run of a load: an SSTable no manifest names yet.
 #[derive(Debug, Clone)]
@@ -247,6 +268,8 @@ impl ShardWriter {
         let mut columns = schema.key.clone();
         columns.push(schema.stored.fields().len() - 1);
         let (mut streams, mut merged) = (Vec::new(), 0);
+        // What each stream reads, by its run's sequence.
+        let mut read = HashMap::new();
         for (i, run) in runs.iter().enumerate() {
             let meets = |(first, last): &KeyRange| {
                 whole.iter().enumerate().any(|(j, other)| {
@@ -269,10 +292,15 @@ impl ShardWriter {
             let row_groups = match run.by_row_group && aligned {
                 true => {
                     merged += groups.iter().map(|&g| sizes[g]).sum::<u64>();
+                    let first = |g: usize| (g * ROW_GROUP_ROWS) as u64;
+                    let parts = groups.iter().map(|&g| (first(g), sizes[g])).collect();
+                    read.insert(run.file.generation, MergedRows::new(i, parts));
                     Some(groups)
                 }
                 false => {
                     merged += run.file.rows;
+                    let parts = vec![(0, run.file.rows)];
+                    read.insert(run.file.generation, MergedRows::new(i, parts));
                     None
                 }
             };
@@ -289,13 +317,54 @@ impl ShardWriter {
             return Ok(total);
         }
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-        let mut keys =
-            merge::merge_runs(schema, &columns, streams, false, &pool, merge::unrecorded())?;
+        // Tombstones kept: a run's newest row of a key is never marked.
+        let (mut keys, trace) = merge::merge_runs_traced(schema, &columns, streams, true, &pool)?;
+        let tombstone = columns.len() - 1;
         let mut distinct = 0;
         while let Some(batch) = keys.next().await {
-            distinct += batch?.num_rows() as u64;
+            let batch = batch?;
+            let dead = batch.column(tombstone).as_boolean().true_count();
+            distinct += (batch.num_rows() - dead) as u64;
+            // The trace emptied as the merge goes: one bit a row read.
+            for (seq, rows) in trace.take() {
+                let reached = &mut read.get_mut(&seq).expect("a run of the merge").reached;
+                for row in rows {
+                    reached.mark(row)?;
+                }
+            }
+        }
+        if shared.keeps_marks() {
+            for read in read.into_values() {
+                self.mark_older_rows(&mut runs[read.run].file, &read)
+                    .await?;
+            }
         }
         Ok(total - merged + distinct)
+    }
+
+    /// Marks, in the deletion vector of `file` (a run of a load), each row
+    /// `read` took to a merge with the load's other runs that did not
+    /// reach its output: a later run holds its key. The vector is written
+    /// beside the run (and discarded with it if the load does not commit).
+    async fn mark_older_rows(&self, file: &mut SstableFile, read: &MergedRows) -> Result<()> {
+        let shared = &self.shared;
+        let (mut vector, mut marked) = (DeletionVector::new(file.rows), false);
+        let mut at = 0;
+        for &(first, rows) in &read.parts {
+            for row in first..first + rows {
+                if !read.reached.contains(at) {
+                    marked |= vector.mark(row)?;
+                }
+                at += 1;
+            }
+        }
+        if marked {
+            let entry =
+                sstable::deletions::write(&shared.store, file, shared.epoch, &vector).await?;
+            shared.reader.cache_deletions(&entry, Arc::new(vector));
+            file.deletions = Some(entry);
+        }
+        Ok(())
     }
 
     /// Merges `group` (consecutive runs, oldest first) into one run and
@@ -355,12 +424,14 @@ impl ShardWriter {
         // A load silent for longer than `load_grace` (a stalled host) may
         // have lost its runs to a writer that took it for crashed: never
         // name a run that is gone.
-        let present = runs.iter().map(|run| async move {
-            match shared.store.head(&run.path.as_str().into()).await {
+        let objects = runs.iter().flat_map(|run| {
+            std::iter::once(&run.path).chain(run.deletions.iter().map(|d| &d.path))
+        });
+        let present = objects.map(|path| async move {
+            match shared.store.head(&path.as_str().into()).await {
                 Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
-                    "run {} of this bulk load (deleted as a crashed load's: the load \
-                     was silent for longer than load_grace)",
-                    run.path
+                    "{path} of this bulk load (deleted as a crashed load's: the load \
+                     was silent for longer than load_grace)"
                 ))),
                 other => other.map(|_| ()).map_err(Error::from),
             }

@@ -433,6 +433,79 @@ async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_of_keys_in_no_order_is_scanned_unmerged_through_its_marks() {
+    // Keys in no order, most in several runs: every run's range overlaps
+    // every other's. The load marks in each run the rows whose keys a
+    // later run holds, so a scan reads the runs as they are (no merge by
+    // key) and still sees each key once, with its newest value, also
+    // after the table is opened again.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.load_memory_bytes = 4 << 20;
+    // No compaction: the runs stay as the load wrote them.
+    options.max_sstables = 64;
+    let open = || {
+        MemwalSession::builder(dir.path().to_str().unwrap())
+            .writer_options(options.clone())
+            .open()
+    };
+    let session = open().await.unwrap();
+    run(
+        &session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
+    )
+    .await;
+    let table = session.table("k").await.unwrap();
+    let schema = table.schema();
+    let mut model = BTreeMap::new();
+    let batches: Vec<RecordBatch> = (0..60i64)
+        .map(|b| {
+            let values: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
+            let ids: Vec<i64> = values.iter().map(|&v| (v * 7_919) % 250_007).collect();
+            for (&id, &v) in ids.iter().zip(&values) {
+                model.insert(id, v);
+            }
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(values)),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    assert_eq!(table.put_stream(stream).await.unwrap(), model.len() as u64);
+    let stats = table.stats(0).unwrap().unwrap();
+    assert!(stats.sstables >= 3, "several runs ({stats:?})");
+    let marks = files(dir.path())
+        .into_iter()
+        .filter(|f| f.to_string_lossy().contains("/deletions-"))
+        .count();
+    assert!(marks >= 2, "every run but the last has marks: {marks}");
+    let expected = (model.len() as i64, model.values().sum::<i64>());
+    assert_eq!(count_and_sum_unmerged(&session).await, expected);
+    session.close().await.unwrap();
+    let session = open().await.unwrap();
+    assert_eq!(count_and_sum_unmerged(&session).await, expected);
+    session.close().await.unwrap();
+}
+
+/// `count(*)` and `sum(v)` of `k`, checking that the scan reads its
+/// SSTables unmerged.
+async fn count_and_sum_unmerged(session: &MemwalSession) -> (i64, i64) {
+    let plan = run(session, "EXPLAIN SELECT count(*), sum(v) FROM k").await;
+    let text = pretty_format_batches(&plan).unwrap().to_string();
+    assert!(text.contains("unmerged: deletion vectors"), "{text}");
+    let got = run(session, "SELECT count(*), sum(v) FROM k").await;
+    (
+        got[0].column(0).as_primitive::<Int64Type>().value(0),
+        got[0].column(1).as_primitive::<Int64Type>().value(0),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_small_rows_are_loaded_before_a_put_would_outgrow_the_budget() {
     // 300,000 rows of 17 bytes of Arrow: 5 MB, well within a 32 MiB
     // budget, but a put would also hold a key index entry a row (over
