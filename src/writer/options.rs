@@ -19,8 +19,9 @@ pub struct WriterOptions {
     /// The group-commit cadence: at most one WAL append starts per interval
     /// while puts keep coming (default 100 ms); a put arriving after a whole
     /// idle interval starts one at once, and so does a put with nothing in
-    /// flight after an append of a single batch (one writer putting and
-    /// waiting, one at a time). Zero is latency mode: an append
+    /// flight after an append of a single batch during which no other
+    /// batch was put (one writer putting and waiting, one put at a time).
+    /// Zero is latency mode: an append
     /// starts as soon as batches wait and fewer than
     /// `wal_appends_in_flight` are in flight.
     pub wal_flush_interval: Duration,

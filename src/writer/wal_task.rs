@@ -1,7 +1,8 @@
 //! The WAL task (group commit): each append carries every batch put since
 //! the last one started, at most one append starts per
 //! [`WriterOptions::wal_flush_interval`](super::WriterOptions) unless
-//! enough bytes wait or a lone writer puts one batch at a time, and up to
+//! enough bytes wait or a lone writer puts and waits one batch at a time,
+//! and up to
 //! [`WriterOptions::wal_appends_in_flight`](super::WriterOptions) run at
 //! once, acknowledged in position order; see [`Group::next_step`] for the
 //! whole rule.
@@ -35,9 +36,11 @@ struct Group {
     closing: bool,
     /// Bytes put but not yet sent (every generation).
     pending_bytes: u64,
-    /// When the last append started, and how many batches it carried.
+    /// When the last append started.
     last_start: Option<Instant>,
-    last_batches: usize,
+    /// The last append carried a single batch, and no batch was put while
+    /// appends were in flight since: one writer putting and waiting.
+    lone_writer: bool,
 }
 
 /// The WAL task's next move.
@@ -65,11 +68,10 @@ impl Group {
     /// previous append started, and not at all when the first append is
     /// due, when `flush_bytes` or more wait, when the generation is frozen
     /// (so a full MemTable flushes without delay), when the writer is
-    /// closing, or when nothing is in flight and the previous append
-    /// carried a single batch (a lone writer that waits for each put
-    /// before the next gains nothing from waiting: its put takes one PUT,
-    /// not an interval); but never while `max_in_flight` appends are in
-    /// flight. A generation is sealed once nothing of it is in flight.
+    /// closing, or for a lone writer with nothing in flight (one that
+    /// waits for each put before the next gains nothing from waiting: its
+    /// put takes one PUT, not an interval); but never while `max_in_flight`
+    /// appends are in flight. A generation is sealed once nothing of it is in flight.
     fn next_step(&self, now: Instant, interval: Duration, flush_bytes: u64) -> Step {
         if self.written == self.sent {
             if self.in_flight > 0 {
@@ -84,7 +86,7 @@ impl Group {
         if self.in_flight >= self.max_in_flight {
             return Step::WaitForAppend;
         }
-        let lone_writer = self.in_flight == 0 && self.last_batches <= 1;
+        let lone_writer = self.in_flight == 0 && self.lone_writer;
         match self.last_start.map(|at| at + interval) {
             Some(due)
                 if !self.closing
@@ -147,7 +149,7 @@ impl Shared {
 
     async fn append_all(self: &Arc<Self>, mut position: u64, in_flight: &mut VecDeque<Append>) {
         let interval = self.options.wal_flush_interval;
-        let (mut last_start, mut last_batches) = (None, 0);
+        let (mut last_start, mut lone_writer) = (None, false);
         // Batches of the generation being made durable that were sent.
         let mut sent = 0;
         loop {
@@ -186,7 +188,7 @@ impl Shared {
                     .load(Ordering::Relaxed)
                     .saturating_sub(durable.bytes + sending),
                 last_start,
-                last_batches,
+                lone_writer,
             };
             let step = group.next_step(
                 Instant::now(),
@@ -216,9 +218,13 @@ impl Shared {
                         _ = sleep => {}
                         _ = self.wake.notified() => {}
                         (append, result) = next_landing(in_flight) => {
+                            // Read before the acknowledgement: a put it
+                            // lets a writer make is not one made meanwhile.
+                            let put_meanwhile = generation.memtable.written_batches() > sent;
                             if !self.landed(append, result) {
                                 return;
                             }
+                            lone_writer &= !put_meanwhile;
                         }
                     }
                     continue;
@@ -245,7 +251,7 @@ impl Shared {
             }
             let started = Instant::now();
             last_start = Some(started);
-            last_batches = written - sent;
+            lone_writer = written - sent == 1;
             let batches = generation.memtable.batches(sent, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
             let bytes: u64 = batches
@@ -408,7 +414,7 @@ mod tests {
             closing: false,
             pending_bytes: 100,
             last_start: Some(t0),
-            last_batches: 2,
+            lone_writer: false,
         }
     }
 
@@ -445,7 +451,7 @@ mod tests {
     fn a_lone_writer_putting_one_batch_at_a_time_does_not_wait() {
         let t0 = Instant::now();
         let lone = Group {
-            last_batches: 1,
+            lone_writer: true,
             ..waiting(t0)
         };
         assert_eq!(step(&lone, t0), Step::Append);

@@ -10,7 +10,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef
 use memwal::testing::ShardWriter;
 use memwal::testing::TableSchema;
 use memwal::testing::WalLog;
-use memwal::testing::{Fault, FaultyStore, OpKind, paths};
+use memwal::testing::{Delay, Fault, FaultyStore, LatencyProfile, LatencyStore, OpKind, paths};
 use memwal::{Error, TableMeta, WriterOptions};
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -357,6 +357,46 @@ async fn readers_never_see_a_partial_put_or_rows_beyond_the_durable_prefix() {
     assert!(
         stats.wal_appends < PUTS as u64,
         "group commit never grouped: {stats:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_writers_waiting_for_each_put_share_appends_on_a_slow_store() {
+    // PUTs of 30 ms, a 100 ms cadence. One caller putting and waiting gets
+    // an append per put, at once; but two callers, each putting while the
+    // other's append is in flight, must not make every put an append of
+    // its own: they share appends on the cadence.
+    let profile = LatencyProfile {
+        name: "slow-puts",
+        put: Delay {
+            p50: Duration::from_millis(30),
+            p99: Duration::from_millis(30),
+        },
+        ..LatencyProfile::S3_EXPRESS
+    };
+    let store: Arc<dyn ObjectStore> = LatencyStore::new(Arc::new(InMemory::new()), profile, 1);
+    let writer = Arc::new(open(&store, 100).await.unwrap());
+    let schema = Arc::clone(&writer.schema().schema);
+    const PUTS: i64 = 12;
+    let callers: Vec<_> = (0..2)
+        .map(|c| {
+            let (writer, schema) = (Arc::clone(&writer), Arc::clone(&schema));
+            tokio::spawn(async move {
+                for p in 0..PUTS {
+                    let id = c * PUTS + p;
+                    writer.put(&[rows(&schema, id..id + 1, p)]).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let stats = writer.stats();
+    assert_eq!(stats.rows, 2 * PUTS as u64);
+    assert!(
+        stats.wal_appends <= (2 * PUTS as u64) * 3 / 4,
+        "two callers' puts went one append each: {stats:?}"
     );
 }
 
