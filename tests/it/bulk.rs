@@ -362,6 +362,34 @@ fn count(out: &[RecordBatch]) -> u64 {
         .value(0)
 }
 
+/// Loads into `k` (see [`one_shard_table`]) the values 0..600,000 in order
+/// as `(key_of(v), v)`, with one `put_stream`; returns the newest value of
+/// each key.
+async fn load_keyed(table: &Table, key_of: impl Fn(i64) -> i64) -> BTreeMap<i64, i64> {
+    let schema = table.schema();
+    let mut model = BTreeMap::new();
+    let batches: Vec<RecordBatch> = (0..60i64)
+        .map(|b| {
+            let values: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
+            let ids: Vec<i64> = values.iter().map(|&v| key_of(v)).collect();
+            for (&id, &v) in ids.iter().zip(&values) {
+                model.insert(id, v);
+            }
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(ids)),
+                    Arc::new(Int64Array::from(values)),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let stream = futures::stream::iter(batches.into_iter().map(Ok));
+    assert_eq!(table.put_stream(stream).await.unwrap(), model.len() as u64);
+    model
+}
+
 /// A session on `root` loading with `load_memory_bytes`, and its
 /// one-shard table `k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)`.
 async fn one_shard_table(
@@ -392,30 +420,7 @@ async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
     // count, and the count must still be exact.
     let dir = tempfile::tempdir().unwrap();
     let (session, table) = one_shard_table(dir.path(), 4 << 20).await;
-    let schema = table.schema();
-    let mut model = BTreeMap::new();
-    let batches: Vec<RecordBatch> = (0..60i64)
-        .map(|b| {
-            let values: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
-            let ids: Vec<i64> = values
-                .iter()
-                .map(|&v| if v % 1000 == 7 { v - 150_001 } else { v })
-                .collect();
-            for (&id, &v) in ids.iter().zip(&values) {
-                model.insert(id, v);
-            }
-            RecordBatch::try_new(
-                Arc::clone(&schema),
-                vec![
-                    Arc::new(Int64Array::from(ids)),
-                    Arc::new(Int64Array::from(values)),
-                ],
-            )
-            .unwrap()
-        })
-        .collect();
-    let stream = futures::stream::iter(batches.into_iter().map(Ok));
-    assert_eq!(table.put_stream(stream).await.unwrap(), model.len() as u64);
+    let model = load_keyed(&table, |v| if v % 1000 == 7 { v - 150_001 } else { v }).await;
     let stats = table.stats(0).unwrap().unwrap();
     assert!(
         stats.sstables >= 4,
@@ -456,27 +461,7 @@ async fn a_load_of_keys_in_no_order_is_scanned_unmerged_through_its_marks() {
     )
     .await;
     let table = session.table("k").await.unwrap();
-    let schema = table.schema();
-    let mut model = BTreeMap::new();
-    let batches: Vec<RecordBatch> = (0..60i64)
-        .map(|b| {
-            let values: Vec<i64> = (b * 10_000..(b + 1) * 10_000).collect();
-            let ids: Vec<i64> = values.iter().map(|&v| (v * 7_919) % 250_007).collect();
-            for (&id, &v) in ids.iter().zip(&values) {
-                model.insert(id, v);
-            }
-            RecordBatch::try_new(
-                Arc::clone(&schema),
-                vec![
-                    Arc::new(Int64Array::from(ids)),
-                    Arc::new(Int64Array::from(values)),
-                ],
-            )
-            .unwrap()
-        })
-        .collect();
-    let stream = futures::stream::iter(batches.into_iter().map(Ok));
-    assert_eq!(table.put_stream(stream).await.unwrap(), model.len() as u64);
+    let model = load_keyed(&table, |v| (v * 7_919) % 250_007).await;
     let stats = table.stats(0).unwrap().unwrap();
     assert!(stats.sstables >= 3, "several runs ({stats:?})");
     let marks = files(dir.path())
