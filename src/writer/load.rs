@@ -11,7 +11,10 @@
 //!    as that;
 //! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
 //!    distinct keys they hold (a merge of the key columns of the row groups
-//!    whose key ranges overlap another run's: none for a load in key order);
+//!    whose key ranges overlap another run's: none for a load in key order),
+//!    marking in each run's deletion vector the rows whose keys a later run
+//!    holds (complete marks for a load into an empty shard, so that scans
+//!    read its runs unmerged);
 //! 3. [`ShardWriter::ingest`] makes the runs the shard's next generations
 //!    (a later run's row of a key wins, as it would in a MemTable) in one
 //!    manifest commit; compaction merges them later, in the background.
