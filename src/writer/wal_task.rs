@@ -70,8 +70,9 @@ impl Group {
     /// (so a full MemTable flushes without delay), when the writer is
     /// closing, or for a lone writer with nothing in flight (one that
     /// waits for each put before the next gains nothing from waiting: its
-    /// put takes one PUT, not an interval); but never while `max_in_flight`
-    /// appends are in flight. A generation is sealed once nothing of it is in flight.
+    /// put takes one PUT, not an interval); but never while
+    /// `max_in_flight` appends are in flight. A generation is sealed once
+    /// nothing of it is in flight.
     fn next_step(&self, now: Instant, interval: Duration, flush_bytes: u64) -> Step {
         if self.written == self.sent {
             if self.in_flight > 0 {
