@@ -503,6 +503,19 @@ impl Shared {
             })
             .collect();
         orphans.extend(self.unnamed_deletions(m, &listed));
+        // Runs of committed loads stay under `load/`, and a flush or
+        // compaction may have left vectors beside them too (the directories
+        // of runs no manifest names are `delete_dead_loads`'s).
+        let in_loaded_runs: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&paths::loads_dir(&self.shard_dir)))
+            .try_filter(|meta| {
+                let run = paths::sstable_dir(meta.location.as_ref());
+                futures::future::ready(named.contains(run))
+            })
+            .try_collect()
+            .await?;
+        orphans.extend(self.unnamed_deletions(m, &in_loaded_runs));
         if !leftovers.is_empty() || !orphans.is_empty() {
             log::debug!(
                 "deleting {} WAL entries and {} SSTables left behind in {}",

@@ -15,8 +15,11 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Int64Type, SchemaRef};
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use futures::StreamExt;
-use memwal::{MemwalSession, Table, WriterOptions};
+use futures::{StreamExt, TryStreamExt};
+use memwal::testing::{Fault, FaultyStore, OpKind};
+use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, Table, WriterOptions};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
 
 use crate::helpers::{files, run, scanned_rows};
 
@@ -474,6 +477,87 @@ async fn a_load_of_keys_in_no_order_is_scanned_unmerged_through_its_marks() {
     session.close().await.unwrap();
     let session = open().await.unwrap();
     assert_eq!(count_and_sum_unmerged(&session).await, expected);
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_that_never_commits_leaves_no_vector_beside_loaded_runs() {
+    // Loaded runs stay in their `load/` directories. A flush marks rows of
+    // them in new vectors written there, then fails to commit: the next
+    // writer deletes those vectors and keeps the ones the manifest names.
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let open = || async {
+        let root = ObjectRoot::new(faulty.clone(), "memory://faulty");
+        let catalog = Catalog::open(root, CatalogOptions::default())
+            .await
+            .unwrap();
+        let mut options = options();
+        options.load_memory_bytes = 4 << 20;
+        options.max_sstables = 64;
+        MemwalSession::new(catalog, options)
+    };
+    let vectors = || async {
+        let listed: Vec<String> = faulty
+            .list(None)
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await
+            .unwrap();
+        let mut vectors: Vec<String> = listed
+            .into_iter()
+            .filter(|p| p.contains("/load/") && p.contains("/deletions-"))
+            .collect();
+        vectors.sort();
+        vectors
+    };
+    let session = open().await;
+    run(
+        &session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
+    )
+    .await;
+    let table = session.table("k").await.unwrap();
+    let model = load_keyed(&table, |v| (v * 7_919) % 250_007).await;
+    let committed = vectors().await;
+    assert!(!committed.is_empty(), "the load marked its runs");
+    // Keys every run may hold; no shard manifest commit lands from now on.
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/manifest/"),
+    );
+    run(&session, "INSERT INTO k VALUES (1, -1), (2, -2), (3, -3)").await;
+    assert!(session.close().await.is_err(), "the flush cannot commit");
+    let failed: Vec<String> = vectors()
+        .await
+        .into_iter()
+        .filter(|v| !committed.contains(v))
+        .collect();
+    assert!(
+        !failed.is_empty(),
+        "the flush wrote vectors beside the runs"
+    );
+    faulty.clear();
+    // The next writer (a put opens it) deletes them; every row is there.
+    let session = open().await;
+    run(&session, "INSERT INTO k VALUES (4, -4)").await;
+    session.close().await.unwrap();
+    let left = vectors().await;
+    assert!(
+        failed.iter().all(|v| !left.contains(v)),
+        "{failed:?} in {left:?}"
+    );
+    let mut model = model;
+    model.extend([(1, -1), (2, -2), (3, -3), (4, -4)]);
+    let session = open().await;
+    let got = run(&session, "SELECT count(*), sum(v) FROM k").await;
+    assert_eq!(
+        (
+            got[0].column(0).as_primitive::<Int64Type>().value(0),
+            got[0].column(1).as_primitive::<Int64Type>().value(0),
+        ),
+        (model.len() as i64, model.values().sum::<i64>())
+    );
     session.close().await.unwrap();
 }
 
