@@ -393,6 +393,17 @@ async fn load_keyed(table: &Table, key_of: impl Fn(i64) -> i64) -> BTreeMap<i64,
     model
 }
 
+/// Creates the one-shard table `k (id BIGINT PRIMARY KEY, v BIGINT NOT
+/// NULL)`.
+async fn create_k(session: &MemwalSession) -> Arc<Table> {
+    run(
+        session,
+        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
+    )
+    .await;
+    session.table("k").await.unwrap()
+}
+
 /// A session on `root` loading with `load_memory_bytes`, and its
 /// one-shard table `k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL)`.
 async fn one_shard_table(
@@ -406,12 +417,7 @@ async fn one_shard_table(
         .open()
         .await
         .unwrap();
-    run(
-        &session,
-        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
-    )
-    .await;
-    let table = session.table("k").await.unwrap();
+    let table = create_k(&session).await;
     (session, table)
 }
 
@@ -458,12 +464,7 @@ async fn a_load_of_keys_in_no_order_is_scanned_unmerged_through_its_marks() {
             .open()
     };
     let session = open().await.unwrap();
-    run(
-        &session,
-        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
-    )
-    .await;
-    let table = session.table("k").await.unwrap();
+    let table = create_k(&session).await;
     let model = load_keyed(&table, |v| (v * 7_919) % 250_007).await;
     let stats = table.stats(0).unwrap().unwrap();
     assert!(stats.sstables >= 3, "several runs ({stats:?})");
@@ -511,12 +512,7 @@ async fn a_flush_that_never_commits_leaves_no_vector_beside_loaded_runs() {
         vectors
     };
     let session = open().await;
-    run(
-        &session,
-        "CREATE TABLE k (id BIGINT PRIMARY KEY, v BIGINT NOT NULL) WITH ('shards' = '1')",
-    )
-    .await;
-    let table = session.table("k").await.unwrap();
+    let table = create_k(&session).await;
     let model = load_keyed(&table, |v| (v * 7_919) % 250_007).await;
     let committed = vectors().await;
     assert!(!committed.is_empty(), "the load marked its runs");
