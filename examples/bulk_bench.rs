@@ -10,8 +10,9 @@
 //! the statement returns: sorted, de-duplicated SSTables (bloom filters,
 //! page index) committed per shard; its peak memory is bounded by
 //! `--load-memory-mib` (the default `load_memory_bytes`, 256 MiB). Prints
-//! one JSON object: rows/s per engine (median, min, max) and the ratio of
-//! the medians.
+//! one JSON object: rows/s per engine (median, min, max), the CPU seconds
+//! the process spent in each (median: all engines here are CPU-bound on
+//! two cores) and the ratio of the medians.
 //!
 //! `--store s3-standard` (or `s3-express`) puts both engines' writes
 //! behind the same latency model (`memwal::testing::LatencyStore`).
@@ -26,7 +27,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use datafusion::prelude::SessionContext;
-use memwal::testing::{LatencyProfile, LatencyStore, bench_root};
+use memwal::testing::{LatencyProfile, LatencyStore, bench_root, process_cpu_time};
 use memwal::{Catalog, CatalogOptions, MemwalSession, WriterOptions};
 
 #[derive(Debug, Parser)]
@@ -62,7 +63,10 @@ fn source(rows: u64) -> String {
     )
 }
 
-async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
+/// Wall and CPU seconds of one run.
+type Timed = (f64, f64);
+
+async fn memwal_load(args: &Args, dir: &std::path::Path) -> Timed {
     let options = {
         let mut o = WriterOptions::default();
         o.load_memory_bytes = args.load_memory_mib << 20;
@@ -80,7 +84,7 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
         ))
         .await
         .unwrap();
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), process_cpu_time());
     let out = session
         .sql(&format!("INSERT INTO t {}", source(args.rows)))
         .await
@@ -88,7 +92,10 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
         .collect()
         .await
         .unwrap();
-    let seconds = started.elapsed().as_secs_f64();
+    let timed = (
+        started.elapsed().as_secs_f64(),
+        (process_cpu_time() - cpu).as_secs_f64(),
+    );
     if let Some(latency) = latency {
         // Where the load waited: the requests of each kind it made.
         for (kind, c) in latency.counts() {
@@ -106,14 +113,14 @@ async fn memwal_load(args: &Args, dir: &std::path::Path) -> f64 {
     .value(0);
     assert_eq!(count, args.rows);
     session.close().await.unwrap();
-    seconds
+    timed
 }
 
 /// DataFusion writing the rows to one Parquet file: with its defaults, or
 /// (`like_sstables`) sorted by key with the Parquet settings of memwal's
 /// SSTables (zstd(3), 1,024-row pages with page statistics, 64 Ki-row row
 /// groups, a bloom filter on the key), as an SSTable of one shard is.
-async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: bool) -> f64 {
+async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: bool) -> Timed {
     let ctx = SessionContext::new();
     let file = match LatencyProfile::named(&args.store) {
         None => dir.join("rows.parquet").display().to_string(),
@@ -136,7 +143,7 @@ async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: boo
              'format.bloom_filter_enabled::id' 'true')",
         ),
     };
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), process_cpu_time());
     ctx.sql(&format!(
         "COPY ({}{order}) TO '{}' STORED AS PARQUET{options}",
         source(args.rows),
@@ -147,17 +154,23 @@ async fn datafusion_write(args: &Args, dir: &std::path::Path, like_sstables: boo
     .collect()
     .await
     .unwrap();
-    started.elapsed().as_secs_f64()
+    (
+        started.elapsed().as_secs_f64(),
+        (process_cpu_time() - cpu).as_secs_f64(),
+    )
 }
 
-/// Median, min and max of rows/s over the runs' seconds.
-fn summary(rows: u64, seconds: &[f64]) -> serde_json::Value {
-    let mut rates: Vec<f64> = seconds.iter().map(|s| rows as f64 / s).collect();
+/// Median, min and max of rows/s over the runs, and their median CPU seconds.
+fn summary(rows: u64, runs: &[Timed]) -> serde_json::Value {
+    let mut rates: Vec<f64> = runs.iter().map(|(s, _)| rows as f64 / s).collect();
     rates.sort_by(f64::total_cmp);
+    let mut cpu: Vec<f64> = runs.iter().map(|&(_, c)| c).collect();
+    cpu.sort_by(f64::total_cmp);
     serde_json::json!({
         "rows_per_s_median": rates[rates.len() / 2].round(),
         "rows_per_s_min": rates[0].round(),
         "rows_per_s_max": rates[rates.len() - 1].round(),
+        "cpu_s_median": (cpu[cpu.len() / 2] * 100.0).round() / 100.0,
     })
 }
 

@@ -76,16 +76,9 @@ fn shape(arg: ShapeArg) -> Shape {
     }
 }
 
-/// CPU seconds this process has used (user + system), from the kernel's
-/// per-process clock (nanoseconds, not the 10 ms scheduler tick).
+/// CPU seconds this process has used (user + system).
 fn cpu_seconds() -> f64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass it.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+    memwal::testing::process_cpu_time().as_secs_f64()
 }
 
 fn write_raw(path: &std::path::Path, bytes: impl Iterator<Item = [u8; 4]>) {

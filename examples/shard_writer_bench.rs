@@ -133,18 +133,6 @@ fn make_puts(args: &Args, rows: usize, schema: SchemaRef) -> Vec<RecordBatch> {
         .collect()
 }
 
-/// User plus system CPU time of this process, from the kernel's
-/// per-process clock (as `hnsw_bench` reads it).
-fn cpu_time() -> Duration {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass it.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
-    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -234,7 +222,7 @@ async fn main() {
         false => args.window,
     }));
     let interval = Duration::from_secs_f64(args.batch as f64 / args.rate.max(1) as f64);
-    let cpu_before = cpu_time();
+    let cpu_before = memwal::testing::process_cpu_time();
     let started = Instant::now();
     let mut waiters = Vec::with_capacity(puts.len());
     for (i, put) in puts.iter().enumerate() {
@@ -266,7 +254,7 @@ async fn main() {
         latencies.push(w.await.unwrap());
     }
     let write_seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
+    let cpu_seconds = (memwal::testing::process_cpu_time() - cpu_before).as_secs_f64();
     issuing.store(false, Ordering::Relaxed);
     sampler.await.unwrap();
     latencies.sort_by(f64::total_cmp);

@@ -57,4 +57,16 @@ pub mod testing {
     };
     pub use crate::wal::{EntryKind, WalLog};
     pub use crate::writer::{Durability, ShardManifest, ShardWriter};
+
+    /// User plus system CPU time this process has used, from the kernel's
+    /// per-process clock (nanoseconds, not the 10 ms scheduler tick).
+    pub fn process_cpu_time() -> std::time::Duration {
+        let mut t = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime only writes into the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+        std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+    }
 }
