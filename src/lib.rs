@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+mod blob;
 pub mod catalog;
 pub mod error;
 mod hnsw;

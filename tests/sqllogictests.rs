@@ -7,7 +7,7 @@
 //!   it the S3 runs are reported as skipped.
 //! - `MEMWAL_SLT_COMPLETE=1` rewrites the files' expected output instead.
 //! - Arguments that are not flags filter files by substring.
-//! - Files under `lsm/` run with tiny MemTables (2 KiB), at most 3 SSTables
+//! - Files under `lsm/` and `blob/` run with tiny MemTables (2 KiB), at most 3 SSTables
 //!   per shard and a 200 ms grace period, so they flush and compact all the
 //!   time.
 //! - `$ROOT` is the root's local directory or URL (with `control
@@ -41,7 +41,10 @@ async fn open(root: &str, options: WriterOptions) -> Result<MemwalSession, memwa
 
 /// The writer options of the tests in `path`.
 fn options_for(path: &Path) -> WriterOptions {
-    if path.components().any(|c| c.as_os_str() == "lsm") {
+    if path
+        .components()
+        .any(|c| c.as_os_str() == "lsm" || c.as_os_str() == "blob")
+    {
         let mut o = WriterOptions::default();
         o.memtable_bytes = 2048;
         o.max_sstables = 3;

@@ -70,11 +70,14 @@ impl<T> Slots<T> {
 
     /// The value of slot `index`, which must have been set.
     fn get(&self, index: usize) -> &T {
-        let (segment, offset) = Self::locate(index);
-        self.segments[segment]
-            .get()
-            .and_then(|s| s[offset].get())
+        self.try_get(index)
             .expect("MemTable slot read before it was published")
+    }
+
+    /// The value of slot `index`, if set.
+    fn try_get(&self, index: usize) -> Option<&T> {
+        let (segment, offset) = Self::locate(index);
+        self.segments[segment].get().and_then(|s| s[offset].get())
     }
 }
 
@@ -107,6 +110,9 @@ struct KeyIndex {
 pub struct MemTable {
     schema: Arc<TableSchema>,
     slots: Slots<StoredBatch>,
+    /// Batches as their WAL entry holds them, where that differs: long
+    /// blob values moved into a pack (set once the entry landed).
+    packed: Slots<RecordBatch>,
     written: AtomicUsize,
     durable: AtomicUsize,
     indexed: AtomicUsize,
@@ -136,6 +142,7 @@ impl MemTable {
         Self {
             schema,
             slots: Slots::new(),
+            packed: Slots::new(),
             written: AtomicUsize::new(0),
             durable: AtomicUsize::new(0),
             indexed: AtomicUsize::new(0),
@@ -320,6 +327,31 @@ impl MemTable {
             "batches beyond the written ones"
         );
         (from..to).map(|i| self.slots.get(i).clone()).collect()
+    }
+
+    /// Records that the WAL entry of the written batches from `from` on
+    /// holds them as `batches` (their long blob values in a pack): an
+    /// SSTable of this MemTable is written from those.
+    pub fn set_packed(&self, from: usize, batches: Vec<RecordBatch>) {
+        for (i, batch) in batches.into_iter().enumerate() {
+            debug_assert_eq!(batch.num_rows(), self.slots.get(from + i).batch.num_rows());
+            self.packed.set(from + i, batch);
+        }
+    }
+
+    /// The written batches `0..to` as an SSTable holds them: as their WAL
+    /// entries do (see [`MemTable::set_packed`]).
+    pub fn flushable_batches(&self, to: usize) -> Vec<RecordBatch> {
+        assert!(
+            to <= self.written_batches(),
+            "batches beyond the written ones"
+        );
+        (0..to)
+            .map(|i| match self.packed.try_get(i) {
+                Some(packed) => packed.clone(),
+                None => self.slots.get(i).batch.clone(),
+            })
+            .collect()
     }
 
     /// The visible prefix, captured once: every batch readers may see now.

@@ -17,17 +17,19 @@ use datafusion::arrow::compute::{concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::row::RowConverter;
 use datafusion::common::ScalarValue;
+use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 pub use vector::{Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
 
+use crate::blob::PackReader;
 use crate::error::Result;
 use crate::memtable::MemLayer;
 use crate::schema::TableSchema;
@@ -47,6 +49,8 @@ pub struct ShardSnapshot {
     pub schema: Arc<TableSchema>,
     /// Reads the SSTables (its caches are the shard's).
     pub reader: Arc<SstableReader>,
+    /// Reads the shard's blob packs.
+    pub packs: PackReader,
     /// Oldest first.
     pub memtables: Vec<MemLayer>,
     /// Oldest generations first.
@@ -101,6 +105,8 @@ impl ShardSnapshot {
         };
         match hit {
             Some(row) if !self.schema.tombstone_flags(&row).value(0) => {
+                let every: Vec<usize> = (0..row.num_columns()).collect();
+                let row = self.packs.resolve(&self.schema, &every, row).await?;
                 Ok(Some(self.schema.to_user(&row)?))
             }
             _ => Ok(None),
@@ -465,8 +471,16 @@ impl ScanPart {
             None => (0..schema.schema.fields().len()).collect(),
         };
         let tombstone = schema.stored.fields().len() - 1;
-        // What every cluster yields: the projection and `_tombstone`.
+        // What every cluster yields: the projection, the descriptors of its
+        // blob columns, and `_tombstone`.
         let mut columns = user.clone();
+        columns.extend(
+            schema
+                .blobs
+                .iter()
+                .filter(|b| user.contains(&b.index))
+                .map(|b| b.descriptor),
+        );
         columns.push(tombstone);
         columns.sort_unstable();
         columns.dedup();
@@ -579,14 +593,19 @@ impl ScanPart {
             .collect();
         let out: SchemaRef = Arc::new(schema.schema.project(&user)?);
         let out_schema = Arc::clone(&out);
-        let rows = rows.map(move |batch| {
-            let batch = batch?;
-            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-            Ok(RecordBatch::try_new_with_options(
-                Arc::clone(&out_schema),
-                batch.project(&positions)?.columns().to_vec(),
-                &options,
-            )?)
+        let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
+        let rows = rows.and_then(move |batch| {
+            let (packs, schema, columns) = (packs.clone(), Arc::clone(&schema), columns.clone());
+            let (out_schema, positions) = (Arc::clone(&out_schema), positions.clone());
+            async move {
+                let batch = packs.resolve(&schema, &columns, batch).await?;
+                let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                Ok::<_, DataFusionError>(RecordBatch::try_new_with_options(
+                    out_schema,
+                    batch.project(&positions)?.columns().to_vec(),
+                    &options,
+                )?)
+            }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
@@ -805,6 +824,7 @@ mod tests {
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
     use datafusion::execution::memory_pool::UnboundedMemoryPool;
     use object_store::ObjectStore;
+    use object_store::path::Path;
     use std::collections::BTreeMap;
 
     fn table() -> Arc<TableSchema> {
@@ -894,6 +914,7 @@ mod tests {
         let snapshot = ShardSnapshot {
             schema: Arc::clone(&t),
             reader: Arc::new(SstableReader::new(Arc::clone(&store), Arc::clone(&t))),
+            packs: PackReader::new(Arc::clone(&store), Path::from("shard")),
             memtables: vec![MemLayer {
                 batches: 2,
                 memtable,

@@ -234,6 +234,12 @@ impl TableMeta {
                             field.data_type()
                         )));
                     }
+                    if blob && primary_key.iter().any(|k| k == column) {
+                        return Err(Error::invalid(format!(
+                            "option '{key}': column '{column}' is part of the primary key, \
+                             which is never stored out of line"
+                        )));
+                    }
                     if blob {
                         columns.entry(column.to_string()).or_default().blob = true;
                     }

@@ -9,7 +9,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 
-use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::arrow::datatypes::{Field, Fields, Schema};
 
 use super::{HnswParams, Metric, TableMeta, key};
 use crate::error::{Error, Result};
@@ -22,14 +22,18 @@ pub const TOMBSTONE_COLUMN: &str = "_tombstone";
 pub type KeyedBatch = (RecordBatch, Option<Vec<Box<[u8]>>>);
 
 /// The schema of stored rows (MemTable batches, WAL data entries): the
-/// table's columns, all nullable (a tombstone carries only its key), plus
+/// table's columns, all nullable (a tombstone carries only its key), then
+/// the descriptors of the blob columns `blobs` (see [`crate::blob`]), then
 /// [`TOMBSTONE_COLUMN`].
-pub fn stored_schema(table: &Schema) -> SchemaRef {
+pub fn stored_schema(table: &Schema, blobs: &[usize]) -> SchemaRef {
     let mut fields: Vec<Arc<Field>> = table
         .fields()
         .iter()
         .map(|f| Arc::new(f.as_ref().clone().with_nullable(true)))
         .collect();
+    for &b in blobs {
+        fields.push(Arc::new(blob_descriptor_field(table.field(b).name())));
+    }
     fields.push(Arc::new(Field::new(
         TOMBSTONE_COLUMN,
         DataType::Boolean,
@@ -38,11 +42,32 @@ pub fn stored_schema(table: &Schema) -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+/// The fields of a blob descriptor (see [`crate::blob`]), in order.
+pub fn blob_descriptor_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("pack", DataType::UInt64, false),
+        Field::new("epoch", DataType::UInt64, false),
+        Field::new("offset", DataType::UInt64, false),
+        Field::new("length", DataType::UInt64, false),
+        Field::new("crc32", DataType::UInt32, false),
+    ])
+}
+
+/// The stored field `_blob_<column>` of the descriptors of blob column
+/// `column` (NULL: the value is inline).
+pub fn blob_descriptor_field(column: &str) -> Field {
+    Field::new(
+        format!("_blob_{column}"),
+        DataType::Struct(blob_descriptor_fields()),
+        true,
+    )
+}
+
 /// What the write and read paths need to know about one table's rows.
 ///
 /// Stored rows (MemTable batches, WAL entries) have the table's columns,
-/// every one nullable (a tombstone carries only its key), plus
-/// [`TOMBSTONE_COLUMN`].
+/// every one nullable (a tombstone carries only its key), the descriptors
+/// of its blob columns, and [`TOMBSTONE_COLUMN`] last.
 #[derive(Debug)]
 pub struct TableSchema {
     /// The table's schema as users see it.
@@ -55,6 +80,17 @@ pub struct TableSchema {
     pub vectors: Vec<VectorColumn>,
     /// Number of shards rows are routed to.
     pub shards: u32,
+    /// The blob columns (see [`crate::blob`]).
+    pub blobs: Vec<BlobColumn>,
+}
+
+/// A binary column whose long values are stored in packs.
+#[derive(Debug, Clone, Copy)]
+pub struct BlobColumn {
+    /// Column index in the table schema (and in the stored form).
+    pub index: usize,
+    /// Stored index of its descriptors.
+    pub descriptor: usize,
 }
 
 /// A `FLOAT[dim]` column and how its MemTable graph is built.
@@ -84,8 +120,24 @@ impl TableSchema {
                 })
             })
             .collect();
+        let mut blob_indices: Vec<usize> = meta
+            .columns()
+            .iter()
+            .filter(|(_, options)| options.blob)
+            .filter_map(|(name, _)| schema.index_of(name).ok())
+            .collect();
+        blob_indices.sort_unstable();
+        let blobs = blob_indices
+            .iter()
+            .enumerate()
+            .map(|(i, &index)| BlobColumn {
+                index,
+                descriptor: schema.fields().len() + i,
+            })
+            .collect();
         Self {
-            stored: stored_schema(&schema),
+            stored: stored_schema(&schema, &blob_indices),
+            blobs,
             key: meta.primary_key_indices(),
             vectors,
             shards: meta.shards(),
@@ -139,6 +191,7 @@ impl TableSchema {
             )?;
         }
         let mut columns = batch.columns().to_vec();
+        self.push_inline_descriptors(&mut columns, batch.num_rows());
         columns.push(Arc::new(BooleanArray::from(vec![false; batch.num_rows()])));
         Ok(RecordBatch::try_new(Arc::clone(&self.stored), columns)?)
     }
@@ -172,6 +225,7 @@ impl TableSchema {
             }
             columns[k] = Arc::clone(column);
         }
+        self.push_inline_descriptors(&mut columns, rows);
         columns.push(Arc::new(BooleanArray::from(vec![true; rows])));
         Ok(RecordBatch::try_new(Arc::clone(&self.stored), columns)?)
     }
@@ -225,11 +279,23 @@ impl TableSchema {
         stored.column(stored.num_columns() - 1).as_boolean()
     }
 
-    /// Rows of stored batch `stored` as user rows (drops the tombstone
-    /// column; the rows must be live).
+    /// Rows of stored batch `stored` as user rows (drops the descriptors
+    /// and the tombstone column; the rows must be live, and their blob
+    /// values read back, see [`crate::blob::PackReader::resolve`]).
     pub fn to_user(&self, stored: &RecordBatch) -> Result<RecordBatch> {
-        let columns = stored.columns()[..stored.num_columns() - 1].to_vec();
+        let columns = stored.columns()[..self.schema.fields().len()].to_vec();
         Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+
+    /// Appends to `columns` (a batch's user columns) a NULL descriptor of
+    /// each blob column for each of `rows`: every value inline.
+    fn push_inline_descriptors(&self, columns: &mut Vec<ArrayRef>, rows: usize) {
+        for blob in &self.blobs {
+            columns.push(new_null_array(
+                self.stored.field(blob.descriptor).data_type(),
+                rows,
+            ));
+        }
     }
 
     fn check_columns(

@@ -106,6 +106,8 @@ impl TableFunctionImpl for StatsFunction {
             ("last_compaction", times(s, |w| w.last_compaction), true),
             ("wal_appends", counts(s, |w| w.wal_appends), true),
             ("wal_bytes", counts(s, |w| w.wal_bytes), true),
+            ("blob_packs", counts(s, |w| w.blob_packs), true),
+            ("blob_pack_bytes", counts(s, |w| w.blob_pack_bytes), true),
             ("append_p50_ms", millis(s, |w| w.append_latency_p50), true),
             ("append_p99_ms", millis(s, |w| w.append_latency_p99), true),
             ("append_max_ms", millis(s, |w| w.append_latency_max), true),

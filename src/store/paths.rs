@@ -115,6 +115,19 @@ pub fn new_sstable_file(shard_dir: &Path, generation: u64, epoch: u64) -> Path {
         .join(SSTABLE_DATA)
 }
 
+/// `<shard dir>/blobs`: the shard's blob packs.
+pub fn blobs_dir(shard_dir: &Path) -> Path {
+    shard_dir.clone().join("blobs")
+}
+
+/// `<shard dir>/blobs/<20-digit position>-<20-digit epoch>.pack`: the blob
+/// pack of the WAL append at `position` by the writer of `epoch` (the
+/// epoch keeps a fenced writer's pack apart from its successor's at the
+/// same position).
+pub fn blob_pack(shard_dir: &Path, position: u64, epoch: u64) -> Path {
+    blobs_dir(shard_dir).join(format!("{position:020}-{epoch:020}.pack").as_str())
+}
+
 /// `<shard dir>/load`: the sorted runs of bulk loads, written before any
 /// manifest names them. Apart from `sst/` so that a writer that opens the
 /// shard meanwhile (and deletes the unnamed SSTables of older epochs in

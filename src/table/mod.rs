@@ -44,6 +44,7 @@ mod load;
 
 use load::Load;
 
+use crate::blob::PackReader;
 use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
@@ -544,6 +545,10 @@ impl Table {
         Ok(ShardSnapshot {
             schema: Arc::clone(&self.schema),
             reader: Arc::clone(&self.sstables),
+            packs: PackReader::new(
+                Arc::clone(&self.store),
+                paths::shard_dir(&self.location, shard),
+            ),
             memtables: vec![reader.tail.layer()],
             sstables: Arc::new(manifest.state.sstables.clone()),
         })
@@ -775,6 +780,7 @@ impl ShardWriter {
         ShardSnapshot {
             schema: Arc::clone(self.schema()),
             reader: Arc::clone(self.sstable_reader()),
+            packs: self.pack_reader(),
             memtables,
             sstables,
         }

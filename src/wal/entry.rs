@@ -245,7 +245,7 @@ mod tests {
         ]);
         let n = ids.len();
         RecordBatch::try_new(
-            stored_schema(&table),
+            stored_schema(&table, &[]),
             vec![
                 Arc::new(Int64Array::from(ids.to_vec())),
                 Arc::new(StringArray::from(vec![Some("x"); n])),

@@ -242,7 +242,7 @@ mod tests {
     fn entry(epoch: u64, ids: &[i64]) -> WalEntry {
         let table = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
         let batch = RecordBatch::try_new(
-            stored_schema(&table),
+            stored_schema(&table, &[]),
             vec![
                 Arc::new(Int64Array::from(ids.to_vec())),
                 Arc::new(BooleanArray::from(vec![false; ids.len()])),

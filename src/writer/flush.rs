@@ -238,11 +238,9 @@ impl Shared {
             let threads = self.options.index_threads;
             // Sorting and encoding are CPU work: off the async runtime.
             tokio::task::spawn_blocking(move || {
-                let batches: Vec<_> = memtable
-                    .batches(0, memtable.written_batches())
-                    .into_iter()
-                    .map(|b| b.batch)
-                    .collect();
+                // As the WAL holds them: long blob values stay in their
+                // packs, the SSTable names them.
+                let batches = memtable.flushable_batches(memtable.written_batches());
                 let (encoded, body) = sstable::encode_batches(&schema, &batches)?;
                 // MemTable rows are numbered from 0 through its batches,
                 // as the encoder counts its input rows.

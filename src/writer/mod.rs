@@ -59,6 +59,7 @@ pub(crate) use manifest::versions as manifest_versions;
 pub use options::WriterOptions;
 use replay::Replayed;
 
+use crate::blob::PackReader;
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
 use crate::schema::{KeyedBatch, TableSchema};
@@ -88,6 +89,11 @@ pub struct WriterStats {
     pub wal_appends: u64,
     /// Bytes of [`WriterStats::wal_appends`].
     pub wal_bytes: u64,
+    /// Blob packs written (one per WAL append with long blob values), and
+    /// their bytes.
+    pub blob_packs: u64,
+    /// See [`WriterStats::blob_packs`].
+    pub blob_pack_bytes: u64,
     /// Sum and maximum of WAL append latencies.
     pub append_latency_total: Duration,
     /// See [`WriterStats::append_latency_total`].
@@ -174,6 +180,8 @@ struct Counters {
     rows: AtomicU64,
     wal_appends: AtomicU64,
     wal_bytes: AtomicU64,
+    blob_packs: AtomicU64,
+    blob_pack_bytes: AtomicU64,
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
     latency: LatencyHistogram,
@@ -534,6 +542,14 @@ impl ShardWriter {
         &self.shared.reader
     }
 
+    /// A reader of this shard's blob packs.
+    pub fn pack_reader(&self) -> PackReader {
+        PackReader::new(
+            Arc::clone(&self.shared.store),
+            self.shared.shard_dir.clone(),
+        )
+    }
+
     /// The table schema this writer checks puts against.
     pub fn schema(&self) -> &Arc<TableSchema> {
         &self.shared.schema
@@ -698,6 +714,8 @@ impl ShardWriter {
             rows: c.rows.load(Ordering::Relaxed),
             wal_appends: c.wal_appends.load(Ordering::Relaxed),
             wal_bytes: c.wal_bytes.load(Ordering::Relaxed),
+            blob_packs: c.blob_packs.load(Ordering::Relaxed),
+            blob_pack_bytes: c.blob_pack_bytes.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
             append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),
             append_latency_p50: c.latency.quantile(0.5),

@@ -84,6 +84,11 @@ pub struct WriterOptions {
     /// writers and by later loads of the table). A loading host must not
     /// stall this long. Default 1 h, at least 1 s.
     pub load_grace: Duration,
+    /// Values of a blob column (`'<column>.blob' = 'true'`) longer than
+    /// this many bytes are stored out of line, in the blob pack of their
+    /// WAL append; shorter ones stay in the rows (default 4 KiB: an
+    /// SSTable page of 1,024 such rows stays a few MiB).
+    pub blob_inline_bytes: usize,
 }
 
 impl Default for WriterOptions {
@@ -98,6 +103,7 @@ impl Default for WriterOptions {
             max_sstables: 8,
             sstable_grace: Duration::from_secs(60),
             append_retries: 5,
+            blob_inline_bytes: 4 << 10,
             commit: CommitOptions {
                 tombstone_ttl: Duration::from_secs(60),
                 sweep_every: 64,
@@ -179,6 +185,7 @@ impl WriterOptions {
         "fence_grace",
         "load_memory_bytes",
         "load_grace",
+        "blob_inline_bytes",
     ];
 
     /// The value of option `name` as [`WriterOptions::set`] reads it
@@ -201,6 +208,7 @@ impl WriterOptions {
             "fence_grace" => ms(self.fence_grace),
             "load_memory_bytes" => self.load_memory_bytes.to_string(),
             "load_grace" => ms(self.load_grace),
+            "blob_inline_bytes" => self.blob_inline_bytes.to_string(),
             _ => return None,
         })
     }
@@ -222,6 +230,7 @@ impl WriterOptions {
             "fence_grace" => "WAL fences are deleted this long after they were written",
             "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
             "load_grace" => "runs of a load silent this long are a crashed load's, deleted",
+            "blob_inline_bytes" => "longer blob values are stored out of line, in packs",
             _ => "unknown option",
         }
     }
@@ -250,6 +259,7 @@ impl WriterOptions {
             "fence_grace" => self.fence_grace = parse_duration(name, value)?,
             "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
             "load_grace" => self.load_grace = parse_duration(name, value)?,
+            "blob_inline_bytes" => self.blob_inline_bytes = parse_bytes(name, value)?,
             _ => {
                 return Err(Error::invalid(format!(
                     "unknown writer option '{name}'; the options are: {}",

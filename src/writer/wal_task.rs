@@ -14,8 +14,13 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
+use datafusion::arrow::array::RecordBatch;
+use object_store::ObjectStoreExt;
+
 use super::{Generation, Shared};
+use crate::blob;
 use crate::error::{Error, Result};
+use crate::store::paths;
 use crate::wal::WalEntry;
 
 /// What the WAL task knows about the generation it makes durable when it
@@ -114,13 +119,23 @@ struct Append {
     bytes: u64,
     started: Instant,
     /// The entry's bytes once it landed.
-    task: JoinHandle<Result<u64>>,
+    task: JoinHandle<Result<Landed>>,
+}
+
+/// What an append that landed wrote.
+#[derive(Debug)]
+struct Landed {
+    /// The entry's bytes.
+    len: u64,
+    /// Its pack's bytes, and its batches as the entry holds them, if a
+    /// pack took their long blob values.
+    packed: Option<(u64, Vec<RecordBatch>)>,
 }
 
 /// The oldest append in flight once it has landed or failed; pending while
 /// none is in flight. Cancel-safe: the append stays in `in_flight` until
 /// it has ended.
-async fn next_landing(in_flight: &mut VecDeque<Append>) -> (Append, Result<u64>) {
+async fn next_landing(in_flight: &mut VecDeque<Append>) -> (Append, Result<Landed>) {
     let Some(front) = in_flight.front_mut() else {
         return std::future::pending().await;
     };
@@ -292,9 +307,30 @@ impl Shared {
         }
     }
 
-    /// Encodes and appends `entry` at `position`; the entry's bytes once it
-    /// landed.
-    async fn write_entry(&self, position: u64, entry: WalEntry, started: Instant) -> Result<u64> {
+    /// Writes the pack of `entry`'s long blob values, if it has any, then
+    /// encodes and appends the entry (naming the pack) at `position`.
+    async fn write_entry(
+        &self,
+        position: u64,
+        mut entry: WalEntry,
+        started: Instant,
+    ) -> Result<Landed> {
+        let packed = blob::pack(
+            &self.schema,
+            &entry.batches,
+            position,
+            self.epoch,
+            self.options.blob_inline_bytes,
+        )?;
+        let packed = match packed {
+            Some(pack) => {
+                let len = pack.bytes.len() as u64;
+                self.write_pack(position, pack.bytes).await?;
+                entry.batches = pack.batches.clone();
+                Some((len, pack.batches))
+            }
+            None => None,
+        };
         let encoded = self.wal.encode(position, &entry)?;
         drop(entry);
         let len = encoded.len() as u64;
@@ -315,15 +351,35 @@ impl Shared {
                 read_back: "the entry exists, but may be out of the new writer's sight".into(),
             });
         }
-        Ok(len)
+        Ok(Landed { len, packed })
+    }
+
+    /// Writes the blob pack of the append at `position` (a name of this
+    /// writer's alone, so a retry rewrites the same bytes), retrying a
+    /// failed PUT like an append. Before the entry that names it: an entry
+    /// never names a pack that is not there.
+    async fn write_pack(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
+        let path = paths::blob_pack(&self.shard_dir, position, self.epoch);
+        let mut attempt = 0;
+        loop {
+            match self.store.put(&path, bytes.clone().into()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if attempt < self.options.append_retries => {
+                    attempt += 1;
+                    log::debug!("retrying blob pack {path}: {e}");
+                    tokio::time::sleep(self.options.commit.backoff(attempt)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Acknowledges an append that ended, in position order: its batches
     /// become durable (and, in durable mode, visible). A failure stops the
     /// writer; `false` then.
-    fn landed(&self, append: Append, result: Result<u64>) -> bool {
-        let len = match result {
-            Ok(len) => len,
+    fn landed(&self, append: Append, result: Result<Landed>) -> bool {
+        let Landed { len, packed } = match result {
+            Ok(landed) => landed,
             Err(e) => {
                 self.stop(e);
                 return false;
@@ -342,6 +398,13 @@ impl Shared {
         c.latency_max_us.fetch_max(latency, Ordering::Relaxed);
         c.latency.record(Duration::from_micros(latency));
         let generation = &append.generation;
+        if let Some((pack_bytes, batches)) = packed {
+            c.blob_packs.fetch_add(1, Ordering::Relaxed);
+            c.blob_pack_bytes.fetch_add(pack_bytes, Ordering::Relaxed);
+            generation
+                .memtable
+                .set_packed(append.written - batches.len(), batches);
+        }
         generation
             .last_position
             .store(append.position, Ordering::Release);

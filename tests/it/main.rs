@@ -2,6 +2,7 @@
 
 mod api_inputs;
 mod atomic;
+mod blob;
 mod bulk;
 mod catalog_faults;
 mod catalog_processes;

@@ -1,0 +1,358 @@
+//! Blob columns: binary values above a size limit stored out of line, the
+//! values of one WAL group commit in one pack object, and named in stored
+//! rows by a descriptor.
+//!
+//! A blob column `c` is stored as two columns: `c` itself, holding values
+//! up to the inline limit (and every value of a MemTable row whose group
+//! commit has not packed it yet), and `_blob_c`, a struct
+//! naming where a packed value lives: `(pack, epoch, offset, length,
+//! crc32)`. A row's value is `c` where the descriptor is NULL, otherwise
+//! the `length` bytes at `offset` of the pack written at WAL position
+//! `pack` by the writer of `epoch` (see [`paths::blob_pack`]), whose CRC-32
+//! is `crc32`. A pack is raw bytes: the values one after another.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BinaryBuilder, RecordBatch, StructArray, UInt32Array, UInt64Array,
+};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::DataType;
+use object_store::ObjectStore;
+use object_store::path::Path;
+
+use crate::error::{Error, Result};
+use crate::schema::{TableSchema, blob_descriptor_fields};
+use crate::store::paths;
+
+/// A group commit's batches with their long blob values moved into a pack.
+#[derive(Debug)]
+pub struct Packed {
+    /// The pack's bytes.
+    pub bytes: Bytes,
+    /// The batches with descriptors in place of the moved values.
+    pub batches: Vec<RecordBatch>,
+}
+
+/// Moves every value of a blob column of `batches` (stored form) longer
+/// than `inline_limit` bytes into one pack, to be written at WAL position
+/// `pack` by the writer of `epoch`. `None` if no value is that long (no
+/// pack is needed; the batches are as they were).
+pub fn pack(
+    schema: &TableSchema,
+    batches: &[RecordBatch],
+    pack: u64,
+    epoch: u64,
+    inline_limit: usize,
+) -> Result<Option<Packed>> {
+    if schema.blobs.is_empty() {
+        return Ok(None);
+    }
+    let mut bytes = BytesMut::new();
+    let mut out = Vec::with_capacity(batches.len());
+    for batch in batches {
+        let mut columns = batch.columns().to_vec();
+        for blob in &schema.blobs {
+            let values = cast(batch.column(blob.index), &DataType::Binary)?;
+            let values = values.as_binary::<i32>();
+            let long = |row: usize| values.is_valid(row) && values.value(row).len() > inline_limit;
+            if !(0..values.len()).any(long) {
+                continue;
+            }
+            let rows = values.len();
+            let (mut offsets, mut lengths, mut crcs) = (
+                Vec::with_capacity(rows),
+                Vec::with_capacity(rows),
+                Vec::with_capacity(rows),
+            );
+            let mut inline = BinaryBuilder::new();
+            let mut packed = Vec::with_capacity(rows);
+            for row in 0..rows {
+                if long(row) {
+                    let value = values.value(row);
+                    offsets.push(bytes.len() as u64);
+                    lengths.push(value.len() as u64);
+                    crcs.push(crc32fast::hash(value));
+                    bytes.extend_from_slice(value);
+                    inline.append_null();
+                    packed.push(true);
+                } else {
+                    offsets.push(0);
+                    lengths.push(0);
+                    crcs.push(0);
+                    inline.append_option(values.is_valid(row).then(|| values.value(row)));
+                    packed.push(false);
+                }
+            }
+            let descriptors = StructArray::try_new(
+                blob_descriptor_fields(),
+                vec![
+                    Arc::new(UInt64Array::from(vec![pack; rows])),
+                    Arc::new(UInt64Array::from(vec![epoch; rows])),
+                    Arc::new(UInt64Array::from(offsets)),
+                    Arc::new(UInt64Array::from(lengths)),
+                    Arc::new(UInt32Array::from(crcs)),
+                ],
+                Some(NullBuffer::from(packed)),
+            )?;
+            let inline: ArrayRef = Arc::new(inline.finish());
+            columns[blob.index] = cast(&inline, batch.column(blob.index).data_type())?;
+            columns[blob.descriptor] = Arc::new(descriptors);
+        }
+        out.push(RecordBatch::try_new(batch.schema(), columns)?);
+    }
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Packed {
+        bytes: bytes.freeze(),
+        batches: out,
+    }))
+}
+
+/// The byte ranges read from one pack, and the row each is for.
+type Wanted = (Vec<Range<u64>>, Vec<usize>);
+
+/// Reads packed values back into the rows that name them.
+#[derive(Debug, Clone)]
+pub struct PackReader {
+    store: Arc<dyn ObjectStore>,
+    shard_dir: Path,
+}
+
+impl PackReader {
+    /// Reads the packs of the shard at `shard_dir`.
+    pub fn new(store: Arc<dyn ObjectStore>, shard_dir: Path) -> Self {
+        Self { store, shard_dir }
+    }
+
+    /// `batch` (stored form projected to `columns`, ascending stored
+    /// column indices) with the packed values of every blob column it
+    /// holds together with its descriptors read back into the column:
+    /// one ranged read per pack (neighbouring ranges coalesced by the
+    /// store), none when no row names a pack. A value whose bytes do not
+    /// match its descriptor's length and CRC-32 is an error.
+    pub async fn resolve(
+        &self,
+        schema: &TableSchema,
+        columns: &[usize],
+        batch: RecordBatch,
+    ) -> Result<RecordBatch> {
+        let mut out = batch.columns().to_vec();
+        for blob in &schema.blobs {
+            let (Ok(at), Ok(descriptor_at)) = (
+                columns.binary_search(&blob.index),
+                columns.binary_search(&blob.descriptor),
+            ) else {
+                continue;
+            };
+            let descriptors = batch.column(descriptor_at).as_struct();
+            if descriptors.null_count() == descriptors.len() {
+                continue;
+            }
+            out[at] = self.read_values(batch.column(at), descriptors).await?;
+        }
+        Ok(RecordBatch::try_new(batch.schema(), out)?)
+    }
+
+    /// `inline` with each row that `descriptors` names replaced by its
+    /// packed value.
+    async fn read_values(&self, inline: &ArrayRef, descriptors: &StructArray) -> Result<ArrayRef> {
+        let field = |i: usize| descriptors.column(i).as_primitive();
+        let (packs, epochs, offsets, lengths): (
+            &UInt64Array,
+            &UInt64Array,
+            &UInt64Array,
+            &UInt64Array,
+        ) = (field(0), field(1), field(2), field(3));
+        let crcs: &UInt32Array = descriptors.column(4).as_primitive();
+        // Each pack's ranges, and the row each range is for.
+        let mut wanted: BTreeMap<(u64, u64), Wanted> = BTreeMap::new();
+        for row in (0..descriptors.len()).filter(|&r| descriptors.is_valid(r)) {
+            let (offset, length) = (offsets.value(row), lengths.value(row));
+            let entry = wanted
+                .entry((packs.value(row), epochs.value(row)))
+                .or_default();
+            entry.0.push(offset..offset + length);
+            entry.1.push(row);
+        }
+        let reads = wanted.into_iter().map(|((pack, epoch), (ranges, rows))| {
+            let path = paths::blob_pack(&self.shard_dir, pack, epoch);
+            async move {
+                let values = self
+                    .store
+                    .get_ranges(&path, &ranges)
+                    .await
+                    .map_err(|e| match e {
+                        object_store::Error::NotFound { .. } => Error::Corrupt {
+                            path: path.to_string(),
+                            reason: "a row names a blob pack that does not exist".into(),
+                        },
+                        e => e.into(),
+                    })?;
+                Ok::<_, Error>((path, rows, values))
+            }
+        });
+        let mut value_of: Vec<Option<Bytes>> = vec![None; descriptors.len()];
+        for (path, rows, values) in futures::future::try_join_all(reads).await? {
+            for (row, value) in rows.into_iter().zip(values) {
+                if value.len() as u64 != lengths.value(row)
+                    || crc32fast::hash(&value) != crcs.value(row)
+                {
+                    return Err(Error::Corrupt {
+                        path: path.to_string(),
+                        reason: format!(
+                            "the blob value at offset {} ({} bytes) does not match its checksum",
+                            offsets.value(row),
+                            lengths.value(row)
+                        ),
+                    });
+                }
+                value_of[row] = Some(value);
+            }
+        }
+        let inline_values = cast(inline, &DataType::Binary)?;
+        let inline_values = inline_values.as_binary::<i32>();
+        let mut values = BinaryBuilder::new();
+        for (row, packed) in value_of.iter().enumerate() {
+            match packed {
+                Some(value) => values.append_value(value),
+                None => values.append_option(
+                    inline_values
+                        .is_valid(row)
+                        .then(|| inline_values.value(row)),
+                ),
+            }
+        }
+        let values: ArrayRef = Arc::new(values.finish());
+        Ok(cast(&values, inline.data_type())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{BinaryArray, Int64Array};
+    use datafusion::arrow::datatypes::{Field, Schema};
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    use super::*;
+    use crate::schema::TableMeta;
+
+    fn table() -> TableSchema {
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("raw", DataType::Binary, true),
+        ]);
+        let options = [("raw.blob".to_string(), "true".to_string())];
+        TableSchema::new(&TableMeta::new(&schema, vec!["id".into()], &options).unwrap())
+    }
+
+    fn rows(t: &TableSchema, values: Vec<Option<&[u8]>>) -> RecordBatch {
+        let ids = Int64Array::from_iter_values(0..values.len() as i64);
+        let user = RecordBatch::try_new(
+            Arc::clone(&t.schema),
+            vec![Arc::new(ids), Arc::new(BinaryArray::from(values))],
+        )
+        .unwrap();
+        t.to_stored(&user).unwrap()
+    }
+
+    #[test]
+    fn only_values_longer_than_the_limit_move_into_the_pack_in_order() {
+        let t = table();
+        let (long, longer) = (vec![7u8; 5], vec![9u8; 8]);
+        let batches = [
+            rows(&t, vec![Some(b"abc"), Some(&long), None]),
+            rows(&t, vec![Some(b""), Some(&longer)]),
+        ];
+        let packed = pack(&t, &batches, 12, 3, 4).unwrap().unwrap();
+        assert_eq!(
+            packed.bytes.as_ref(),
+            [long.clone(), longer.clone()].concat()
+        );
+        let blob = t.blobs[0];
+        let descriptors: Vec<_> = packed
+            .batches
+            .iter()
+            .flat_map(|b| {
+                let d = b.column(blob.descriptor).as_struct();
+                let at = |i: usize| {
+                    d.column(i)
+                        .as_primitive::<datafusion::arrow::datatypes::UInt64Type>()
+                        .clone()
+                };
+                let (pack, epoch, offset, length) = (at(0), at(1), at(2), at(3));
+                (0..b.num_rows())
+                    .map(|r| {
+                        d.is_valid(r).then(|| {
+                            (
+                                pack.value(r),
+                                epoch.value(r),
+                                offset.value(r),
+                                length.value(r),
+                            )
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            descriptors,
+            [None, Some((12, 3, 0, 5)), None, None, Some((12, 3, 5, 8))]
+        );
+        let inline: Vec<Option<Vec<u8>>> = packed
+            .batches
+            .iter()
+            .flat_map(|b| {
+                let c = b.column(blob.index).as_binary::<i32>();
+                (0..c.len())
+                    .map(|r| c.is_valid(r).then(|| c.value(r).to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(
+            inline,
+            [Some(b"abc".to_vec()), None, None, Some(vec![]), None]
+        );
+        // Nothing long: no pack.
+        assert!(pack(&t, &batches[..1], 1, 1, 5).unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn resolving_reads_the_values_back_and_refuses_a_damaged_one() {
+        let t = table();
+        let values = [vec![1u8; 10], vec![2u8; 20]];
+        let batch = rows(&t, vec![Some(&values[0]), Some(b"x"), Some(&values[1])]);
+        let packed = pack(&t, std::slice::from_ref(&batch), 4, 2, 4)
+            .unwrap()
+            .unwrap();
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let dir = Path::from("shard");
+        let path = paths::blob_pack(&dir, 4, 2);
+        store
+            .put(&path, PutPayload::from(packed.bytes.clone()))
+            .await
+            .unwrap();
+        let reader = PackReader::new(Arc::clone(&store), dir);
+        let every: Vec<usize> = (0..t.stored.fields().len()).collect();
+        let resolved = reader
+            .resolve(&t, &every, packed.batches[0].clone())
+            .await
+            .unwrap();
+        assert_eq!(t.to_user(&resolved).unwrap(), t.to_user(&batch).unwrap());
+
+        let mut damaged = packed.bytes.to_vec();
+        damaged[15] ^= 0x40;
+        store.put(&path, PutPayload::from(damaged)).await.unwrap();
+        let err = reader
+            .resolve(&t, &every, packed.batches[0].clone())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    }
+}

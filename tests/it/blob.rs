@@ -1,0 +1,189 @@
+//! Blob columns: long values go into one pack per WAL append, rows hold
+//! descriptors; a scan reads packs only for the blob column, a pack that
+//! could not be written fails its puts, and a damaged pack is an error,
+//! never a different value.
+
+use std::sync::Arc;
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use futures::TryStreamExt;
+use memwal::testing::{Fault, FaultyStore, OpKind};
+use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, WriterOptions};
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+
+use crate::helpers::run;
+
+/// A session on `store` (a fresh one each call: a restart).
+async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
+    let root = ObjectRoot::new(store.clone(), "memory://blobs");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = std::time::Duration::ZERO;
+    options.append_retries = 1;
+    MemwalSession::new(catalog, options)
+}
+
+/// Creates `media` (one shard) with three rows in one append: 8 KiB and
+/// 16 KiB values (packed) and a one-byte value (inline).
+async fn create_media(session: &MemwalSession) {
+    run(
+        session,
+        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+         WITH ('raw.blob' = 'true')",
+    )
+    .await;
+    run(
+        session,
+        "INSERT INTO media VALUES \
+         (1, 'one', CAST(repeat('1', 8192) AS BYTEA)), \
+         (2, 'two', CAST(repeat('2', 16384) AS BYTEA)), \
+         (3, 'three', CAST('3' AS BYTEA))",
+    )
+    .await;
+}
+
+/// The pack objects under the root.
+async fn packs(store: &Arc<FaultyStore>) -> Vec<Path> {
+    store
+        .list(None)
+        .map_ok(|meta| meta.location)
+        .try_filter(|p| std::future::ready(p.as_ref().contains("/blobs/")))
+        .try_collect()
+        .await
+        .unwrap()
+}
+
+async fn text(session: &MemwalSession, sql: &str) -> String {
+    pretty_format_batches(&run(session, sql).await)
+        .unwrap()
+        .to_string()
+}
+
+const VALUES: &str =
+    "SELECT id, length(CAST(raw AS TEXT)) AS n, md5(raw) AS md5 FROM media ORDER BY id";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_reads_packs_only_for_the_blob_column() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    create_media(&session).await;
+    let before = text(&session, VALUES).await;
+    session.close().await.unwrap();
+    assert_eq!(packs(&store).await.len(), 1, "one append, one pack");
+
+    // A rule that never fires counts the GETs of packs.
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
+    let session = open(&store).await;
+    let captions = text(&session, "SELECT id, caption FROM media ORDER BY id").await;
+    assert!(captions.contains("three"), "{captions}");
+    let count = text(&session, "SELECT count(*) FROM media").await;
+    assert!(count.contains("| 3 "), "{count}");
+    assert_eq!(store.matched_calls(), 0, "no pack read without the column");
+
+    assert_eq!(text(&session, VALUES).await, before, "the same values back");
+    assert!(before.contains("| 16384 |"), "{before}");
+    assert_eq!(store.matched_calls(), 1, "one ranged read for the one pack");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_that_cannot_be_written_fails_its_puts_and_nothing_names_it() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    create_media(&session).await;
+    let before = text(&session, VALUES).await;
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/blobs/"),
+    );
+    let failed = session
+        .sql("INSERT INTO media VALUES (4, 'four', CAST(repeat('4', 9000) AS BYTEA))")
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert!(
+        failed.is_err(),
+        "the put whose pack failed is not acknowledged"
+    );
+    let _ = session.close().await;
+    store.clear();
+
+    let session = open(&store).await;
+    assert_eq!(text(&session, VALUES).await, before, "row 4 is not there");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wal_append_that_fails_after_its_pack_leaves_its_rows_out() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    create_media(&session).await;
+    let before = text(&session, VALUES).await;
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/wal/"),
+    );
+    let failed = session
+        .sql("INSERT INTO media VALUES (5, 'five', CAST(repeat('5', 9000) AS BYTEA))")
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert!(
+        failed.is_err(),
+        "the put whose entry failed is not acknowledged"
+    );
+    assert_eq!(packs(&store).await.len(), 2, "its pack was written first");
+    let _ = session.close().await;
+    store.clear();
+
+    let session = open(&store).await;
+    assert_eq!(text(&session, VALUES).await, before, "row 5 is not there");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_pack_is_an_error_not_a_different_value() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    create_media(&session).await;
+    session.close().await.unwrap();
+    let [pack] = packs(&store).await.try_into().unwrap();
+    let mut bytes = store
+        .get(&pack)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    // A byte of the second value (row 2's 16 KiB follow row 1's 8 KiB).
+    bytes[8192 + 100] ^= 1;
+    store.put(&pack, bytes.into()).await.unwrap();
+
+    let session = open(&store).await;
+    let err = session
+        .sql(VALUES)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("checksum"), "{err}");
+    // The other columns are still readable.
+    let captions = text(&session, "SELECT caption FROM media ORDER BY id").await;
+    assert!(captions.contains("two"), "{captions}");
+    session.close().await.unwrap();
+}
