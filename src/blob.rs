@@ -11,7 +11,7 @@
 //! `pack` by the writer of `epoch` (see [`paths::blob_pack`]), whose CRC-32
 //! is `crc32`. A pack is raw bytes: the values one after another.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -24,10 +24,74 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use object_store::ObjectStore;
 use object_store::path::Path;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::schema::{TableSchema, blob_descriptor_fields};
 use crate::store::paths;
+
+/// Packs some rows name: WAL positions `first..=last` of the writer of
+/// `epoch` (those of them that have a pack). Stored as `[epoch, first,
+/// last]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "[u64; 3]", into = "[u64; 3]")]
+pub struct PackRun {
+    pub epoch: u64,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl From<[u64; 3]> for PackRun {
+    fn from([epoch, first, last]: [u64; 3]) -> Self {
+        Self { epoch, first, last }
+    }
+}
+
+impl From<PackRun> for [u64; 3] {
+    fn from(r: PackRun) -> Self {
+        [r.epoch, r.first, r.last]
+    }
+}
+
+impl PackRun {
+    /// Whether the pack at `position` of `epoch` is in this run.
+    pub fn contains(&self, epoch: u64, position: u64) -> bool {
+        self.epoch == epoch && (self.first..=self.last).contains(&position)
+    }
+}
+
+/// Adds to `named` the `(epoch, position)` of every pack a row of `batch`
+/// (stored form) names.
+pub fn collect_named(schema: &TableSchema, batch: &RecordBatch, named: &mut BTreeSet<(u64, u64)>) {
+    for blob in &schema.blobs {
+        let descriptors = batch.column(blob.descriptor).as_struct();
+        if descriptors.null_count() == descriptors.len() {
+            continue;
+        }
+        let packs: &UInt64Array = descriptors.column(0).as_primitive();
+        let epochs: &UInt64Array = descriptors.column(1).as_primitive();
+        for row in (0..descriptors.len()).filter(|&r| descriptors.is_valid(r)) {
+            named.insert((epochs.value(row), packs.value(row)));
+        }
+    }
+}
+
+/// `named` (as [`collect_named`] gathers it) as runs of consecutive
+/// positions.
+pub fn runs(named: &BTreeSet<(u64, u64)>) -> Vec<PackRun> {
+    let mut out: Vec<PackRun> = Vec::new();
+    for &(epoch, position) in named {
+        match out.last_mut() {
+            Some(run) if run.epoch == epoch && run.last + 1 == position => run.last = position,
+            _ => out.push(PackRun {
+                epoch,
+                first: position,
+                last: position,
+            }),
+        }
+    }
+    out
+}
 
 /// A group commit's batches with their long blob values moved into a pack.
 #[derive(Debug)]
@@ -321,6 +385,27 @@ mod tests {
         );
         // Nothing long: no pack.
         assert!(pack(&t, &batches[..1], 1, 1, 5).unwrap().is_none());
+    }
+
+    #[test]
+    fn named_packs_are_kept_as_runs_of_consecutive_positions_per_epoch() {
+        let named = BTreeSet::from([(1, 3), (1, 4), (1, 6), (2, 7), (2, 8)]);
+        let runs = runs(&named);
+        let as_arrays: Vec<[u64; 3]> = runs.iter().map(|&r| r.into()).collect();
+        assert_eq!(as_arrays, [[1, 3, 4], [1, 6, 6], [2, 7, 8]]);
+        for &(epoch, position) in &named {
+            assert!(runs.iter().any(|r| r.contains(epoch, position)));
+        }
+        assert!(!runs.iter().any(|r| r.contains(1, 5) || r.contains(2, 6)));
+        assert_eq!(serde_json::to_string(&runs[0]).unwrap(), "[1,3,4]");
+        assert_eq!(
+            paths::parse_blob_pack(
+                paths::blob_pack(&Path::from("s"), 12, 3)
+                    .filename()
+                    .unwrap()
+            ),
+            Some((12, 3))
+        );
     }
 
     #[tokio::test]

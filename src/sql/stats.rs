@@ -108,6 +108,16 @@ impl TableFunctionImpl for StatsFunction {
             ("wal_bytes", counts(s, |w| w.wal_bytes), true),
             ("blob_packs", counts(s, |w| w.blob_packs), true),
             ("blob_pack_bytes", counts(s, |w| w.blob_pack_bytes), true),
+            (
+                "blob_packs_deleted",
+                counts(s, |w| w.blob_packs_deleted),
+                true,
+            ),
+            (
+                "blob_pack_bytes_deleted",
+                counts(s, |w| w.blob_pack_bytes_deleted),
+                true,
+            ),
             ("append_p50_ms", millis(s, |w| w.append_latency_p50), true),
             ("append_p99_ms", millis(s, |w| w.append_latency_p99), true),
             ("append_max_ms", millis(s, |w| w.append_latency_max), true),

@@ -81,6 +81,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use crate::blob::PackRun;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 use crate::schema::key::{self, IntegerKeys};
@@ -274,6 +275,9 @@ pub struct SstableFile {
     /// written before deletion vectors: none known).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub checked_through: u64,
+    /// The blob packs its rows name (see [`crate::blob`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packs: Vec<PackRun>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -361,6 +365,7 @@ pub async fn write(
         graphs: Vec::new(),
         deletions: None,
         checked_through: generation,
+        packs: Vec::new(),
     };
     let written = async {
         let payload = PutPayload::from_bytes(sstable.bytes.clone());
@@ -493,6 +498,7 @@ pub async fn write_stream(
         graphs: Vec::new(),
         deletions: None,
         checked_through: 0,
+        packs: Vec::new(),
     })
 }
 

@@ -128,6 +128,16 @@ pub fn blob_pack(shard_dir: &Path, position: u64, epoch: u64) -> Path {
     blobs_dir(shard_dir).join(format!("{position:020}-{epoch:020}.pack").as_str())
 }
 
+/// The position and epoch in a pack's file name made by [`blob_pack`].
+pub fn parse_blob_pack(name: &str) -> Option<(u64, u64)> {
+    let (position, epoch) = name.strip_suffix(".pack")?.split_once('-')?;
+    let digits = |s: &str| s.len() == 20 && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(position) || !digits(epoch) {
+        return None;
+    }
+    Some((position.parse().ok()?, epoch.parse().ok()?))
+}
+
 /// `<shard dir>/load`: the sorted runs of bulk loads, written before any
 /// manifest names them. Apart from `sst/` so that a writer that opens the
 /// shard meanwhile (and deletes the unnamed SSTables of older epochs in

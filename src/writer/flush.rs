@@ -30,22 +30,25 @@
 //!    and WAL entries below the cursor that a crash kept from deletion,
 //!    and runs of bulk loads that never committed once they are old (see
 //!    [`super::load`]); retired SSTables past their grace period are
-//!    deleted.
+//!    deleted, and so are blob packs nothing names any more (see
+//!    [`Shared::delete_unnamed_packs`]), then and after every compaction.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 
 use super::manifest::{Fence, RetiredFile, ShardManifest, commit_as, now_ms};
 use super::{Generation, Shared, shared_error};
+use crate::blob;
 use crate::error::{Error, Result};
 use crate::hnsw::{Graph, persist};
 use crate::schema::VectorColumn;
@@ -232,7 +235,7 @@ impl Shared {
         if memtable.written_batches() == 0 {
             return self.flush_load(generation).await;
         }
-        let (encoded, graphs, keys) = {
+        let (encoded, graphs, (keys, packs)) = {
             let memtable = Arc::clone(memtable);
             let schema = Arc::clone(&self.schema);
             let threads = self.options.index_threads;
@@ -276,12 +279,14 @@ impl Shared {
                     .iter()
                     .map(|&k| Arc::clone(body.column(k)))
                     .collect();
-                Ok::<_, Error>((encoded, graphs, keys))
+                let mut packs = BTreeSet::new();
+                blob::collect_named(&schema, &body, &mut packs);
+                Ok::<_, Error>((encoded, graphs, (keys, blob::runs(&packs))))
             })
             .await
             .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
         };
-        let file = self
+        let mut file = self
             .retrying("SSTable write", || {
                 sstable::write(
                     &self.store,
@@ -292,6 +297,7 @@ impl Shared {
                 )
             })
             .await?;
+        file.packs = packs;
         // The rows of older SSTables its keys make old (the maintenance
         // lock keeps their vectors as they are until the commit).
         let older = self.manifest().state.sstables.clone();
@@ -327,6 +333,7 @@ impl Shared {
                 m.retired.extend(replaced.iter().map(|path| RetiredFile {
                     path: path.clone(),
                     retired_at_ms,
+                    packs: Vec::new(),
                 }));
                 m.sstables.push(file.clone());
                 m.replay_after = m.replay_after.max(last);
@@ -628,6 +635,7 @@ impl Shared {
                 m.retired.extend(inputs.iter().map(|f| RetiredFile {
                     path: f.path.clone(),
                     retired_at_ms,
+                    packs: f.packs.clone(),
                 }));
                 true
             },
@@ -711,9 +719,26 @@ impl Shared {
             Some(_) => self.options.index_threads,
             None => 1,
         };
+        // The packs the output's rows name, gathered as they pass.
+        let named = Arc::new(Mutex::new(BTreeSet::new()));
+        let rows = match schema.blobs.is_empty() {
+            true => rows,
+            false => {
+                let (named, blobs) = (Arc::clone(&named), Arc::clone(schema));
+                let rows = rows.inspect_ok(move |batch| {
+                    let mut named = named.lock().expect("pack names poisoned");
+                    blob::collect_named(&blobs, batch, &mut named);
+                });
+                Box::pin(RecordBatchStreamAdapter::new(
+                    Arc::clone(&schema.stored),
+                    rows,
+                ))
+            }
+        };
         let started = std::time::Instant::now();
         let mut output =
             sstable::write_stream(&self.store, path, generations, schema, rows, || ()).await?;
+        output.packs = blob::runs(&named.lock().expect("pack names poisoned"));
         let written = started.elapsed();
         if let Err(e) = self
             .build_graphs(&mut output, trace.as_ref().map(|t| (inputs, t)), threads)
@@ -807,6 +832,12 @@ impl Shared {
     /// from the manifest (deleted first: a crash in between leaves a name
     /// of a missing object in `retired`, which nothing reads).
     async fn delete_retired(&self) -> Result<()> {
+        self.delete_expired_sstables().await?;
+        self.delete_unnamed_packs().await
+    }
+
+    /// Deletes the retired SSTables of [`Shared::delete_retired`].
+    async fn delete_expired_sstables(&self) -> Result<()> {
         let manifest = self.manifest();
         let grace = self.options.sstable_grace.as_millis() as u64;
         let now = now_ms();
@@ -841,6 +872,70 @@ impl Shared {
             |_| {},
         )
         .await
+    }
+}
+
+impl Shared {
+    /// Deletes the blob packs nothing reads any more: at or below the
+    /// replay cursor (the WAL entry that named one, if it landed, is in
+    /// SSTables), named by no SSTable of the manifest, live or retired,
+    /// and older than [`super::WriterOptions::sstable_grace`] (a query
+    /// that read a MemTable row naming one before its flush has that long
+    /// to finish, as one reading a retired SSTable does). Packs of appends
+    /// that never landed go the same way. A failed delete is tried again
+    /// by the next call.
+    async fn delete_unnamed_packs(&self) -> Result<()> {
+        if self.schema.blobs.is_empty() {
+            return Ok(());
+        }
+        let manifest = self.manifest();
+        let m = &manifest.state;
+        let listed: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&paths::blobs_dir(&self.shard_dir)))
+            .try_collect()
+            .await?;
+        let (now, grace) = (
+            now_ms() as i64,
+            self.options.sstable_grace.as_millis() as i64,
+        );
+        let dead: Vec<(Path, u64)> = listed
+            .into_iter()
+            .filter(|meta| {
+                let Some((position, epoch)) =
+                    meta.location.filename().and_then(paths::parse_blob_pack)
+                else {
+                    return false;
+                };
+                position <= m.replay_after
+                    && !m.names_pack(epoch, position)
+                    && now - meta.last_modified.timestamp_millis() >= grace
+            })
+            .map(|meta| (meta.location, meta.size))
+            .collect();
+        let store = &self.store;
+        let deleted: Vec<Result<u64>> = futures::stream::iter(dead)
+            .map(|(path, size)| async move {
+                delete_if_present(store.as_ref(), &path).await?;
+                Ok(size)
+            })
+            .buffer_unordered(DELETES)
+            .collect()
+            .await;
+        for result in deleted {
+            match result {
+                Ok(size) => {
+                    self.counters
+                        .blob_packs_deleted
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .blob_pack_bytes_deleted
+                        .fetch_add(size, Ordering::Relaxed);
+                }
+                Err(e) => log::warn!("deleting a blob pack failed: {e}"),
+            }
+        }
+        Ok(())
     }
 }
 

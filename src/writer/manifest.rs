@@ -8,6 +8,7 @@ use bytes::Bytes;
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
+use crate::blob::PackRun;
 use crate::error::{Error, Result};
 use crate::sstable::SstableFile;
 use std::sync::Arc;
@@ -101,6 +102,9 @@ pub struct RetiredFile {
     pub path: String,
     /// Milliseconds since the Unix epoch.
     pub retired_at_ms: u64,
+    /// The blob packs its rows name, kept until it is deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packs: Vec<PackRun>,
 }
 
 impl ShardManifest {
@@ -110,6 +114,14 @@ impl ShardManifest {
         let live = self.sstables.iter().map(|f| paths::sstable_dir(&f.path));
         live.chain(self.retired.iter().map(|f| paths::sstable_dir(&f.path)))
             .collect()
+    }
+
+    /// Whether an SSTable it names, live or retired, names the blob pack
+    /// at `position` of `epoch`.
+    pub fn names_pack(&self, epoch: u64, position: u64) -> bool {
+        let live = self.sstables.iter().flat_map(|f| &f.packs);
+        live.chain(self.retired.iter().flat_map(|f| &f.packs))
+            .any(|run| run.contains(epoch, position))
     }
 
     /// Decodes version bytes read from `path`.

@@ -94,6 +94,11 @@ pub struct WriterStats {
     pub blob_packs: u64,
     /// See [`WriterStats::blob_packs`].
     pub blob_pack_bytes: u64,
+    /// Blob packs deleted because nothing names them any more, and the
+    /// bytes that reclaimed.
+    pub blob_packs_deleted: u64,
+    /// See [`WriterStats::blob_packs_deleted`].
+    pub blob_pack_bytes_deleted: u64,
     /// Sum and maximum of WAL append latencies.
     pub append_latency_total: Duration,
     /// See [`WriterStats::append_latency_total`].
@@ -182,6 +187,8 @@ struct Counters {
     wal_bytes: AtomicU64,
     blob_packs: AtomicU64,
     blob_pack_bytes: AtomicU64,
+    blob_packs_deleted: AtomicU64,
+    blob_pack_bytes_deleted: AtomicU64,
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
     latency: LatencyHistogram,
@@ -716,6 +723,8 @@ impl ShardWriter {
             wal_bytes: c.wal_bytes.load(Ordering::Relaxed),
             blob_packs: c.blob_packs.load(Ordering::Relaxed),
             blob_pack_bytes: c.blob_pack_bytes.load(Ordering::Relaxed),
+            blob_packs_deleted: c.blob_packs_deleted.load(Ordering::Relaxed),
+            blob_pack_bytes_deleted: c.blob_pack_bytes_deleted.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
             append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),
             append_latency_p50: c.latency.quantile(0.5),

@@ -24,6 +24,8 @@ async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
     let mut options = WriterOptions::default();
     options.wal_flush_interval = std::time::Duration::ZERO;
     options.append_retries = 1;
+    // Retired SSTables, and packs nothing names, go at once.
+    options.sstable_grace = std::time::Duration::ZERO;
     MemwalSession::new(catalog, options)
 }
 
@@ -150,6 +152,64 @@ async fn a_wal_append_that_fails_after_its_pack_leaves_its_rows_out() {
 
     let session = open(&store).await;
     assert_eq!(text(&session, VALUES).await, before, "row 5 is not there");
+    // Once the shard's flushes pass its position, the pack no entry names
+    // is deleted.
+    run(
+        &session,
+        "INSERT INTO media VALUES (6, 'six', CAST('6' AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    let session = open(&store).await;
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+    assert_eq!(packs(&store).await.len(), 1, "the orphan pack is gone");
+    assert!(text(&session, VALUES).await.contains("| 16384 |"));
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packs_nothing_names_any_more_are_deleted_and_the_others_kept() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    create_media(&session).await;
+    let [first] = packs(&store).await.try_into().unwrap();
+    run(
+        &session,
+        "INSERT INTO media VALUES (4, 'four', CAST(repeat('4', 5000) AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    assert_eq!(packs(&store).await.len(), 2, "the flushed SSTable names both");
+
+    // Rows 1 and 2, the only ones in the first pack, get short values: the
+    // older SSTable still names the pack until a compaction drops it.
+    let session = open(&store).await;
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'one', CAST('1' AS BYTEA)), (2, 'two', CAST('2' AS BYTEA))",
+    )
+    .await;
+    let expected = text(&session, VALUES).await;
+    session.close().await.unwrap();
+    assert_eq!(packs(&store).await.len(), 2);
+
+    let session = open(&store).await;
+    let table = session.table("media").await.unwrap();
+    table.compact().await.unwrap();
+    let left = packs(&store).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_ne!(left[0], first, "the pack no row names went, the other stayed");
+    let stats = table.stats(0).unwrap().expect("the writer is open");
+    assert_eq!(stats.blob_packs_deleted, 1);
+    assert_eq!(stats.blob_pack_bytes_deleted, 8192 + 16384);
+    assert_eq!(text(&session, VALUES).await, expected);
+    assert!(expected.contains("| 5000 |"), "{expected}");
     session.close().await.unwrap();
 }
 
