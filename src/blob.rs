@@ -22,8 +22,8 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
-use object_store::ObjectStore;
 use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -223,6 +223,34 @@ impl PackReader {
         Ok(RecordBatch::try_new(batch.schema(), out)?)
     }
 
+    /// The error of a failed read of `ranges` of the pack at `path`: a
+    /// corrupt object if the pack is missing or shorter than the ranges,
+    /// the store's error otherwise.
+    async fn read_error(
+        &self,
+        path: &Path,
+        ranges: &[Range<u64>],
+        e: object_store::Error,
+    ) -> Error {
+        let corrupt = |reason: String| Error::Corrupt {
+            path: path.to_string(),
+            reason,
+        };
+        let missing = || corrupt("a row names a blob pack that does not exist".into());
+        if matches!(e, object_store::Error::NotFound { .. }) {
+            return missing();
+        }
+        let end = ranges.iter().map(|r| r.end).max().unwrap_or(0);
+        match self.store.head(path).await {
+            Ok(meta) if meta.size < end => corrupt(format!(
+                "the pack holds {} bytes, its rows name bytes up to {end}",
+                meta.size
+            )),
+            Err(object_store::Error::NotFound { .. }) => missing(),
+            _ => e.into(),
+        }
+    }
+
     /// `inline` with each row that `descriptors` names replaced by its
     /// packed value.
     async fn read_values(&self, inline: &ArrayRef, descriptors: &StructArray) -> Result<ArrayRef> {
@@ -247,17 +275,10 @@ impl PackReader {
         let reads = wanted.into_iter().map(|((pack, epoch), (ranges, rows))| {
             let path = paths::blob_pack(&self.shard_dir, pack, epoch);
             async move {
-                let values = self
-                    .store
-                    .get_ranges(&path, &ranges)
-                    .await
-                    .map_err(|e| match e {
-                        object_store::Error::NotFound { .. } => Error::Corrupt {
-                            path: path.to_string(),
-                            reason: "a row names a blob pack that does not exist".into(),
-                        },
-                        e => e.into(),
-                    })?;
+                let values = match self.store.get_ranges(&path, &ranges).await {
+                    Ok(values) => values,
+                    Err(e) => return Err(self.read_error(&path, &ranges, e).await),
+                };
                 Ok::<_, Error>((path, rows, values))
             }
         });

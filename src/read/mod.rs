@@ -105,12 +105,18 @@ impl ShardSnapshot {
         };
         match hit {
             Some(row) if !self.schema.tombstone_flags(&row).value(0) => {
-                let every: Vec<usize> = (0..row.num_columns()).collect();
-                let row = self.packs.resolve(&self.schema, &every, row).await?;
+                let row = self.read_blobs(row).await?;
                 Ok(Some(self.schema.to_user(&row)?))
             }
             _ => Ok(None),
         }
+    }
+
+    /// `rows` (stored form, every column, of this snapshot's shard) with
+    /// their long blob values read back from the packs.
+    pub async fn read_blobs(&self, rows: RecordBatch) -> Result<RecordBatch> {
+        let every: Vec<usize> = (0..rows.num_columns()).collect();
+        self.packs.resolve(&self.schema, &every, rows).await
     }
 
     fn memtable_batches(&self) -> Vec<RecordBatch> {

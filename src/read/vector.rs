@@ -65,7 +65,8 @@ pub struct VectorQuery {
 pub struct Neighbour {
     /// Distance to the query as users see it ([`crate::Metric::reported`]).
     pub distance: f32,
-    /// The row, one-row batch in stored form, its blob values read back.
+    /// The row, one-row batch in stored form (long blob values not read
+    /// back: see [`ShardSnapshot::read_blobs`]).
     pub row: RecordBatch,
 }
 
@@ -127,15 +128,6 @@ impl ShardSnapshot {
         if let Some(column) = metric {
             for n in &mut nearest {
                 n.distance = column.metric.reported(n.distance);
-            }
-        }
-        if !self.schema.blobs.is_empty() {
-            let every: Vec<usize> = (0..self.schema.stored.fields().len()).collect();
-            for n in &mut nearest {
-                n.row = self
-                    .packs
-                    .resolve(&self.schema, &every, n.row.clone())
-                    .await?;
             }
         }
         Ok(nearest)

@@ -179,18 +179,28 @@ impl TableProvider for MemwalTable {
                     .into(),
             ));
         };
-        let df_schema = DFSchema::try_from(self.schema())?;
-        let predicate = state.create_physical_expr(predicate, &df_schema)?;
-        let scan = self.scan(state, None, &[], None).await?;
-        let matching = Arc::new(FilterExec::try_new(predicate, scan)?);
         self.require_key()?;
+        // The key and what the predicate reads, nothing else (no blob
+        // value is read unless the predicate needs it).
+        let schema = self.schema();
+        let mut columns = self.table.table_schema().key.clone();
+        for column in predicate.column_refs() {
+            columns.push(schema.index_of(&column.name)?);
+        }
+        columns.sort_unstable();
+        columns.dedup();
+        let df_schema = DFSchema::try_from(schema.project(&columns)?)?;
+        let predicate = state.create_physical_expr(predicate, &df_schema)?;
+        let scan = self.scan(state, Some(&columns), &[], None).await?;
+        let matching = Arc::new(FilterExec::try_new(predicate, scan)?);
         Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), matching)))
     }
 
-    /// Deletes every live row.
+    /// Deletes every live row (reading only their keys).
     async fn truncate(&self, state: &dyn Session) -> Result<Arc<dyn ExecutionPlan>> {
         self.require_key()?;
-        let scan = self.scan(state, None, &[], None).await?;
+        let key = self.table.table_schema().key.clone();
+        let scan = self.scan(state, Some(&key), &[], None).await?;
         Ok(Arc::new(DeleteExec::new(Arc::clone(&self.table), scan)))
     }
 }

@@ -145,15 +145,30 @@ impl ExecutionPlan for VectorSearchExec {
         let schema = self.schema();
         let out_schema = Arc::clone(&schema);
         let rows = async move {
-            let mut nearest: Vec<Neighbour> = Vec::new();
+            // Each neighbour with the snapshot of its shard.
+            let mut nearest: Vec<(Neighbour, usize)> = Vec::new();
+            let mut snapshots = Vec::with_capacity(table.shard_count());
             for shard in 0..table.shard_count() {
                 let snapshot = table.snapshot(shard as u32, Duration::ZERO).await?;
-                nearest.extend(snapshot.vector_search(&query).await?);
+                let found = snapshot.vector_search(&query).await?;
+                nearest.extend(found.into_iter().map(|n| (n, shard)));
+                snapshots.push(snapshot);
             }
-            nearest.sort_by(|a, b| a.distance.total_cmp(&b.distance));
+            nearest.sort_by(|a, b| a.0.distance.total_cmp(&b.0.distance));
             nearest.truncate(query.k);
+            // Long blob values are read for the rows returned, and only
+            // when the query selects their column.
+            let blobs = &table.table_schema().blobs;
+            let with_blobs = blobs.iter().any(|b| projection.contains(&b.index));
+            let mut rows: Vec<RecordBatch> = Vec::with_capacity(nearest.len());
+            for (n, shard) in &nearest {
+                rows.push(match with_blobs {
+                    true => snapshots[*shard].read_blobs(n.row.clone()).await?,
+                    false => n.row.clone(),
+                });
+            }
+            let nearest: Vec<Neighbour> = nearest.into_iter().map(|(n, _)| n).collect();
             let stored_schema = Arc::clone(&table.table_schema().stored);
-            let rows: Vec<RecordBatch> = nearest.iter().map(|n| n.row.clone()).collect();
             let stored = concat_batches(&stored_schema, &rows)?;
             let mut columns = table.table_schema().to_user(&stored)?.columns().to_vec();
             columns.push(Arc::new(Float32Array::from_iter_values(

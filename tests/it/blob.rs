@@ -96,30 +96,33 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
     session.close().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pack_that_cannot_be_written_fails_its_puts_and_nothing_names_it() {
-    let store = FaultyStore::new(Arc::new(InMemory::new()));
-    let session = open(&store).await;
+/// Creates `media`, then inserts row `id` with a packed value while every
+/// PUT to a path containing `failing` fails: the INSERT must fail. The
+/// values before it; the session is closed and the faults cleared.
+async fn insert_failing_on(store: &Arc<FaultyStore>, failing: &str, id: i64) -> String {
+    let session = open(store).await;
     create_media(&session).await;
     let before = text(&session, VALUES).await;
     store.inject(
         Fault::nth(OpKind::Put, 1)
             .times(u64::MAX)
-            .on_paths_containing("/blobs/"),
+            .on_paths_containing(failing),
     );
-    let failed = session
-        .sql("INSERT INTO media VALUES (4, 'four', CAST(repeat('4', 9000) AS BYTEA))")
-        .await
-        .unwrap()
-        .collect()
-        .await;
+    let insert = format!("INSERT INTO media VALUES ({id}, 'x', CAST(repeat('x', 9000) AS BYTEA))");
+    let failed = session.sql(&insert).await.unwrap().collect().await;
     assert!(
         failed.is_err(),
-        "the put whose pack failed is not acknowledged"
+        "a put whose {failing} PUT failed is not acknowledged"
     );
     let _ = session.close().await;
     store.clear();
+    before
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_that_cannot_be_written_fails_its_puts_and_nothing_names_it() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let before = insert_failing_on(&store, "/blobs/", 4).await;
     let session = open(&store).await;
     assert_eq!(text(&session, VALUES).await, before, "row 4 is not there");
     session.close().await.unwrap();
@@ -128,27 +131,8 @@ async fn a_pack_that_cannot_be_written_fails_its_puts_and_nothing_names_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wal_append_that_fails_after_its_pack_leaves_its_rows_out() {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
-    let session = open(&store).await;
-    create_media(&session).await;
-    let before = text(&session, VALUES).await;
-    store.inject(
-        Fault::nth(OpKind::Put, 1)
-            .times(u64::MAX)
-            .on_paths_containing("/wal/"),
-    );
-    let failed = session
-        .sql("INSERT INTO media VALUES (5, 'five', CAST(repeat('5', 9000) AS BYTEA))")
-        .await
-        .unwrap()
-        .collect()
-        .await;
-    assert!(
-        failed.is_err(),
-        "the put whose entry failed is not acknowledged"
-    );
+    let before = insert_failing_on(&store, "/wal/", 5).await;
     assert_eq!(packs(&store).await.len(), 2, "its pack was written first");
-    let _ = session.close().await;
-    store.clear();
 
     let session = open(&store).await;
     assert_eq!(text(&session, VALUES).await, before, "row 5 is not there");
@@ -185,7 +169,11 @@ async fn packs_nothing_names_any_more_are_deleted_and_the_others_kept() {
     )
     .await;
     session.close().await.unwrap();
-    assert_eq!(packs(&store).await.len(), 2, "the flushed SSTable names both");
+    assert_eq!(
+        packs(&store).await.len(),
+        2,
+        "the flushed SSTable names both"
+    );
 
     // Rows 1 and 2, the only ones in the first pack, get short values: the
     // older SSTable still names the pack until a compaction drops it.
@@ -204,7 +192,10 @@ async fn packs_nothing_names_any_more_are_deleted_and_the_others_kept() {
     table.compact().await.unwrap();
     let left = packs(&store).await;
     assert_eq!(left.len(), 1, "{left:?}");
-    assert_ne!(left[0], first, "the pack no row names went, the other stayed");
+    assert_ne!(
+        left[0], first,
+        "the pack no row names went, the other stayed"
+    );
     let stats = table.stats(0).unwrap().expect("the writer is open");
     assert_eq!(stats.blob_packs_deleted, 1);
     assert_eq!(stats.blob_pack_bytes_deleted, 8192 + 16384);
@@ -230,7 +221,7 @@ async fn a_damaged_pack_is_an_error_not_a_different_value() {
         .to_vec();
     // A byte of the second value (row 2's 16 KiB follow row 1's 8 KiB).
     bytes[8192 + 100] ^= 1;
-    store.put(&pack, bytes.into()).await.unwrap();
+    store.put(&pack, bytes.clone().into()).await.unwrap();
 
     let session = open(&store).await;
     let err = session
@@ -245,5 +236,69 @@ async fn a_damaged_pack_is_an_error_not_a_different_value() {
     // The other columns are still readable.
     let captions = text(&session, "SELECT caption FROM media ORDER BY id").await;
     assert!(captions.contains("two"), "{captions}");
+    // A pack cut short is named too, not a bare range error of the store.
+    store
+        .put(&pack, bytes[..5000].to_vec().into())
+        .await
+        .unwrap();
+    let err = session
+        .sql(VALUES)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("holds 5000 bytes") && err.contains(pack.as_ref()),
+        "{err}"
+    );
+    // And the damaged rows can still be deleted: DELETE and TRUNCATE read
+    // keys (and what the predicate needs), not blob values.
+    run(&session, "DELETE FROM media WHERE caption = 'two'").await;
+    run(&session, "TRUNCATE media").await;
+    let count = text(&session, "SELECT count(*) FROM media").await;
+    assert!(count.contains("| 0 "), "{count}");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vector_search_reads_blob_values_only_of_the_rows_it_returns_and_only_if_asked() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    run(
+        &session,
+        "CREATE TABLE clips (id BIGINT PRIMARY KEY, raw BYTEA, emb FLOAT[2]) \
+         WITH ('raw.blob' = 'true', 'shards' = '2')",
+    )
+    .await;
+    run(
+        &session,
+        "INSERT INTO clips SELECT value, CAST(repeat(CAST(value AS TEXT), 5000) AS BYTEA), \
+         [CAST(value AS FLOAT), 0.0] FROM generate_series(1, 20)",
+    )
+    .await;
+    session.close().await.unwrap();
+    // A rule that never fires counts the GETs of packs.
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
+    let session = open(&store).await;
+    let search = "FROM vector_search('clips', 'emb', [3.1, 0.0], 2) ORDER BY _distance";
+    let ids = text(&session, &format!("SELECT id {search}")).await;
+    assert!(ids.contains("| 3  |") && ids.contains("| 4  |"), "{ids}");
+    assert_eq!(store.matched_calls(), 0, "no pack read without the column");
+    let values = text(
+        &session,
+        &format!("SELECT id, length(CAST(raw AS TEXT)) AS n {search}"),
+    )
+    .await;
+    assert!(values.contains("| 3  | 5000 |"), "{values}");
+    assert!(
+        store.matched_calls() <= 2,
+        "one read per returned row at most"
+    );
     session.close().await.unwrap();
 }
