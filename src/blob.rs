@@ -181,6 +181,36 @@ pub fn pack(
 /// The byte ranges read from one pack, and the row each is for.
 type Wanted = (Vec<Range<u64>>, Vec<usize>);
 
+/// Parts of a pack's multipart upload: a pack up to this size is one PUT,
+/// a larger one uploads in parts of this size (S3's floor is 5 MiB), so no
+/// request carries more than this.
+pub const PACK_PART_BYTES: usize = 16 << 20;
+
+/// Writes `bytes` as the pack at `path`: one PUT, or a multipart upload
+/// above [`PACK_PART_BYTES`] that is aborted (its parts deleted) when a
+/// part fails.
+pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: Bytes) -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut object = object_store::buffered::BufWriter::with_capacity(
+        Arc::clone(store),
+        path.clone(),
+        PACK_PART_BYTES,
+    );
+    let mut completing = false;
+    let written = async {
+        object.put(bytes).await?;
+        completing = true;
+        object.shutdown().await?;
+        Ok::<_, Error>(())
+    };
+    let result = written.await;
+    if result.is_err() && !completing {
+        // A failed completion cleans up its own parts.
+        let _ = object.abort().await;
+    }
+    result
+}
+
 /// Reads packed values back into the rows that name them.
 #[derive(Debug, Clone)]
 pub struct PackReader {

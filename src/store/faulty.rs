@@ -20,7 +20,7 @@ use object_store::{
 /// The kinds of call a [`Fault`] can target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
-    /// `put_opts` and multipart uploads.
+    /// `put_opts`, the start of a multipart upload and each of its parts.
     Put,
     /// `get_opts` (not `head`) and `get_ranges`.
     Get,
@@ -267,6 +267,50 @@ impl FaultyStore {
     }
 }
 
+/// A multipart upload of a [`FaultyStore`]: each part counts as an
+/// [`OpKind::Put`] call on the upload's path (faults only: no gate, no
+/// latency), after the one that started the upload.
+#[derive(Debug)]
+struct FaultyUpload {
+    inner: Box<dyn MultipartUpload>,
+    state: Arc<Mutex<State>>,
+    path: Path,
+}
+
+#[async_trait]
+impl MultipartUpload for FaultyUpload {
+    fn put_part(&mut self, data: PutPayload) -> object_store::UploadPart {
+        let fired = self
+            .state
+            .lock()
+            .expect("fault state poisoned")
+            .on_call(OpKind::Put, self.path.as_ref());
+        let err = |mode| injected(OpKind::Put, &self.path, mode);
+        match fired {
+            None => self.inner.put_part(data),
+            Some(FaultMode::Before) => {
+                let err = err(FaultMode::Before);
+                Box::pin(async move { Err(err) })
+            }
+            Some(FaultMode::After) => {
+                let (part, err) = (self.inner.put_part(data), err(FaultMode::After));
+                Box::pin(async move {
+                    part.await?;
+                    Err(err)
+                })
+            }
+        }
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.inner.abort().await
+    }
+}
+
 fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
     let when = match mode {
         FaultMode::Before => "before the operation",
@@ -309,7 +353,11 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
         match self.enter(OpKind::Put, location).await {
             Some(mode) => Err(injected(OpKind::Put, location, mode)),
-            None => self.inner.put_multipart_opts(location, opts).await,
+            None => Ok(Box::new(FaultyUpload {
+                inner: self.inner.put_multipart_opts(location, opts).await?,
+                state: Arc::clone(&self.state),
+                path: location.clone(),
+            })),
         }
     }
 

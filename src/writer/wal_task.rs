@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use datafusion::arrow::array::RecordBatch;
-use object_store::ObjectStoreExt;
 
 use super::{Generation, Shared};
 use crate::blob;
@@ -356,14 +355,14 @@ impl Shared {
 
     /// Writes the blob pack of the append at `position` (a name of this
     /// writer's alone, so a retry rewrites the same bytes), retrying a
-    /// failed PUT like an append. Before the entry that names it: an entry
+    /// failed upload like an append. Before the entry that names it: an entry
     /// never names a pack that is not there.
     async fn write_pack(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
         let path = paths::blob_pack(&self.shard_dir, position, self.epoch);
         let mut attempt = 0;
         loop {
-            match self.store.put(&path, bytes.clone().into()).await {
-                Ok(_) => return Ok(()),
+            match blob::put_pack(&self.store, &path, bytes.clone()).await {
+                Ok(()) => return Ok(()),
                 Err(e) if attempt < self.options.append_retries => {
                     attempt += 1;
                     log::debug!("retrying blob pack {path}: {e}");

@@ -302,3 +302,36 @@ async fn a_vector_search_reads_blob_values_only_of_the_rows_it_returns_and_only_
     );
     session.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let store = FaultyStore::new(Arc::new(local));
+    let session = open(&store).await;
+    run(
+        &session,
+        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+         WITH ('raw.blob' = 'true')",
+    )
+    .await;
+    // 40 MB: a start and three parts. The second part fails once; the
+    // pack is uploaded again from the start.
+    store.inject(Fault::nth(OpKind::Put, 3).on_paths_containing("/blobs/"));
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'big', CAST(repeat('m', 40000000) AS BYTEA))",
+    )
+    .await;
+    assert_eq!(store.injected(), 1, "a part failed");
+    assert!(store.matched_calls() >= 7, "two uploads of three parts");
+    let values = text(&session, VALUES).await;
+    assert!(values.contains("| 1  | 40000000 |"), "{values}");
+    let files: Vec<String> = crate::helpers::files(dir.path())
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .filter(|p| p.contains("/blobs/"))
+        .collect();
+    assert_eq!(files.len(), 1, "one pack, no part left: {files:?}");
+    session.close().await.unwrap();
+}
