@@ -368,7 +368,7 @@ impl Shared {
                     log::debug!("retrying blob pack {path}: {e}");
                     tokio::time::sleep(self.options.commit.backoff(attempt)).await;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             }
         }
     }
