@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BinaryBuilder, RecordBatch, StructArray, UInt32Array, UInt64Array,
+    Array, ArrayRef, AsArray, LargeBinaryBuilder, RecordBatch, StructArray, UInt32Array,
+    UInt64Array,
 };
 use datafusion::arrow::buffer::NullBuffer;
 use datafusion::arrow::compute::cast;
@@ -121,8 +122,8 @@ pub fn pack(
     for batch in batches {
         let mut columns = batch.columns().to_vec();
         for blob in &schema.blobs {
-            let values = cast(batch.column(blob.index), &DataType::Binary)?;
-            let values = values.as_binary::<i32>();
+            let values = cast(batch.column(blob.index), &DataType::LargeBinary)?;
+            let values = values.as_binary::<i64>();
             let long = |row: usize| values.is_valid(row) && values.value(row).len() > inline_limit;
             if !(0..values.len()).any(long) {
                 continue;
@@ -133,7 +134,7 @@ pub fn pack(
                 Vec::with_capacity(rows),
                 Vec::with_capacity(rows),
             );
-            let mut inline = BinaryBuilder::new();
+            let mut inline = LargeBinaryBuilder::new();
             let mut packed = Vec::with_capacity(rows);
             for row in 0..rows {
                 if long(row) {
@@ -330,9 +331,11 @@ impl PackReader {
                 value_of[row] = Some(value);
             }
         }
-        let inline_values = cast(inline, &DataType::Binary)?;
-        let inline_values = inline_values.as_binary::<i32>();
-        let mut values = BinaryBuilder::new();
+        // Built with 64-bit offsets: a batch's values may pass 2 GiB (a
+        // column of 32-bit offsets then fails to cast, it does not wrap).
+        let inline_values = cast(inline, &DataType::LargeBinary)?;
+        let inline_values = inline_values.as_binary::<i64>();
+        let mut values = LargeBinaryBuilder::new();
         for (row, packed) in value_of.iter().enumerate() {
             match packed {
                 Some(value) => values.append_value(value),
