@@ -237,7 +237,7 @@ impl PackReader {
         columns: &[usize],
         batch: RecordBatch,
     ) -> Result<RecordBatch> {
-        let mut out = batch.columns().to_vec();
+        let mut out: Option<Vec<ArrayRef>> = None;
         for blob in &schema.blobs {
             let (Ok(at), Ok(descriptor_at)) = (
                 columns.binary_search(&blob.index),
@@ -249,9 +249,13 @@ impl PackReader {
             if descriptors.null_count() == descriptors.len() {
                 continue;
             }
-            out[at] = self.read_values(batch.column(at), descriptors).await?;
+            let values = self.read_values(batch.column(at), descriptors).await?;
+            out.get_or_insert_with(|| batch.columns().to_vec())[at] = values;
         }
-        Ok(RecordBatch::try_new(batch.schema(), out)?)
+        match out {
+            None => Ok(batch),
+            Some(columns) => Ok(RecordBatch::try_new(batch.schema(), columns)?),
+        }
     }
 
     /// The error of a failed read of `ranges` of the pack at `path`: a

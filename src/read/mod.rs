@@ -599,20 +599,28 @@ impl ScanPart {
             .collect();
         let out: SchemaRef = Arc::new(schema.schema.project(&user)?);
         let out_schema = Arc::clone(&out);
-        let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
-        let rows = rows.and_then(move |batch| {
-            let (packs, schema, columns) = (packs.clone(), Arc::clone(&schema), columns.clone());
-            let (out_schema, positions) = (Arc::clone(&out_schema), positions.clone());
-            async move {
-                let batch = packs.resolve(&schema, &columns, batch).await?;
-                let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                Ok::<_, DataFusionError>(RecordBatch::try_new_with_options(
-                    out_schema,
-                    batch.project(&positions)?.columns().to_vec(),
-                    &options,
-                )?)
-            }
+        let to_user = Arc::new(move |batch: RecordBatch| {
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            Ok::<_, DataFusionError>(RecordBatch::try_new_with_options(
+                Arc::clone(&out_schema),
+                batch.project(&positions)?.columns().to_vec(),
+                &options,
+            )?)
         });
+        // Packs are read only for a projected blob column.
+        let rows = match schema.blobs.iter().any(|b| user.contains(&b.index)) {
+            false => rows.map(move |batch| to_user(batch?)).boxed(),
+            true => {
+                let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
+                let columns = Arc::new(columns);
+                rows.and_then(move |batch| {
+                    let (packs, schema) = (packs.clone(), Arc::clone(&schema));
+                    let (columns, to_user) = (Arc::clone(&columns), Arc::clone(&to_user));
+                    async move { to_user(packs.resolve(&schema, &columns, batch).await?) }
+                })
+                .boxed()
+            }
+        };
         Ok(Box::pin(RecordBatchStreamAdapter::new(out, rows)))
     }
 

@@ -873,9 +873,7 @@ impl Shared {
         )
         .await
     }
-}
 
-impl Shared {
     /// Deletes the blob packs nothing reads any more: at or below the
     /// replay cursor (the WAL entry that named one, if it landed, is in
     /// SSTables), named by no SSTable of the manifest, live or retired,
