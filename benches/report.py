@@ -220,7 +220,54 @@ def shard_writer(lines):
          "rows per CPU-s"], rows) + "\n"
 
 
-KINDS = {"kv": kv, "hnsw": hnsw, "catalog": catalog, "shard-writer": shard_writer}
+# --- multimodal: benches/run_peers.sh --only multimodal ------------------------
+
+def multimodal(lines):
+    cells = defaultdict(lambda: defaultdict(list))  # (store, window) -> system -> [line]
+    for d in lines:
+        system = d["system"].split("-0")[0]
+        if system == "memwal":
+            system += " (" + d["embedding"] + ")"
+        cells[(d["store"], d["window"])][system].append(d)
+    systems = ["memwal (hnsw)", "memwal (bytes)", "slatedb"]
+    columns = [
+        ("rows/s", "rows_per_s", count, "higher"),
+        ("MB/s of payload", "mb_per_s", lambda v: f"{v:,.1f}", "higher"),
+        ("objects written until close (PUTs)", "objects_written", count, "lower"),
+        ("persisted bytes / payload bytes", "persisted_over_payload", lambda v: f"{v:.3f}", "lower"),
+    ]
+    out = [stamp(lines)]
+    for title, name, fmt, better in columns:
+        rows = []
+        for cell in sorted(cells, key=lambda c: (c[0] != "local", -c[1])):
+            texts, meds = [], {}
+            for system in systems:
+                text, meds[system] = summary([d[name] for d in cells[cell][system]], fmt)
+                texts.append(text)
+            runs = min((len(v) for v in cells[cell].values() if v), default=0)
+            rows.append([cell[0], str(cell[1]), str(runs)] + texts
+                        + [ratio(meds["memwal (hnsw)"], meds["slatedb"]),
+                           ratio(meds["memwal (bytes)"], meds["slatedb"])])
+        out.append(f"\n{title} ({better} is better):\n")
+        out.append(table(["store", "window", "runs"] + systems
+                         + ["memwal (hnsw) / slatedb", "memwal (bytes) / slatedb"], rows))
+    rows = []
+    for cell in sorted(c for c in cells if c[0] == "local"):
+        for system in systems[:2]:
+            runs = cells[cell][system]
+            rows.append([str(cell[1]), system,
+                         summary([d["mb_per_s"] for d in runs], lambda v: f"{v:,.0f}")[0],
+                         summary([d["plain_files_mb_per_s"] for d in runs], lambda v: f"{v:,.0f}")[0],
+                         summary([d["mb_per_s_over_plain_files"] for d in runs], pct)[0]])
+    out.append("\nLocal disk against plain files (the same payload, each put one file, the same "
+               "window; the median of three in each run):\n")
+    out.append(table(["window", "system", "memwal MB/s", "plain files MB/s",
+                      "memwal / plain files (per run)"], rows))
+    return "\n".join(out) + "\n"
+
+
+KINDS = {"kv": kv, "hnsw": hnsw, "catalog": catalog, "shard-writer": shard_writer,
+         "multimodal": multimodal}
 
 p = argparse.ArgumentParser()
 p.add_argument("results")

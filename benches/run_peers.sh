@@ -23,6 +23,11 @@
 # - shard-writer: Lance's shard-writer workload on memwal
 #   (examples/shard_writer_bench.rs), FineWeb-shaped and vector-only rows,
 #   HNSW on, durable, local and `s3-standard`. About 15 minutes.
+# - multimodal: issue 15's LAION-like rows (a 20-100 KB image in a blob
+#   column, a 768-d embedding, a caption) in 10-row puts at window 32 and 1,
+#   local and `s3-standard`: memwal (examples/multimodal_bench.rs) with the
+#   embedding HNSW-indexed and stored as plain bytes, and SlateDB 0.18 on the
+#   same rows. About 5 minutes.
 #
 #   bash benches/run_peers.sh                        (every part)
 #   bash benches/run_peers.sh --quick                (one small run of each: minutes, printed only)
@@ -30,13 +35,13 @@
 #   bash benches/run_peers.sh --only kv --store s3-standard
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 parts="kv hnsw catalog shard-writer" stores="local s3-standard"
+quick=0 parts="kv hnsw catalog shard-writer multimodal" stores="local s3-standard"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --only) parts="$2"; shift ;;
     --store) stores="$2"; shift ;;
-    *) echo "usage: $0 [--quick] [--only kv|hnsw|catalog|shard-writer] [--store local|s3-standard]" >&2
+    *) echo "usage: $0 [--quick] [--only kv|hnsw|catalog|shard-writer|multimodal] [--store local|s3-standard]" >&2
        exit 2 ;;
   esac
   shift
@@ -54,9 +59,10 @@ has kv && examples+=(--example kv_bench)
 has hnsw && examples+=(--example hnsw_bench)
 has catalog && examples+=(--example manifest_bench)
 has shard-writer && examples+=(--example shard_writer_bench)
+has multimodal && examples+=(--example multimodal_bench)
 cargo build --quiet --release "${examples[@]}"
 bin="$target/release/examples"
-if has kv; then
+if has kv || has multimodal; then
   cargo build --quiet --release --manifest-path benches/peers/slatedb/Cargo.toml \
     --target-dir "$target/peers"
 fi
@@ -232,6 +238,32 @@ if has shard-writer; then
         settle
         "$bin/shard_writer_bench" --store "$store" --dir "$work" --shape "$1" --batch "$2" \
           --rate "$3" --seconds "$4" --rows "$unpaced" | stamp "$out" "$run"
+      done
+    done
+  done
+  publish "$out"
+fi
+
+# --- multimodal -------------------------------------------------------------------
+if has multimodal; then
+  out=$(results multimodal)
+  for run in $(seq 1 "$runs"); do
+    for store in $stores; do
+      for window in 32 1; do
+        # SlateDB at window 1 waits for its 100 ms flush per put: fewer rows.
+        rows=5000
+        [ "$window" = 1 ] && rows=1000
+        [ "$store" != local ] && rows=$((rows * 2 / 5))
+        [ $quick = 1 ] && rows=$((rows / 5))
+        echo "multimodal run $run/$runs: $store window=$window rows=$rows" >&2
+        common=(--rows "$rows" --put-rows 10 --window "$window" --reads 50 --store "$store" --dir "$work")
+        for embedding in hnsw bytes; do
+          settle
+          "$bin/multimodal_bench" "${common[@]}" --embedding "$embedding" | stamp "$out" "$run"
+        done
+        settle
+        "$target/peers/release/memwal-slatedb-peer" --workload multimodal "${common[@]}" \
+          | stamp "$out" "$run"
       done
     done
   done

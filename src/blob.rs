@@ -15,16 +15,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, LargeBinaryBuilder, RecordBatch, StructArray, UInt32Array,
     UInt64Array,
 };
-use datafusion::arrow::buffer::NullBuffer;
+use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -97,16 +97,91 @@ pub fn runs(named: &BTreeSet<(u64, u64)>) -> Vec<PackRun> {
 /// A group commit's batches with their long blob values moved into a pack.
 #[derive(Debug)]
 pub struct Packed {
-    /// The pack's bytes.
-    pub bytes: Bytes,
+    /// The pack's bytes: slices of the batches' own value buffers, in
+    /// order (nothing is copied).
+    pub bytes: PutPayload,
     /// The batches with descriptors in place of the moved values.
     pub batches: Vec<RecordBatch>,
+}
+
+/// Row `row` of a binary column (`Binary`, `LargeBinary` or
+/// `BinaryView`, the types a blob column may have); `None` if NULL.
+fn binary_value(values: &dyn Array, row: usize) -> Option<&[u8]> {
+    if values.is_null(row) {
+        return None;
+    }
+    Some(match values.data_type() {
+        DataType::Binary => values.as_binary::<i32>().value(row),
+        DataType::LargeBinary => values.as_binary::<i64>().value(row),
+        DataType::BinaryView => values.as_binary_view().value(row),
+        other => unreachable!("a blob column of type {other}"),
+    })
+}
+
+/// Owns a slice of an Arrow buffer for [`Bytes::from_owner`].
+struct Shared(Buffer);
+
+impl AsRef<[u8]> for Shared {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+/// A pack's bytes gathered as slices of the buffers the values already
+/// live in: neighbouring values of one buffer become one slice.
+#[derive(Default)]
+struct PackBytes {
+    chunks: Vec<Bytes>,
+    len: u64,
+    /// The slice being extended: a buffer and a range of it.
+    run: Option<(Buffer, Range<usize>)>,
+}
+
+impl PackBytes {
+    /// Appends `value`, which lies inside one of `buffers` (a value of an
+    /// array whose buffers they are).
+    fn push(&mut self, buffers: &[Buffer], value: &[u8]) {
+        self.len += value.len() as u64;
+        let at = value.as_ptr() as usize;
+        let holder = buffers.iter().find_map(|b| {
+            let start = b.as_ptr() as usize;
+            (start <= at && at + value.len() <= start + b.len()).then(|| (b, at - start))
+        });
+        let Some((buffer, start)) = holder else {
+            self.end_run();
+            self.chunks.push(Bytes::copy_from_slice(value));
+            return;
+        };
+        let range = start..start + value.len();
+        match &mut self.run {
+            Some((b, run)) if b.as_ptr() == buffer.as_ptr() && run.end == range.start => {
+                run.end = range.end;
+            }
+            _ => {
+                self.end_run();
+                self.run = Some((buffer.clone(), range));
+            }
+        }
+    }
+
+    fn end_run(&mut self) {
+        if let Some((buffer, range)) = self.run.take() {
+            let slice = buffer.slice_with_length(range.start, range.len());
+            self.chunks.push(Bytes::from_owner(Shared(slice)));
+        }
+    }
+
+    fn finish(mut self) -> PutPayload {
+        self.end_run();
+        PutPayload::from_iter(self.chunks)
+    }
 }
 
 /// Moves every value of a blob column of `batches` (stored form) longer
 /// than `inline_limit` bytes into one pack, to be written at WAL position
 /// `pack` by the writer of `epoch`. `None` if no value is that long (no
-/// pack is needed; the batches are as they were).
+/// pack is needed; the batches are as they were). The pack shares the
+/// batches' buffers: it copies no value.
 pub fn pack(
     schema: &TableSchema,
     batches: &[RecordBatch],
@@ -117,17 +192,18 @@ pub fn pack(
     if schema.blobs.is_empty() {
         return Ok(None);
     }
-    let mut bytes = BytesMut::new();
+    let mut bytes = PackBytes::default();
     let mut out = Vec::with_capacity(batches.len());
     for batch in batches {
         let mut columns = batch.columns().to_vec();
         for blob in &schema.blobs {
-            let values = cast(batch.column(blob.index), &DataType::LargeBinary)?;
-            let values = values.as_binary::<i64>();
-            let long = |row: usize| values.is_valid(row) && values.value(row).len() > inline_limit;
+            let values = batch.column(blob.index);
+            let value = |row: usize| binary_value(values.as_ref(), row);
+            let long = |row: usize| value(row).is_some_and(|v| v.len() > inline_limit);
             if !(0..values.len()).any(long) {
                 continue;
             }
+            let buffers = values.to_data().buffers().to_vec();
             let rows = values.len();
             let (mut offsets, mut lengths, mut crcs) = (
                 Vec::with_capacity(rows),
@@ -137,20 +213,22 @@ pub fn pack(
             let mut inline = LargeBinaryBuilder::new();
             let mut packed = Vec::with_capacity(rows);
             for row in 0..rows {
-                if long(row) {
-                    let value = values.value(row);
-                    offsets.push(bytes.len() as u64);
-                    lengths.push(value.len() as u64);
-                    crcs.push(crc32fast::hash(value));
-                    bytes.extend_from_slice(value);
-                    inline.append_null();
-                    packed.push(true);
-                } else {
-                    offsets.push(0);
-                    lengths.push(0);
-                    crcs.push(0);
-                    inline.append_option(values.is_valid(row).then(|| values.value(row)));
-                    packed.push(false);
+                match value(row) {
+                    Some(v) if v.len() > inline_limit => {
+                        offsets.push(bytes.len);
+                        lengths.push(v.len() as u64);
+                        crcs.push(crc32fast::hash(v));
+                        bytes.push(&buffers, v);
+                        inline.append_null();
+                        packed.push(true);
+                    }
+                    v => {
+                        offsets.push(0);
+                        lengths.push(0);
+                        crcs.push(0);
+                        inline.append_option(v);
+                        packed.push(false);
+                    }
                 }
             }
             let descriptors = StructArray::try_new(
@@ -165,16 +243,16 @@ pub fn pack(
                 Some(NullBuffer::from(packed)),
             )?;
             let inline: ArrayRef = Arc::new(inline.finish());
-            columns[blob.index] = cast(&inline, batch.column(blob.index).data_type())?;
+            columns[blob.index] = cast(&inline, values.data_type())?;
             columns[blob.descriptor] = Arc::new(descriptors);
         }
         out.push(RecordBatch::try_new(batch.schema(), columns)?);
     }
-    if bytes.is_empty() {
+    if bytes.len == 0 {
         return Ok(None);
     }
     Ok(Some(Packed {
-        bytes: bytes.freeze(),
+        bytes: bytes.finish(),
         batches: out,
     }))
 }
@@ -190,7 +268,7 @@ pub const PACK_PART_BYTES: usize = 16 << 20;
 /// Writes `bytes` as the pack at `path`: one PUT, or a multipart upload
 /// above [`PACK_PART_BYTES`] that is aborted (its parts deleted) when a
 /// part fails.
-pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: Bytes) -> Result<()> {
+pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPayload) -> Result<()> {
     use tokio::io::AsyncWriteExt;
     let mut object = object_store::buffered::BufWriter::with_capacity(
         Arc::clone(store),
@@ -199,7 +277,9 @@ pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: Bytes) -
     );
     let mut completing = false;
     let written = async {
-        object.put(bytes).await?;
+        for chunk in &bytes {
+            object.put(chunk.clone()).await?;
+        }
         completing = true;
         object.shutdown().await?;
         Ok::<_, Error>(())
@@ -394,9 +474,12 @@ mod tests {
         ];
         let packed = pack(&t, &batches, 12, 3, 4).unwrap().unwrap();
         assert_eq!(
-            packed.bytes.as_ref(),
+            Bytes::from(packed.bytes.clone()),
             [long.clone(), longer.clone()].concat()
         );
+        // Shared with the batches, not copied: one slice of each batch's
+        // value buffer.
+        assert_eq!(packed.bytes.iter().count(), 2);
         let blob = t.blobs[0];
         let descriptors: Vec<_> = packed
             .batches
@@ -477,10 +560,7 @@ mod tests {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let dir = Path::from("shard");
         let path = paths::blob_pack(&dir, 4, 2);
-        store
-            .put(&path, PutPayload::from(packed.bytes.clone()))
-            .await
-            .unwrap();
+        store.put(&path, packed.bytes.clone()).await.unwrap();
         let reader = PackReader::new(Arc::clone(&store), dir);
         let every: Vec<usize> = (0..t.stored.fields().len()).collect();
         let resolved = reader
@@ -489,7 +569,7 @@ mod tests {
             .unwrap();
         assert_eq!(t.to_user(&resolved).unwrap(), t.to_user(&batch).unwrap());
 
-        let mut damaged = packed.bytes.to_vec();
+        let mut damaged = Bytes::from(packed.bytes.clone()).to_vec();
         damaged[15] ^= 0x40;
         store.put(&path, PutPayload::from(damaged)).await.unwrap();
         let err = reader

@@ -433,7 +433,8 @@ impl ShardSnapshot {
     }
 
     /// `filter` on every row of `file`, in file order, reading only the
-    /// columns it refers to.
+    /// columns it refers to (and the packed values of a blob column among
+    /// them).
     async fn filter_sstable(
         &self,
         file: &SstableFile,
@@ -449,6 +450,13 @@ impl ShardSnapshot {
                 .collect::<Vec<_>>(),
         ));
         let mut columns: Vec<usize> = collect_columns(filter).iter().map(|c| c.index()).collect();
+        // A blob column's long values are read back through its
+        // descriptors.
+        for blob in &self.schema.blobs {
+            if columns.contains(&blob.index) {
+                columns.push(blob.descriptor);
+            }
+        }
         columns.sort_unstable();
         columns.dedup();
         if columns.is_empty() {
@@ -461,6 +469,7 @@ impl ShardSnapshot {
             .await?;
         let mut out = Vec::new();
         while let Some(batch) = stream.try_next().await? {
+            let batch = self.packs.resolve(&self.schema, &columns, batch).await?;
             // The filter's column indices are into the stored schema:
             // every other column is a stand-in of nulls.
             let rows = batch.num_rows();

@@ -323,7 +323,7 @@ impl Shared {
         )?;
         let packed = match packed {
             Some(pack) => {
-                let len = pack.bytes.len() as u64;
+                let len = pack.bytes.content_length() as u64;
                 self.write_pack(position, pack.bytes).await?;
                 entry.batches = pack.batches.clone();
                 Some((len, pack.batches))
@@ -357,7 +357,7 @@ impl Shared {
     /// writer's alone, so a retry rewrites the same bytes), retrying a
     /// failed upload like an append. Before the entry that names it: an entry
     /// never names a pack that is not there.
-    async fn write_pack(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
+    async fn write_pack(&self, position: u64, bytes: object_store::PutPayload) -> Result<()> {
         let path = paths::blob_pack(&self.shard_dir, position, self.epoch);
         let mut attempt = 0;
         loop {

@@ -300,6 +300,15 @@ async fn a_vector_search_reads_blob_values_only_of_the_rows_it_returns_and_only_
         store.matched_calls() <= 2,
         "one read per returned row at most"
     );
+    // A filter on the blob column sees the packed values (the rows are in
+    // SSTables since the restart).
+    let filtered = text(
+        &session,
+        "SELECT id FROM vector_search('clips', 'emb', [3.1, 0.0], 2) \
+         WHERE raw = CAST(repeat('17', 5000) AS BYTEA)",
+    )
+    .await;
+    assert!(filtered.contains("| 17 |"), "{filtered}");
     session.close().await.unwrap();
 }
 

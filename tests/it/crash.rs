@@ -1,7 +1,9 @@
 //! SIGKILL at random instants: a child process performs durable inserts and
 //! prints each acknowledgement; the parent kills it, then checks that every
 //! acknowledged row is there with its last acknowledged value (or a newer
-//! one the child had issued), and that no row appears twice.
+//! one the child had issued) and that value's blob (stored out of line in
+//! blob packs: MemTables are small, so kills land between packs, WAL
+//! entries, flushes and pack collection), and that no row appears twice.
 //!
 //! `MEMWAL_CRASH_ITERATIONS` sets the number of kills (default 20; 1,000
 //! for a soak).
@@ -12,7 +14,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::array::{ArrayRef, AsArray, BinaryArray, Int64Array, RecordBatch};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::datatypes::Int64Type;
 use memwal::{MemwalSession, WriterOptions};
 use rand::Rng;
@@ -21,6 +25,19 @@ const CHILD_ENV: &str = "MEMWAL_CRASH_CHILD_ROOT";
 const BASE_ENV: &str = "MEMWAL_CRASH_CHILD_BASE";
 const TASKS: i64 = 6;
 const KEYS_PER_TASK: i64 = 40;
+
+/// The blob stored with `value`: 4–12 KiB derived from it, mostly above
+/// the default 4 KiB inline limit.
+fn blob_of(value: i64) -> Vec<u8> {
+    let len = 4_000 + (value.unsigned_abs() % 8_192) as usize;
+    value
+        .to_le_bytes()
+        .iter()
+        .copied()
+        .cycle()
+        .take(len)
+        .collect()
+}
 
 /// The child: `TASKS` tasks each upsert their own keys in turn, one
 /// durable put at a time, with ever-growing values, and append one event row
@@ -33,6 +50,7 @@ async fn crash_child() {
     let options = {
         let mut o = WriterOptions::default();
         o.wal_flush_interval = Duration::from_millis(5);
+        o.memtable_bytes = 1 << 20;
         o
     };
     let session = MemwalSession::open_with(&root, options).await.unwrap();
@@ -46,11 +64,13 @@ async fn crash_child() {
                     let key = task * KEYS_PER_TASK + i % KEYS_PER_TASK;
                     let value = base + i;
                     println!("issue {key} {value}");
+                    let blob: ArrayRef = Arc::new(BinaryArray::from(vec![&blob_of(value)[..]]));
                     let row = RecordBatch::try_new(
                         kv.schema(),
                         vec![
                             Arc::new(Int64Array::from(vec![key])),
                             Arc::new(Int64Array::from(vec![value])),
+                            cast(&blob, kv.schema().field(2).data_type()).unwrap(),
                         ],
                     )
                     .unwrap();
@@ -125,7 +145,19 @@ fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64)> {
 
 async fn verify(root: &str, expected: &Expected, iteration: usize) {
     let session = MemwalSession::open(root).await.unwrap();
-    let kv = pairs(&session.table("kv").await.unwrap().scan().await.unwrap());
+    let batches = session.table("kv").await.unwrap().scan().await.unwrap();
+    for b in &batches {
+        let values = b.column(1).as_primitive::<Int64Type>();
+        let blobs = cast(b.column(2), &DataType::Binary).unwrap();
+        for (row, blob) in blobs.as_binary::<i32>().iter().enumerate() {
+            let value = values.value(row);
+            assert!(
+                blob == Some(&blob_of(value)[..]),
+                "iteration {iteration}: the blob of value {value} is wrong"
+            );
+        }
+    }
+    let kv = pairs(&batches);
     let mut seen = HashMap::new();
     for (key, value) in &kv {
         assert!(
@@ -176,7 +208,7 @@ async fn sigkill_never_loses_an_acknowledged_row() {
     {
         let session = MemwalSession::open(&root).await.unwrap();
         for ddl in [
-            "CREATE TABLE kv (id BIGINT PRIMARY KEY, v BIGINT)",
+            "CREATE TABLE kv (id BIGINT PRIMARY KEY, v BIGINT, img BYTEA) WITH ('img.blob' = 'true')",
             "CREATE TABLE events (task BIGINT, v BIGINT)",
         ] {
             session.sql(ddl).await.unwrap();
@@ -220,5 +252,13 @@ async fn sigkill_never_loses_an_acknowledged_row() {
     assert!(
         total_acks > iterations,
         "the children acknowledged almost nothing ({total_acks} acks): the test proves little"
+    );
+    // The kills fell among blob packs and flushed SSTables, not only WAL
+    // entries.
+    let files = crate::helpers::files(dir.path());
+    let with = |ext: &str| files.iter().any(|f| f.to_string_lossy().ends_with(ext));
+    assert!(
+        with(".pack") && with(".parquet"),
+        "no blob pack or no SSTable was written"
     );
 }

@@ -7,6 +7,13 @@
 //! counted, and point reads of random written keys are timed after a
 //! reopen. Prints one JSON object with kv_bench's field names.
 //!
+//! `--workload multimodal` writes the rows of memwal's
+//! `examples/multimodal_bench.rs` instead (a 100-byte caption, a 768-d
+//! embedding and a 20–100 KB image per row, derived from the row number
+//! with SplitMix64 as there; the value is the three concatenated), reads
+//! `--reads` of them back and checks them, and reports the payload's MB/s,
+//! the PUTs until close and persisted bytes over payload bytes.
+//!
 //! `--store s3-standard|s3-express` puts the directory behind [`Latency`],
 //! which mirrors `memwal::testing::LatencyStore` (same profiles, same
 //! log-normal draws, same request shapes); keep the two in step.
@@ -36,6 +43,9 @@ use slatedb::{Db, WriteBatch};
 
 #[derive(Debug, Parser)]
 struct Args {
+    /// `kv` or `multimodal`.
+    #[arg(long, default_value = "kv")]
+    workload: String,
     /// `int` or `uuid`.
     #[arg(long, default_value = "int")]
     keys: String,
@@ -82,6 +92,38 @@ fn value(i: u64) -> Vec<u8> {
     v
 }
 
+/// SplitMix64, as memwal's multimodal_bench.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Row `i` of multimodal_bench: caption, embedding and image bytes, one
+/// after another (the same draws, in the same order, as its `Row::new`).
+fn multimodal_value(i: u64) -> Vec<u8> {
+    let mut s = i;
+    let len = 20_000 + (splitmix(&mut s) % 80_001) as usize;
+    let mut image = Vec::with_capacity(len + 8);
+    while image.len() < len {
+        image.extend_from_slice(&splitmix(&mut s).to_le_bytes());
+    }
+    image.truncate(len);
+    let embedding: Vec<u8> = (0..768)
+        .map(|_| (splitmix(&mut s) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+        .flat_map(f32::to_le_bytes)
+        .collect();
+    let mut caption = format!("a synthetic photograph, number {i}, of a cat on a windowsill; ");
+    caption.extend(std::iter::repeat_n(
+        'x',
+        100usize.saturating_sub(caption.len()),
+    ));
+    caption.truncate(100);
+    [caption.into_bytes(), embedding, image].concat()
+}
+
 fn settings(interval_ms: u64) -> Settings {
     let mut s = Settings::default();
     s.flush_interval = Some(Duration::from_millis(interval_ms));
@@ -105,22 +147,26 @@ async fn main() {
         "uuid" => true,
         other => panic!("--keys {other}: int or uuid"),
     };
+    let multimodal = match args.workload.as_str() {
+        "kv" => false,
+        "multimodal" => true,
+        other => panic!("--workload {other}: kv or multimodal"),
+    };
+    let value = |i: u64| match multimodal {
+        true => multimodal_value(i),
+        false => value(i),
+    };
     let dir = std::path::Path::new(&args.dir).join(format!("run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let local: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(&dir).unwrap());
-    let latency = match args.store.as_str() {
-        "local" => None,
-        name => Some(Latency::new(
-            Arc::clone(&local),
-            Profile::named(name).unwrap_or_else(|| panic!("--store {name}: unknown")),
-            args.seed,
-        )),
-    };
-    let store: Arc<dyn ObjectStore> = match &latency {
-        Some(l) => l.clone(),
-        None => Arc::clone(&local),
-    };
+    // A local store is counted too, with no delays.
+    let latency = Latency::new(
+        Arc::clone(&local),
+        Profile::named(&args.store).unwrap_or_else(|| panic!("--store {}: unknown", args.store)),
+        args.seed,
+    );
+    let store: Arc<dyn ObjectStore> = latency.clone();
     let open = || {
         Db::builder("db", Arc::clone(&store))
             .with_settings(settings(args.interval_ms))
@@ -138,6 +184,7 @@ async fn main() {
             wb
         })
         .collect();
+    let payload_bytes: usize = (0..args.rows).map(|i| value(i).len()).sum();
     let started = Instant::now();
     let mut batches = batches.into_iter();
     let mut inflight = FuturesUnordered::new();
@@ -155,8 +202,10 @@ async fn main() {
         }
     }
     let write_seconds = started.elapsed().as_secs_f64();
+    let puts_until_ack = latency.counts[PUT].requests.load(Ordering::Relaxed);
     db.close().await.unwrap();
     let close_seconds = started.elapsed().as_secs_f64();
+    let puts_until_close = latency.counts[PUT].requests.load(Ordering::Relaxed);
     let written = requests(&latency);
     let (disk_files, disk_bytes, wal_files) = stored(local.as_ref()).await;
     drop(db);
@@ -174,11 +223,41 @@ async fn main() {
     }
     db.close().await.unwrap();
     gets.sort_unstable();
+    if multimodal {
+        let report = serde_json::json!({
+            "system": "slatedb-0.18.0",
+            "workload": "multimodal",
+            "debug_assertions": cfg!(debug_assertions),
+            "settings": "flush_interval = --interval-ms; gc boundary files off (LocalFileSystem lacks PutMode::Update); all else default",
+            "store": args.store,
+            "seed": args.seed,
+            "rows": args.rows,
+            "put_rows": args.put_rows,
+            "window": args.window,
+            "wal_interval_ms": args.interval_ms,
+            "payload_bytes": payload_bytes,
+            "write_seconds": write_seconds,
+            "rows_per_s": args.rows as f64 / write_seconds,
+            "mb_per_s": payload_bytes as f64 / 1e6 / write_seconds,
+            "rows_per_s_including_close": args.rows as f64 / close_seconds,
+            "objects_written_until_ack": puts_until_ack,
+            "objects_written": puts_until_close,
+            "disk_files": disk_files,
+            "disk_wal_files": wal_files,
+            "disk_bytes": disk_bytes,
+            "persisted_over_payload": disk_bytes as f64 / payload_bytes as f64,
+            "get_p50_ms": percentile(&gets, 0.5),
+            "get_p99_ms": percentile(&gets, 0.99),
+        });
+        println!("{report}");
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let report = serde_json::json!({
         "system": "slatedb-0.18.0",
         "keys": args.keys,
         "store": args.store,
-        "store_profile": latency.as_ref().map(|l| format!("{:?}", l.profile)),
+        "store_profile": (args.store != "local").then(|| format!("{:?}", latency.profile)),
         "seed": args.seed,
         "debug_assertions": cfg!(debug_assertions),
         "settings": "flush_interval = --interval-ms; gc boundary files off (LocalFileSystem lacks PutMode::Update); all else default",
@@ -217,10 +296,11 @@ async fn stored(store: &dyn ObjectStore) -> (u64, u64, u64) {
     )
 }
 
-fn requests(latency: &Option<Arc<Latency>>) -> serde_json::Value {
-    let Some(l) = latency else {
+/// The requests of each kind; null on a local store (as kv_bench reports).
+fn requests(l: &Latency) -> serde_json::Value {
+    if l.profile.name == "local" {
         return serde_json::Value::Null;
-    };
+    }
     let kinds = KINDS.iter().enumerate().map(|(at, kind)| {
         let c = &l.counts[at];
         let value = serde_json::json!({
@@ -263,6 +343,11 @@ impl Profile {
     fn named(name: &str) -> Option<Self> {
         let d = |p50_ms, p99_ms| Delay { p50_ms, p99_ms };
         match name {
+            "local" => Some(Self {
+                name: "local",
+                delays: [d(0., 0.); 4],
+                bytes_per_s: f64::INFINITY,
+            }),
             "s3-standard" => Some(Self {
                 name: "s3-standard",
                 delays: [d(50., 150.), d(25., 100.), d(40., 120.), d(30., 100.)],
@@ -317,7 +402,9 @@ impl Model {
         c.bytes.fetch_add(bytes, Ordering::Relaxed);
         c.waited_ns
             .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
-        tokio::time::sleep(waited).await;
+        if !waited.is_zero() {
+            tokio::time::sleep(waited).await;
+        }
     }
 }
 
