@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, LargeBinaryBuilder, RecordBatch, StructArray, UInt32Array,
     UInt64Array,
@@ -24,7 +24,7 @@ use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -61,27 +61,82 @@ impl PackRun {
     }
 }
 
-/// Adds to `named` the `(epoch, position)` of every pack a row of `batch`
-/// (stored form) names.
-pub fn collect_named(schema: &TableSchema, batch: &RecordBatch, named: &mut BTreeSet<(u64, u64)>) {
+/// The bytes the rows of some batches name in each pack, by `(epoch,
+/// pack)`.
+pub type Named = BTreeMap<(u64, u64), u64>;
+
+/// Adds to `named` the bytes every row of `batch` (stored form) names in
+/// each pack.
+pub fn collect_named(schema: &TableSchema, batch: &RecordBatch, named: &mut Named) {
     for blob in &schema.blobs {
-        let descriptors = batch.column(blob.descriptor).as_struct();
-        if descriptors.null_count() == descriptors.len() {
-            continue;
-        }
-        let packs: &UInt64Array = descriptors.column(0).as_primitive();
-        let epochs: &UInt64Array = descriptors.column(1).as_primitive();
-        for row in (0..descriptors.len()).filter(|&r| descriptors.is_valid(r)) {
-            named.insert((epochs.value(row), packs.value(row)));
-        }
+        count_named(batch.column(blob.descriptor).as_struct(), named);
     }
 }
 
-/// `named` (as [`collect_named`] gathers it) as runs of consecutive
-/// positions.
-pub fn runs(named: &BTreeSet<(u64, u64)>) -> Vec<PackRun> {
+/// Adds to `named` the bytes each descriptor of `descriptors` names.
+pub fn count_named(descriptors: &StructArray, named: &mut Named) {
+    if descriptors.null_count() == descriptors.len() {
+        return;
+    }
+    for (_, d) in Descriptors::of(descriptors).iter() {
+        *named.entry((d.epoch, d.pack)).or_default() += d.length;
+    }
+}
+
+/// Where one packed value lives, and its checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptor {
+    pub pack: u64,
+    pub epoch: u64,
+    pub offset: u64,
+    pub length: u64,
+    pub crc32: u32,
+}
+
+/// The fields of a descriptor column.
+struct Descriptors<'a> {
+    valid: &'a StructArray,
+    pack: &'a UInt64Array,
+    epoch: &'a UInt64Array,
+    offset: &'a UInt64Array,
+    length: &'a UInt64Array,
+    crc32: &'a UInt32Array,
+}
+
+impl<'a> Descriptors<'a> {
+    fn of(array: &'a StructArray) -> Self {
+        let field = |i: usize| array.column(i).as_primitive();
+        Self {
+            valid: array,
+            pack: field(0),
+            epoch: field(1),
+            offset: field(2),
+            length: field(3),
+            crc32: array.column(4).as_primitive(),
+        }
+    }
+
+    /// Each row that names a packed value, and its descriptor.
+    fn iter(&self) -> impl Iterator<Item = (usize, Descriptor)> + '_ {
+        (0..self.valid.len())
+            .filter(|&row| self.valid.is_valid(row))
+            .map(|row| {
+                let d = Descriptor {
+                    pack: self.pack.value(row),
+                    epoch: self.epoch.value(row),
+                    offset: self.offset.value(row),
+                    length: self.length.value(row),
+                    crc32: self.crc32.value(row),
+                };
+                (row, d)
+            })
+    }
+}
+
+/// The packs of `named` as runs of consecutive positions.
+pub fn runs(named: &Named) -> Vec<PackRun> {
     let mut out: Vec<PackRun> = Vec::new();
-    for &(epoch, position) in named {
+    for &(epoch, position) in named.keys() {
         match out.last_mut() {
             Some(run) if run.epoch == epoch && run.last + 1 == position => run.last = position,
             _ => out.push(PackRun {
@@ -257,9 +312,6 @@ pub fn pack(
     }))
 }
 
-/// The byte ranges read from one pack, and the row each is for.
-type Wanted = (Vec<Range<u64>>, Vec<usize>);
-
 /// Parts of a pack's multipart upload: a pack up to this size is one PUT,
 /// a larger one uploads in parts of this size (S3's floor is 5 MiB), so no
 /// request carries more than this.
@@ -366,54 +418,54 @@ impl PackReader {
         }
     }
 
-    /// `inline` with each row that `descriptors` names replaced by its
-    /// packed value.
-    async fn read_values(&self, inline: &ArrayRef, descriptors: &StructArray) -> Result<ArrayRef> {
-        let field = |i: usize| descriptors.column(i).as_primitive();
-        let (packs, epochs, offsets, lengths): (
-            &UInt64Array,
-            &UInt64Array,
-            &UInt64Array,
-            &UInt64Array,
-        ) = (field(0), field(1), field(2), field(3));
-        let crcs: &UInt32Array = descriptors.column(4).as_primitive();
-        // Each pack's ranges, and the row each range is for.
-        let mut wanted: BTreeMap<(u64, u64), Wanted> = BTreeMap::new();
-        for row in (0..descriptors.len()).filter(|&r| descriptors.is_valid(r)) {
-            let (offset, length) = (offsets.value(row), lengths.value(row));
-            let entry = wanted
-                .entry((packs.value(row), epochs.value(row)))
-                .or_default();
-            entry.0.push(offset..offset + length);
-            entry.1.push(row);
+    /// The packed values `wanted` names, each with the row it is for,
+    /// checked against their length and CRC-32: one ranged read per pack
+    /// (neighbouring ranges coalesced by the store).
+    async fn fetch(
+        &self,
+        wanted: impl IntoIterator<Item = (usize, Descriptor)>,
+    ) -> Result<Vec<(usize, Bytes)>> {
+        let mut by_pack: BTreeMap<(u64, u64), Vec<(usize, Descriptor)>> = BTreeMap::new();
+        for (row, d) in wanted {
+            by_pack.entry((d.pack, d.epoch)).or_default().push((row, d));
         }
-        let reads = wanted.into_iter().map(|((pack, epoch), (ranges, rows))| {
+        let reads = by_pack.into_iter().map(|((pack, epoch), rows)| {
             let path = paths::blob_pack(&self.shard_dir, pack, epoch);
             async move {
+                let ranges: Vec<Range<u64>> = rows
+                    .iter()
+                    .map(|(_, d)| d.offset..d.offset + d.length)
+                    .collect();
                 let values = match self.store.get_ranges(&path, &ranges).await {
                     Ok(values) => values,
                     Err(e) => return Err(self.read_error(&path, &ranges, e).await),
                 };
-                Ok::<_, Error>((path, rows, values))
+                let mut out = Vec::with_capacity(rows.len());
+                for ((row, d), value) in rows.into_iter().zip(values) {
+                    if value.len() as u64 != d.length || crc32fast::hash(&value) != d.crc32 {
+                        return Err(Error::Corrupt {
+                            path: path.to_string(),
+                            reason: format!(
+                                "the blob value at offset {} ({} bytes) does not match its checksum",
+                                d.offset, d.length
+                            ),
+                        });
+                    }
+                    out.push((row, value));
+                }
+                Ok(out)
             }
         });
+        let fetched = futures::future::try_join_all(reads).await?;
+        Ok(fetched.into_iter().flatten().collect())
+    }
+
+    /// `inline` with each row that `descriptors` names replaced by its
+    /// packed value.
+    async fn read_values(&self, inline: &ArrayRef, descriptors: &StructArray) -> Result<ArrayRef> {
         let mut value_of: Vec<Option<Bytes>> = vec![None; descriptors.len()];
-        for (path, rows, values) in futures::future::try_join_all(reads).await? {
-            for (row, value) in rows.into_iter().zip(values) {
-                if value.len() as u64 != lengths.value(row)
-                    || crc32fast::hash(&value) != crcs.value(row)
-                {
-                    return Err(Error::Corrupt {
-                        path: path.to_string(),
-                        reason: format!(
-                            "the blob value at offset {} ({} bytes) does not match its checksum",
-                            offsets.value(row),
-                            lengths.value(row)
-                        ),
-                    });
-                }
-                value_of[row] = Some(value);
-            }
+        for (row, value) in self.fetch(Descriptors::of(descriptors).iter()).await? {
+            value_of[row] = Some(value);
         }
         // Built with 64-bit offsets: a batch's values may pass 2 GiB (a
         // column of 32-bit offsets then fails to cast, it does not wrap).
@@ -432,6 +484,176 @@ impl PackReader {
         }
         let values: ArrayRef = Arc::new(values.finish());
         Ok(cast(&values, inline.data_type())?)
+    }
+}
+
+/// The pack ids of a compaction's copies (see [`Repacker`]) have this bit
+/// set, which no WAL position has; the rest is random, so copies never
+/// share a name.
+pub const REPACKED: u64 = 1 << 63;
+
+/// How often a repacked pack's upload is tried before the compaction fails
+/// (and is retried as a whole).
+const REPACK_PUT_ATTEMPTS: u32 = 3;
+
+/// Moves the values a compaction keeps of some packs (`moving`, by
+/// `(epoch, pack)`: packs mostly dead) into new packs of the compacting
+/// writer: a row naming a moving pack gets a descriptor of the copy
+/// instead, and the old pack is left to pack collection once no SSTable
+/// names it.
+///
+/// The copy streams through the client in bounded memory: values are
+/// read at most `budget` bytes at a time and gathered into new packs of
+/// at most `budget` bytes each (a single longer value gets a pack of its
+/// own), each written once full, so a repack holds about twice `budget`
+/// (plus one value) at a time. A new pack is written put-if-absent under
+/// a fresh name; a retried upload that finds its own pack (same name, same
+/// size) goes on.
+#[derive(Debug)]
+pub struct Repacker {
+    reader: PackReader,
+    epoch: u64,
+    moving: BTreeSet<(u64, u64)>,
+    budget: usize,
+    /// The new pack being gathered: its id and bytes.
+    current: Option<(u64, BytesMut)>,
+    /// New packs written, and their bytes.
+    pub packs_written: u64,
+    /// See [`Repacker::packs_written`].
+    pub bytes_written: u64,
+}
+
+impl Repacker {
+    /// A repacker of the shard `reader` reads, writing as the writer of
+    /// `epoch`.
+    pub fn new(
+        reader: PackReader,
+        epoch: u64,
+        moving: BTreeSet<(u64, u64)>,
+        budget: usize,
+    ) -> Self {
+        Self {
+            reader,
+            epoch,
+            moving,
+            budget: budget.max(1),
+            current: None,
+            packs_written: 0,
+            bytes_written: 0,
+        }
+    }
+
+    /// `batch` (stored form, every column) with each row that names a
+    /// moving pack naming its value's copy instead.
+    pub async fn rewrite(
+        &mut self,
+        schema: &TableSchema,
+        batch: RecordBatch,
+    ) -> Result<RecordBatch> {
+        let mut columns = batch.columns().to_vec();
+        for blob in &schema.blobs {
+            let descriptors = batch.column(blob.descriptor).as_struct();
+            let d = Descriptors::of(descriptors);
+            let moving: Vec<(usize, Descriptor)> = d
+                .iter()
+                .filter(|(_, d)| self.moving.contains(&(d.epoch, d.pack)))
+                .collect();
+            if moving.is_empty() {
+                continue;
+            }
+            let mut packs = d.pack.values().to_vec();
+            let mut epochs = d.epoch.values().to_vec();
+            let mut offsets = d.offset.values().to_vec();
+            let mut start = 0;
+            while start < moving.len() {
+                // At most `budget` bytes read at a time (one value more if
+                // it alone is longer).
+                let (mut end, mut bytes) = (start, 0);
+                while end < moving.len()
+                    && (end == start || bytes + moving[end].1.length <= self.budget as u64)
+                {
+                    bytes += moving[end].1.length;
+                    end += 1;
+                }
+                let values = self
+                    .reader
+                    .fetch(moving[start..end].iter().copied())
+                    .await?;
+                for (row, value) in values {
+                    let (pack, offset) = self.append(&value).await?;
+                    (packs[row], epochs[row], offsets[row]) = (pack, self.epoch, offset);
+                }
+                start = end;
+            }
+            columns[blob.descriptor] = Arc::new(StructArray::try_new(
+                blob_descriptor_fields(),
+                vec![
+                    Arc::new(UInt64Array::from(packs)),
+                    Arc::new(UInt64Array::from(epochs)),
+                    Arc::new(UInt64Array::from(offsets)),
+                    Arc::new(d.length.clone()),
+                    Arc::new(d.crc32.clone()),
+                ],
+                descriptors.nulls().cloned(),
+            )?);
+        }
+        Ok(RecordBatch::try_new(batch.schema(), columns)?)
+    }
+
+    /// Writes the pack being gathered, if any: call once every batch is
+    /// rewritten, before anything names the copies.
+    pub async fn finish(&mut self) -> Result<()> {
+        self.write_current().await
+    }
+
+    /// Appends `value` to the pack being gathered (writing that one first
+    /// if `value` would take it past the budget); the pack and offset of
+    /// the copy.
+    async fn append(&mut self, value: &[u8]) -> Result<(u64, u64)> {
+        let full = |(_, b): &(u64, BytesMut)| !b.is_empty() && b.len() + value.len() > self.budget;
+        if self.current.as_ref().is_some_and(full) {
+            self.write_current().await?;
+        }
+        let (id, bytes) = self
+            .current
+            .get_or_insert_with(|| (REPACKED | (rand::random::<u64>() >> 1), BytesMut::new()));
+        let offset = bytes.len() as u64;
+        bytes.extend_from_slice(value);
+        Ok((*id, offset))
+    }
+
+    async fn write_current(&mut self) -> Result<()> {
+        let Some((id, bytes)) = self.current.take() else {
+            return Ok(());
+        };
+        let path = paths::blob_pack(&self.reader.shard_dir, id, self.epoch);
+        let bytes = bytes.freeze();
+        let store = &self.reader.store;
+        let mut attempt = 1;
+        loop {
+            let put = store
+                .put_opts(&path, bytes.clone().into(), PutMode::Create.into())
+                .await;
+            match put {
+                Ok(_) => break,
+                // An attempt whose outcome was unknown landed: the name is
+                // this repack's alone, so the same size is the same bytes.
+                Err(object_store::Error::AlreadyExists { .. })
+                    if store.head(&path).await?.size == bytes.len() as u64 =>
+                {
+                    break;
+                }
+                Err(e) if attempt < REPACK_PUT_ATTEMPTS => {
+                    log::debug!("retrying repacked blob pack {path}: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50 << attempt)).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.packs_written += 1;
+        self.bytes_written += bytes.len() as u64;
+        Ok(())
     }
 }
 
@@ -530,11 +752,11 @@ mod tests {
 
     #[test]
     fn named_packs_are_kept_as_runs_of_consecutive_positions_per_epoch() {
-        let named = BTreeSet::from([(1, 3), (1, 4), (1, 6), (2, 7), (2, 8)]);
+        let named = Named::from([(1, 3), (1, 4), (1, 6), (2, 7), (2, 8)].map(|p| (p, 10)));
         let runs = runs(&named);
         let as_arrays: Vec<[u64; 3]> = runs.iter().map(|&r| r.into()).collect();
         assert_eq!(as_arrays, [[1, 3, 4], [1, 6, 6], [2, 7, 8]]);
-        for &(epoch, position) in &named {
+        for &(epoch, position) in named.keys() {
             assert!(runs.iter().any(|r| r.contains(epoch, position)));
         }
         assert!(!runs.iter().any(|r| r.contains(1, 5) || r.contains(2, 6)));

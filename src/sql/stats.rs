@@ -118,6 +118,22 @@ impl TableFunctionImpl for StatsFunction {
                 counts(s, |w| w.blob_pack_bytes_deleted),
                 true,
             ),
+            (
+                "blob_packs_repacked",
+                counts(s, |w| w.blob_packs_repacked),
+                true,
+            ),
+            (
+                "blob_bytes_repacked",
+                counts(s, |w| w.blob_bytes_repacked),
+                true,
+            ),
+            ("blob_live_bytes", counts(s, |w| w.blob_live_bytes), true),
+            (
+                "blob_stored_bytes",
+                counts(s, |w| w.blob_stored_bytes),
+                true,
+            ),
             ("append_p50_ms", millis(s, |w| w.append_latency_p50), true),
             ("append_p99_ms", millis(s, |w| w.append_latency_p99), true),
             ("append_max_ms", millis(s, |w| w.append_latency_max), true),

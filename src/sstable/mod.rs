@@ -278,6 +278,9 @@ pub struct SstableFile {
     /// The blob packs its rows name (see [`crate::blob`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packs: Vec<PackRun>,
+    /// The bytes its rows name in those packs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub blob_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -366,6 +369,7 @@ pub async fn write(
         deletions: None,
         checked_through: generation,
         packs: Vec::new(),
+        blob_bytes: 0,
     };
     let written = async {
         let payload = PutPayload::from_bytes(sstable.bytes.clone());
@@ -499,6 +503,7 @@ pub async fn write_stream(
         deletions: None,
         checked_through: 0,
         packs: Vec::new(),
+        blob_bytes: 0,
     })
 }
 

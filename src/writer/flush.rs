@@ -41,6 +41,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use datafusion::arrow::array::{Array, AsArray};
+use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
@@ -279,9 +280,9 @@ impl Shared {
                     .iter()
                     .map(|&k| Arc::clone(body.column(k)))
                     .collect();
-                let mut packs = BTreeSet::new();
+                let mut packs = blob::Named::new();
                 blob::collect_named(&schema, &body, &mut packs);
-                Ok::<_, Error>((encoded, graphs, (keys, blob::runs(&packs))))
+                Ok::<_, Error>((encoded, graphs, (keys, packs)))
             })
             .await
             .map_err(|e| Error::Poisoned(format!("SSTable encoding failed: {e}")))??
@@ -297,7 +298,8 @@ impl Shared {
                 )
             })
             .await?;
-        file.packs = packs;
+        file.packs = blob::runs(&packs);
+        file.blob_bytes = packs.values().sum();
         // The rows of older SSTables its keys make old (the maintenance
         // lock keeps their vectors as they are until the commit).
         let older = self.manifest().state.sstables.clone();
@@ -719,11 +721,26 @@ impl Shared {
             Some(_) => self.options.index_threads,
             None => 1,
         };
-        // The packs the output's rows name, gathered as they pass.
-        let named = Arc::new(Mutex::new(BTreeSet::new()));
+        // Values a compaction keeps of packs mostly dead move to new
+        // packs; the packs the output's rows name are gathered as they
+        // pass.
+        let named = Arc::new(Mutex::new(blob::Named::new()));
+        let mut repacker = None;
         let rows = match schema.blobs.is_empty() {
             true => rows,
             false => {
+                let moving = match load {
+                    Some(_) => BTreeSet::new(),
+                    None => self.packs_to_repack(inputs, oldest).await?,
+                };
+                let rows = match moving.is_empty() {
+                    true => rows,
+                    false => {
+                        let (rows, r) = self.repacked(rows, moving);
+                        repacker = Some(r);
+                        rows
+                    }
+                };
                 let (named, blobs) = (Arc::clone(&named), Arc::clone(schema));
                 let rows = rows.inspect_ok(move |batch| {
                     let mut named = named.lock().expect("pack names poisoned");
@@ -738,7 +755,17 @@ impl Shared {
         let started = std::time::Instant::now();
         let mut output =
             sstable::write_stream(&self.store, path, generations, schema, rows, || ()).await?;
-        output.packs = blob::runs(&named.lock().expect("pack names poisoned"));
+        {
+            let named = named.lock().expect("pack names poisoned");
+            output.packs = blob::runs(&named);
+            output.blob_bytes = named.values().sum();
+        }
+        if let Some(repacker) = repacker {
+            let copied = repacker.lock().await.bytes_written;
+            self.counters
+                .blob_bytes_repacked
+                .fetch_add(copied, Ordering::Relaxed);
+        }
         let written = started.elapsed();
         if let Err(e) = self
             .build_graphs(&mut output, trace.as_ref().map(|t| (inputs, t)), threads)
@@ -755,6 +782,114 @@ impl Shared {
             started.elapsed() - written
         );
         Ok((output, trace))
+    }
+
+    /// The packs whose values a merge of `inputs` (the oldest SSTables if
+    /// `oldest`) should move into new packs: packs no other live SSTable
+    /// names whose live share — the bytes the merge's rows name over the
+    /// pack's size — is below [`super::WriterOptions::blob_repack_below`].
+    /// Costs a merge of the inputs' keys and descriptors, and a listing of
+    /// the shard's packs. Tables without a primary key never drop a row in
+    /// a merge: none.
+    async fn packs_to_repack(
+        &self,
+        inputs: &[SstableFile],
+        oldest: bool,
+    ) -> Result<BTreeSet<(u64, u64)>> {
+        let schema = &self.schema;
+        let below = self.options.blob_repack_below;
+        if !schema.has_key() || below <= 0.0 || inputs.iter().all(|f| f.packs.is_empty()) {
+            return Ok(BTreeSet::new());
+        }
+        let mut columns = schema.key.clone();
+        columns.extend(schema.blobs.iter().map(|b| b.descriptor));
+        columns.push(schema.stored.fields().len() - 1);
+        columns.sort_unstable();
+        columns.dedup();
+        let mut runs = Vec::with_capacity(inputs.len());
+        for file in inputs {
+            runs.push(merge::Run {
+                rows: self
+                    .reader
+                    .stream(file, None, &columns, &ReadMetrics::default())
+                    .await?,
+                seq: file.generation,
+                deleted: self.reader.deletions(file).await?,
+            });
+        }
+        let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+        let mut rows =
+            merge::merge_runs(schema, &columns, runs, !oldest, &pool, merge::unrecorded())?;
+        let mut live = blob::Named::new();
+        while let Some(batch) = rows.try_next().await? {
+            for blob in &schema.blobs {
+                let at = columns.binary_search(&blob.descriptor).expect("projected");
+                blob::count_named(batch.column(at).as_struct(), &mut live);
+            }
+        }
+        let m = self.manifest().state;
+        let others: Vec<_> = m
+            .sstables
+            .iter()
+            .filter(|f| !inputs.iter().any(|i| i.path == f.path))
+            .flat_map(|f| &f.packs)
+            .collect();
+        let listed: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(Some(&paths::blobs_dir(&self.shard_dir)))
+            .try_collect()
+            .await?;
+        Ok(listed
+            .iter()
+            .filter_map(|meta| {
+                let (position, epoch) = paths::parse_blob_pack(meta.location.filename()?)?;
+                let live = *live.get(&(epoch, position))?;
+                let sparse = (live as f64) < below * meta.size as f64;
+                let elsewhere = others.iter().any(|r| r.contains(epoch, position));
+                (sparse && !elsewhere).then_some((epoch, position))
+            })
+            .collect())
+    }
+
+    /// `rows` (a merge's output) with the values of the `moving` packs
+    /// moved into new ones (see [`blob::Repacker`]), the last new pack
+    /// written before the stream ends; and the repacker, for its counts.
+    fn repacked(
+        &self,
+        rows: SendableRecordBatchStream,
+        moving: BTreeSet<(u64, u64)>,
+    ) -> (
+        SendableRecordBatchStream,
+        Arc<tokio::sync::Mutex<blob::Repacker>>,
+    ) {
+        use datafusion::error::DataFusionError;
+        let external = |e: Error| DataFusionError::External(Box::new(e));
+        self.counters
+            .blob_packs_repacked
+            .fetch_add(moving.len() as u64, Ordering::Relaxed);
+        let reader = blob::PackReader::new(Arc::clone(&self.store), self.shard_dir.clone());
+        let repacker =
+            blob::Repacker::new(reader, self.epoch, moving, self.options.blob_repack_bytes);
+        let repacker = Arc::new(tokio::sync::Mutex::new(repacker));
+        let (schema, rewriting) = (Arc::clone(&self.schema), Arc::clone(&repacker));
+        let rewritten = rows.and_then(move |batch| {
+            let (schema, repacker) = (Arc::clone(&schema), Arc::clone(&rewriting));
+            async move {
+                let mut repacker = repacker.lock().await;
+                repacker.rewrite(&schema, batch).await.map_err(external)
+            }
+        });
+        let finishing = Arc::clone(&repacker);
+        let finished = futures::stream::once(async move {
+            let done = finishing.lock().await.finish().await;
+            done.map_err(external).err().map(Err)
+        })
+        .filter_map(std::future::ready);
+        let rows = Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema.stored),
+            rewritten.chain(finished),
+        ));
+        (rows, repacker)
     }
 
     /// Builds and writes the graphs of every vector column of `file` (a
@@ -876,7 +1011,9 @@ impl Shared {
 
     /// Deletes the blob packs nothing reads any more: at or below the
     /// replay cursor (the WAL entry that named one, if it landed, is in
-    /// SSTables), named by no SSTable of the manifest, live or retired,
+    /// SSTables) or written by a compaction (see [`blob::Repacker`]: its
+    /// SSTable, if committed, names it), named by no SSTable of the
+    /// manifest, live or retired,
     /// and older than [`super::WriterOptions::sstable_grace`] (a query
     /// that read a MemTable row naming one before its flush has that long
     /// to finish, as one reading a retired SSTable does). Packs of appends
@@ -897,17 +1034,25 @@ impl Shared {
             now_ms() as i64,
             self.options.sstable_grace.as_millis() as i64,
         );
+        // Packs of landed appends (at or below the cursor) and of
+        // compactions; the others may be named by MemTable rows.
+        let settled = |meta: &object_store::ObjectMeta| {
+            let (position, epoch) = meta.location.filename().and_then(paths::parse_blob_pack)?;
+            (position <= m.replay_after || position & blob::REPACKED != 0)
+                .then_some((position, epoch))
+        };
+        let mut stored: u64 = listed
+            .iter()
+            .filter(|meta| settled(meta).is_some())
+            .map(|meta| meta.size)
+            .sum();
         let dead: Vec<(Path, u64)> = listed
             .into_iter()
             .filter(|meta| {
-                let Some((position, epoch)) =
-                    meta.location.filename().and_then(paths::parse_blob_pack)
-                else {
-                    return false;
-                };
-                position <= m.replay_after
-                    && !m.names_pack(epoch, position)
-                    && now - meta.last_modified.timestamp_millis() >= grace
+                settled(meta).is_some_and(|(position, epoch)| {
+                    !m.names_pack(epoch, position)
+                        && now - meta.last_modified.timestamp_millis() >= grace
+                })
             })
             .map(|meta| (meta.location, meta.size))
             .collect();
@@ -923,6 +1068,7 @@ impl Shared {
         for result in deleted {
             match result {
                 Ok(size) => {
+                    stored -= size;
                     self.counters
                         .blob_packs_deleted
                         .fetch_add(1, Ordering::Relaxed);
@@ -933,6 +1079,9 @@ impl Shared {
                 Err(e) => log::warn!("deleting a blob pack failed: {e}"),
             }
         }
+        self.counters
+            .blob_stored_bytes
+            .store(stored, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -99,6 +99,19 @@ pub struct WriterStats {
     pub blob_packs_deleted: u64,
     /// See [`WriterStats::blob_packs_deleted`].
     pub blob_pack_bytes_deleted: u64,
+    /// Packs whose live values compactions moved into new packs because
+    /// little of them was live (see [`WriterOptions::blob_repack_below`]),
+    /// and the bytes copied.
+    pub blob_packs_repacked: u64,
+    /// See [`WriterStats::blob_packs_repacked`].
+    pub blob_bytes_repacked: u64,
+    /// Bytes the rows of the shard's SSTables name in blob packs (as the
+    /// SSTables were written), and bytes of the packs they may name, at
+    /// the last collection of packs: their ratio is the live share of the
+    /// shard's packs.
+    pub blob_live_bytes: u64,
+    /// See [`WriterStats::blob_live_bytes`].
+    pub blob_stored_bytes: u64,
     /// Sum and maximum of WAL append latencies.
     pub append_latency_total: Duration,
     /// See [`WriterStats::append_latency_total`].
@@ -189,6 +202,9 @@ struct Counters {
     blob_pack_bytes: AtomicU64,
     blob_packs_deleted: AtomicU64,
     blob_pack_bytes_deleted: AtomicU64,
+    blob_packs_repacked: AtomicU64,
+    blob_bytes_repacked: AtomicU64,
+    blob_stored_bytes: AtomicU64,
     latency_total_us: AtomicU64,
     latency_max_us: AtomicU64,
     latency: LatencyHistogram,
@@ -725,6 +741,10 @@ impl ShardWriter {
             blob_pack_bytes: c.blob_pack_bytes.load(Ordering::Relaxed),
             blob_packs_deleted: c.blob_packs_deleted.load(Ordering::Relaxed),
             blob_pack_bytes_deleted: c.blob_pack_bytes_deleted.load(Ordering::Relaxed),
+            blob_packs_repacked: c.blob_packs_repacked.load(Ordering::Relaxed),
+            blob_bytes_repacked: c.blob_bytes_repacked.load(Ordering::Relaxed),
+            blob_live_bytes: layers.sstables.iter().map(|f| f.blob_bytes).sum(),
+            blob_stored_bytes: c.blob_stored_bytes.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
             append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),
             append_latency_p50: c.latency.quantile(0.5),

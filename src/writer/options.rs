@@ -89,6 +89,16 @@ pub struct WriterOptions {
     /// WAL append; shorter ones stay in the rows (default 4 KiB: an
     /// SSTable page of 1,024 such rows stays a few MiB).
     pub blob_inline_bytes: usize,
+    /// A compaction that merges every SSTable naming a blob pack moves the
+    /// values it keeps of that pack into a new pack when they are less
+    /// than this share of the pack's bytes (default 0.5; 0 never), so
+    /// upserts and deletes of blob rows do not keep dead bytes for ever;
+    /// the old pack is then collected.
+    pub blob_repack_below: f64,
+    /// The memory a repack may hold: values are read and gathered into new
+    /// packs of at most this many bytes (default 16 MiB; see
+    /// [`crate::blob::Repacker`]).
+    pub blob_repack_bytes: usize,
 }
 
 impl Default for WriterOptions {
@@ -104,6 +114,8 @@ impl Default for WriterOptions {
             sstable_grace: Duration::from_secs(60),
             append_retries: 5,
             blob_inline_bytes: 4 << 10,
+            blob_repack_below: 0.5,
+            blob_repack_bytes: 16 << 20,
             commit: CommitOptions {
                 tombstone_ttl: Duration::from_secs(60),
                 sweep_every: 64,
@@ -186,6 +198,8 @@ impl WriterOptions {
         "load_memory_bytes",
         "load_grace",
         "blob_inline_bytes",
+        "blob_repack_below",
+        "blob_repack_bytes",
     ];
 
     /// The value of option `name` as [`WriterOptions::set`] reads it
@@ -209,6 +223,8 @@ impl WriterOptions {
             "load_memory_bytes" => self.load_memory_bytes.to_string(),
             "load_grace" => ms(self.load_grace),
             "blob_inline_bytes" => self.blob_inline_bytes.to_string(),
+            "blob_repack_below" => self.blob_repack_below.to_string(),
+            "blob_repack_bytes" => self.blob_repack_bytes.to_string(),
             _ => return None,
         })
     }
@@ -231,12 +247,14 @@ impl WriterOptions {
             "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
             "load_grace" => "runs of a load silent this long are a crashed load's, deleted",
             "blob_inline_bytes" => "longer blob values are stored out of line, in packs",
+            "blob_repack_below" => "compaction moves the live values of packs less live than this",
+            "blob_repack_bytes" => "the memory a repack holds: new packs of at most this size",
             _ => "unknown option",
         }
     }
 
     /// Sets the option `name` (a field name, see [`WriterOptions::NAMES`])
-    /// from `value`: `true`/`false`, a count, a size in bytes (`65536`,
+    /// from `value`: `true`/`false`, a count, a share (`0.5`), a size in bytes (`65536`,
     /// `64KiB`, `64MiB`, `1GiB`) or a duration (`100ms`, `2s`, `5min`; a bare
     /// number is milliseconds). An unknown name or a value that does not
     /// parse is [`Error::InvalidInput`] naming what was expected; nothing
@@ -260,6 +278,8 @@ impl WriterOptions {
             "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
             "load_grace" => self.load_grace = parse_duration(name, value)?,
             "blob_inline_bytes" => self.blob_inline_bytes = parse_bytes(name, value)?,
+            "blob_repack_below" => self.blob_repack_below = parse_share(name, value)?,
+            "blob_repack_bytes" => self.blob_repack_bytes = parse_bytes(name, value)?,
             _ => {
                 return Err(Error::invalid(format!(
                     "unknown writer option '{name}'; the options are: {}",
@@ -281,6 +301,14 @@ fn parse_bool(name: &str, value: &str) -> Result<bool> {
         "false" | "off" | "0" => Ok(false),
         _ => Err(bad(name, value, "true or false")),
     }
+}
+
+fn parse_share(name: &str, value: &str) -> Result<f64> {
+    value
+        .parse()
+        .ok()
+        .filter(|share: &f64| (0.0..=1.0).contains(share))
+        .ok_or_else(|| bad(name, value, "a share from 0 to 1"))
 }
 
 fn parse_count<T: std::str::FromStr>(name: &str, value: &str) -> Result<T> {

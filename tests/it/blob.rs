@@ -344,3 +344,115 @@ async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
     assert_eq!(files.len(), 1, "one pack, no part left: {files:?}");
     session.close().await.unwrap();
 }
+
+/// Creates `media` with ten 8 KiB values in one pack (flushed), then
+/// gives eight of them new values in a second pack (flushed): a fifth of
+/// the first pack stays live. The pack objects, oldest first.
+async fn one_pack_mostly_overwritten(store: &Arc<FaultyStore>) -> (Path, Path) {
+    let session = open(store).await;
+    run(
+        &session,
+        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+         WITH ('raw.blob' = 'true')",
+    )
+    .await;
+    run(
+        &session,
+        "INSERT INTO media SELECT value, 'old', CAST(repeat(CAST(value % 10 AS TEXT), 8192) AS BYTEA) \
+         FROM generate_series(1, 10)",
+    )
+    .await;
+    session.close().await.unwrap();
+    let session = open(store).await;
+    run(
+        &session,
+        "INSERT INTO media SELECT value, 'new', CAST(repeat('n', 8192) AS BYTEA) \
+         FROM generate_series(1, 8)",
+    )
+    .await;
+    session.close().await.unwrap();
+    let [old, new] = packs(store).await.try_into().unwrap();
+    (old, new)
+}
+
+/// What `media` holds after [`one_pack_mostly_overwritten`].
+fn overwritten_values(values: &str) {
+    for id in 1..=10 {
+        let caption = if id <= 8 { "new" } else { "old" };
+        let row = format!("| {id:<2} | {caption:<7} | 8192 |");
+        assert!(values.contains(&row), "row {id}: {values}");
+    }
+}
+
+const CAPTIONS: &str = "SELECT id, caption, length(CAST(raw AS TEXT)) AS n FROM media ORDER BY id";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_moves_the_live_values_of_a_mostly_dead_pack_and_collects_it() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let (old, new) = one_pack_mostly_overwritten(&store).await;
+    let session = open(&store).await;
+    let table = session.table("media").await.unwrap();
+    table.compact().await.unwrap();
+    let left = packs(&store).await;
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(
+        !left.contains(&old),
+        "the mostly dead pack is gone: {left:?}"
+    );
+    assert!(left.contains(&new), "the live pack stays: {left:?}");
+    let stats = table.stats(0).unwrap().expect("the writer is open");
+    assert_eq!(stats.blob_packs_repacked, 1);
+    assert_eq!(stats.blob_bytes_repacked, 2 * 8192, "rows 9 and 10 moved");
+    assert_eq!(stats.blob_pack_bytes_deleted, 10 * 8192);
+    assert_eq!(stats.blob_live_bytes, 10 * 8192);
+    assert_eq!(
+        stats.blob_stored_bytes,
+        10 * 8192,
+        "every stored byte is live"
+    );
+    overwritten_values(&text(&session, CAPTIONS).await);
+    session.close().await.unwrap();
+    let session = open(&store).await;
+    overwritten_values(&text(&session, CAPTIONS).await);
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repack_that_fails_loses_nothing_and_leaves_no_pack_behind() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let (old, new) = one_pack_mostly_overwritten(&store).await;
+    // Reading the values to move fails, then writing the compaction's
+    // SSTable after its new pack was written; every attempt.
+    let mut left_behind = Vec::new();
+    for fault in [
+        Fault::nth(OpKind::Get, 1).on_paths_containing("/blobs/"),
+        Fault::nth(OpKind::Put, 1).on_paths_containing("/sst/"),
+    ] {
+        let session = open(&store).await;
+        store.inject(fault.times(u64::MAX));
+        let table = session.table("media").await.unwrap();
+        assert!(table.compact().await.is_err(), "the compaction failed");
+        assert!(store.injected() > 0);
+        store.clear();
+        left_behind.push(packs(&store).await.len());
+        let _ = session.close().await;
+        let session = open(&store).await;
+        overwritten_values(&text(&session, CAPTIONS).await);
+        session.close().await.unwrap();
+    }
+    assert_eq!(left_behind[0], 2, "no copy before the read failed");
+    assert!(
+        left_behind[1] > 2,
+        "copies before the SSTable failed: {left_behind:?}"
+    );
+    // The next writer collects the copies no SSTable names; the next
+    // compaction moves the values again.
+    let session = open(&store).await;
+    let table = session.table("media").await.unwrap();
+    table.compact().await.unwrap();
+    let left = packs(&store).await;
+    assert_eq!(left.len(), 2, "the live pack and one copy: {left:?}");
+    assert!(left.contains(&new) && !left.contains(&old), "{left:?}");
+    overwritten_values(&text(&session, CAPTIONS).await);
+    session.close().await.unwrap();
+}
