@@ -28,7 +28,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::schema::{TableSchema, blob_descriptor_fields};
+use crate::schema::{BlobColumn, TableSchema, blob_descriptor_fields};
 use crate::store::paths;
 
 /// Packs some rows name: WAL positions `first..=last` of the writer of
@@ -344,6 +344,25 @@ pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPaylo
     result
 }
 
+/// A chunked stream of one blob value's bytes (see
+/// [`PackReader::stream`]).
+pub type BlobStream = futures::stream::BoxStream<'static, Result<Bytes>>;
+
+/// Row `row`'s value of blob column `blob` of `stored` (stored form, every
+/// column) as the row holds it: `Ok(bytes)` if inline, `Err(descriptor)`
+/// if packed; `None` if NULL.
+pub fn stored_value(
+    blob: &BlobColumn,
+    stored: &RecordBatch,
+    row: usize,
+) -> Option<std::result::Result<Bytes, Descriptor>> {
+    let descriptors = stored.column(blob.descriptor).as_struct();
+    if let Some((_, d)) = Descriptors::of(descriptors).iter().find(|(r, _)| *r == row) {
+        return Some(Err(d));
+    }
+    binary_value(stored.column(blob.index).as_ref(), row).map(|v| Ok(Bytes::copy_from_slice(v)))
+}
+
 /// Reads packed values back into the rows that name them.
 #[derive(Debug, Clone)]
 pub struct PackReader {
@@ -458,6 +477,47 @@ impl PackReader {
         });
         let fetched = futures::future::try_join_all(reads).await?;
         Ok(fetched.into_iter().flatten().collect())
+    }
+
+    /// The value `d` names, read in chunks as the store delivers them (one
+    /// ranged GET; the value is never held whole). The stream ends with
+    /// [`Error::Corrupt`] if the bytes do not match the value's length and
+    /// CRC-32 (its chunks were then not the value).
+    pub async fn stream(&self, d: Descriptor) -> Result<BlobStream> {
+        use futures::StreamExt;
+        let path = paths::blob_pack(&self.shard_dir, d.pack, d.epoch);
+        let range = d.offset..d.offset + d.length;
+        let options = object_store::GetOptions {
+            range: Some(range.clone().into()),
+            ..Default::default()
+        };
+        let chunks = match self.store.get_opts(&path, options).await {
+            Ok(got) => got.into_stream(),
+            Err(e) => return Err(self.read_error(&path, &[range], e).await),
+        };
+        let state = (chunks, crc32fast::Hasher::new(), 0u64);
+        let stream = futures::stream::try_unfold(state, move |(mut chunks, mut crc, seen)| {
+            let path = path.clone();
+            async move {
+                match chunks.next().await {
+                    Some(chunk) => {
+                        let chunk = chunk?;
+                        crc.update(&chunk);
+                        let seen = seen + chunk.len() as u64;
+                        Ok(Some((chunk, (chunks, crc, seen))))
+                    }
+                    None if seen == d.length && crc.finalize() == d.crc32 => Ok(None),
+                    None => Err(Error::Corrupt {
+                        path: path.to_string(),
+                        reason: format!(
+                            "the blob value at offset {} ({} bytes) does not match its checksum",
+                            d.offset, d.length
+                        ),
+                    }),
+                }
+            }
+        });
+        Ok(stream.boxed())
     }
 
     /// `inline` with each row that `descriptors` names replaced by its

@@ -33,6 +33,7 @@ mod table;
 mod wal;
 mod writer;
 
+pub use blob::BlobStream;
 pub use catalog::{Catalog, CatalogOptions, ObjectPath};
 pub use error::{Error, Result};
 pub use read::{Neighbour, ShardSnapshot, VectorQuery};

@@ -29,10 +29,10 @@ use futures::{StreamExt, TryStreamExt};
 pub use vector::{Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
 
-use crate::blob::PackReader;
+use crate::blob::{self, PackReader};
 use crate::error::Result;
 use crate::memtable::MemLayer;
-use crate::schema::TableSchema;
+use crate::schema::{BlobColumn, TableSchema};
 use crate::sstable::merge::{self, KeyRange, Run};
 use crate::sstable::{
     DeletionVector, ReadMetrics, SstableFile, SstableReader, deletions_complete,
@@ -90,6 +90,23 @@ impl ShardSnapshot {
         key: &[ArrayRef],
         metrics: &ReadMetrics,
     ) -> Result<Option<RecordBatch>> {
+        match self.get_stored(encoded, key, metrics).await? {
+            Some(row) => {
+                let row = self.read_blobs(row).await?;
+                Ok(Some(self.schema.to_user(&row)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Like [`ShardSnapshot::get`], in stored form, long blob values not
+    /// read (their descriptors name them).
+    pub(crate) async fn get_stored(
+        &self,
+        encoded: &[u8],
+        key: &[ArrayRef],
+        metrics: &ReadMetrics,
+    ) -> Result<Option<RecordBatch>> {
         let hit = 'found: {
             for layer in self.memtables.iter().rev() {
                 if let Some((batch, row)) = layer.memtable.get_within(encoded, layer.batches) {
@@ -103,13 +120,23 @@ impl ShardSnapshot {
             }
             None
         };
-        match hit {
-            Some(row) if !self.schema.tombstone_flags(&row).value(0) => {
-                let row = self.read_blobs(row).await?;
-                Ok(Some(self.schema.to_user(&row)?))
-            }
-            _ => Ok(None),
-        }
+        Ok(hit.filter(|row| !self.schema.tombstone_flags(row).value(0)))
+    }
+
+    /// The value of blob column `blob` in `row` (stored form, one row, as
+    /// [`ShardSnapshot::get_stored`] returns it) as a stream of chunks: a
+    /// packed value is read with one ranged GET and never held whole; see
+    /// [`blob::PackReader::stream`]. `None` if NULL.
+    pub(crate) async fn stream_blob(
+        &self,
+        blob: &BlobColumn,
+        row: &RecordBatch,
+    ) -> Result<Option<blob::BlobStream>> {
+        Ok(match blob::stored_value(blob, row, 0) {
+            None => None,
+            Some(Ok(inline)) => Some(futures::stream::once(async { Ok(inline) }).boxed()),
+            Some(Err(packed)) => Some(self.packs.stream(packed).await?),
+        })
     }
 
     /// `rows` (stored form, every column, of this snapshot's shard) with

@@ -44,10 +44,10 @@ mod load;
 
 use load::Load;
 
-use crate::blob::PackReader;
+use crate::blob::{self, PackReader};
 use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
-use crate::schema::{KeyedBatch, TableMeta, TableSchema, key};
+use crate::schema::{BlobColumn, KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{ReadMetrics, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
@@ -489,6 +489,67 @@ impl Table {
             .await?
             .get(&encoded, &columns, &ReadMetrics::default())
             .await
+    }
+
+    /// The blob column called `column`.
+    fn blob_column(&self, column: &str) -> Result<BlobColumn> {
+        let index = self.schema.schema.index_of(column).ok();
+        self.schema
+            .blobs
+            .iter()
+            .find(|b| Some(b.index) == index)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("'{column}' is not a blob column of the table")))
+    }
+
+    /// The size in bytes of the value of blob column `column` in the live
+    /// row with key `key` (one row of exactly the key columns), read from
+    /// the row's descriptor: no blob bytes are fetched. `None` if there is
+    /// no such row or the value is NULL. As fresh as [`Table::get`].
+    pub async fn blob_size(&self, key: &RecordBatch, column: &str) -> Result<Option<u64>> {
+        let blob = self.blob_column(column)?;
+        let (shard, encoded, stored) = self.locate(key)?;
+        let snapshot = self
+            .snapshot(shard, self.options.owner_check_interval)
+            .await?;
+        let columns = self.schema.key_columns(&stored);
+        let Some(row) = snapshot
+            .get_stored(&encoded, &columns, &ReadMetrics::default())
+            .await?
+        else {
+            return Ok(None);
+        };
+        Ok(blob::stored_value(&blob, &row, 0).map(|v| match v {
+            Ok(inline) => inline.len() as u64,
+            Err(packed) => packed.length,
+        }))
+    }
+
+    /// The value of blob column `column` in the live row with key `key`
+    /// (one row of exactly the key columns) as a stream of chunks: a value
+    /// stored out of line is read with one ranged GET as the store
+    /// delivers it, never held whole in memory, and the stream ends with
+    /// [`Error::Corrupt`] if its bytes do not match their checksum. `None`
+    /// if there is no such row or the value is NULL. As fresh as
+    /// [`Table::get`].
+    pub async fn read_blob(
+        &self,
+        key: &RecordBatch,
+        column: &str,
+    ) -> Result<Option<blob::BlobStream>> {
+        let blob = self.blob_column(column)?;
+        let (shard, encoded, stored) = self.locate(key)?;
+        let snapshot = self
+            .snapshot(shard, self.options.owner_check_interval)
+            .await?;
+        let columns = self.schema.key_columns(&stored);
+        match snapshot
+            .get_stored(&encoded, &columns, &ReadMetrics::default())
+            .await?
+        {
+            Some(row) => snapshot.stream_blob(&blob, &row).await,
+            None => Ok(None),
+        }
     }
 
     /// The live row with key `key` in `snapshot` (of the key's shard);

@@ -95,9 +95,10 @@ pub struct WriterOptions {
     /// upserts and deletes of blob rows do not keep dead bytes for ever;
     /// the old pack is then collected.
     pub blob_repack_below: f64,
-    /// The memory a repack may hold: values are read and gathered into new
-    /// packs of at most this many bytes (default 16 MiB; see
-    /// [`crate::blob::Repacker`]).
+    /// The memory a repack may hold: the values it moves are read at most
+    /// this many bytes at a time and gathered into new packs of at most
+    /// this size (a longer value gets a pack of its own), so it holds about
+    /// twice this (default 16 MiB).
     pub blob_repack_bytes: usize,
 }
 

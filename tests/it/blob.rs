@@ -456,3 +456,79 @@ async fn a_repack_that_fails_loses_nothing_and_leaves_no_pack_behind() {
     overwritten_values(&text(&session, CAPTIONS).await);
     session.close().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_come_from_descriptors_and_a_value_streams_in_pieces() {
+    use datafusion::arrow::array::{Int64Array, RecordBatch};
+    let dir = tempfile::tempdir().unwrap();
+    let local = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let store = FaultyStore::new(Arc::new(local));
+    let session = open(&store).await;
+    create_media(&session).await;
+    run(
+        &session,
+        "INSERT INTO media VALUES (4, 'four', NULL), \
+         (5, 'five', CAST(repeat('5', 3000000) AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    let session = open(&store).await;
+    let table = session.table("media").await.unwrap();
+    let key_schema = Arc::new(table.schema().project(&[0]).unwrap());
+    let key = |id: i64| {
+        let ids = Arc::new(Int64Array::from(vec![id]));
+        RecordBatch::try_new(Arc::clone(&key_schema), vec![ids]).unwrap()
+    };
+    // A rule that never fires counts the GETs of packs.
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
+    for (id, size) in [
+        (1, Some(8192)),
+        (2, Some(16384)),
+        (3, Some(1)),
+        (4, None),
+        (5, Some(3_000_000)),
+        (99, None),
+    ] {
+        assert_eq!(
+            table.blob_size(&key(id), "raw").await.unwrap(),
+            size,
+            "row {id}"
+        );
+    }
+    assert_eq!(store.matched_calls(), 0, "sizes read no pack");
+    let err = table.blob_size(&key(1), "caption").await.unwrap_err();
+    assert!(err.to_string().contains("not a blob column"), "{err}");
+
+    let stream = table.read_blob(&key(5), "raw").await.unwrap().unwrap();
+    let chunks: Vec<bytes::Bytes> = stream.try_collect().await.unwrap();
+    assert!(chunks.len() > 1, "the value comes in pieces");
+    assert_eq!(chunks.concat(), vec![b'5'; 3_000_000]);
+    assert_eq!(store.matched_calls(), 1, "one ranged read");
+    let inline: Vec<bytes::Bytes> = (table.read_blob(&key(3), "raw").await.unwrap().unwrap())
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(inline.concat(), b"3");
+    assert!(table.read_blob(&key(4), "raw").await.unwrap().is_none());
+    assert!(table.read_blob(&key(99), "raw").await.unwrap().is_none());
+
+    // One flipped byte in the pack: the stream ends with an error.
+    let pack = crate::helpers::files(dir.path())
+        .into_iter()
+        .find(|f| {
+            f.extension().is_some_and(|e| e == "pack") && f.metadata().unwrap().len() > 1 << 20
+        })
+        .expect("the 3 MB value's pack");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    bytes[1_500_000] ^= 0x01;
+    std::fs::write(&pack, bytes).unwrap();
+    let stream = table.read_blob(&key(5), "raw").await.unwrap().unwrap();
+    let read: Result<Vec<bytes::Bytes>, _> = stream.try_collect().await;
+    let err = read.unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    session.close().await.unwrap();
+}
