@@ -439,11 +439,23 @@ impl PackReader {
 
     /// The packed values `wanted` names, each with the row it is for,
     /// checked against their length and CRC-32: one ranged read per pack
-    /// (neighbouring ranges coalesced by the store).
+    /// (neighbouring ranges coalesced by the store). A damaged value is an
+    /// error.
     async fn fetch(
         &self,
         wanted: impl IntoIterator<Item = (usize, Descriptor)>,
     ) -> Result<Vec<(usize, Bytes)>> {
+        let values = self.fetch_each(wanted).await?.into_iter();
+        values.map(|(row, value)| Ok((row, value?))).collect()
+    }
+
+    /// Like [`PackReader::fetch`], but a damaged value ([`Error::Corrupt`]:
+    /// a missing or short pack, a checksum that fails) is that value's
+    /// error alone; only a failed request fails the whole.
+    async fn fetch_each(
+        &self,
+        wanted: impl IntoIterator<Item = (usize, Descriptor)>,
+    ) -> Result<Vec<(usize, Result<Bytes>)>> {
         let mut by_pack: BTreeMap<(u64, u64), Vec<(usize, Descriptor)>> = BTreeMap::new();
         for (row, d) in wanted {
             by_pack.entry((d.pack, d.epoch)).or_default().push((row, d));
@@ -457,22 +469,29 @@ impl PackReader {
                     .collect();
                 let values = match self.store.get_ranges(&path, &ranges).await {
                     Ok(values) => values,
-                    Err(e) => return Err(self.read_error(&path, &ranges, e).await),
+                    Err(e) => match self.read_error(&path, &ranges, e).await {
+                        Error::Corrupt { path, reason } => {
+                            let each = rows.into_iter().map(|(row, _)| {
+                                let (path, reason) = (path.clone(), reason.clone());
+                                (row, Err(Error::Corrupt { path, reason }))
+                            });
+                            return Ok(each.collect());
+                        }
+                        e => return Err(e),
+                    },
                 };
-                let mut out = Vec::with_capacity(rows.len());
-                for ((row, d), value) in rows.into_iter().zip(values) {
-                    if value.len() as u64 != d.length || crc32fast::hash(&value) != d.crc32 {
-                        return Err(Error::Corrupt {
-                            path: path.to_string(),
-                            reason: format!(
-                                "the blob value at offset {} ({} bytes) does not match its checksum",
-                                d.offset, d.length
-                            ),
-                        });
+                let checked = rows.into_iter().zip(values).map(|((row, d), value)| {
+                    if value.len() as u64 == d.length && crc32fast::hash(&value) == d.crc32 {
+                        return (row, Ok(value));
                     }
-                    out.push((row, value));
-                }
-                Ok(out)
+                    let reason = format!(
+                        "the blob value at offset {} ({} bytes) does not match its checksum",
+                        d.offset, d.length
+                    );
+                    let path = path.to_string();
+                    (row, Err(Error::Corrupt { path, reason }))
+                });
+                Ok::<_, Error>(checked.collect::<Vec<_>>())
             }
         });
         let fetched = futures::future::try_join_all(reads).await?;
@@ -568,7 +587,8 @@ const REPACK_PUT_ATTEMPTS: u32 = 3;
 /// own), each written once full, so a repack holds about twice `budget`
 /// (plus one value) at a time. A new pack is written put-if-absent under
 /// a fresh name; a retried upload that finds its own pack (same name, same
-/// size) goes on.
+/// size) goes on. A value that is damaged (its checksum fails, its pack is
+/// missing or short) is not moved: its row keeps naming the old pack.
 #[derive(Debug)]
 pub struct Repacker {
     reader: PackReader,
@@ -635,13 +655,18 @@ impl Repacker {
                     bytes += moving[end].1.length;
                     end += 1;
                 }
-                let values = self
-                    .reader
-                    .fetch(moving[start..end].iter().copied())
-                    .await?;
-                for (row, value) in values {
-                    let (pack, offset) = self.append(&value).await?;
-                    (packs[row], epochs[row], offsets[row]) = (pack, self.epoch, offset);
+                let values = self.reader.fetch_each(moving[start..end].iter().copied());
+                for (row, value) in values.await? {
+                    match value {
+                        Ok(value) => {
+                            let (pack, offset) = self.append(&value).await?;
+                            (packs[row], epochs[row], offsets[row]) = (pack, self.epoch, offset);
+                        }
+                        // A damaged value stays where it is (its old pack
+                        // then stays too): it reads as the error it is, and
+                        // the compaction goes on.
+                        Err(e) => log::warn!("a repack leaves a damaged blob value in place: {e}"),
+                    }
                 }
                 start = end;
             }

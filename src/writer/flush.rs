@@ -353,6 +353,12 @@ impl Shared {
             p.flushed_generation = generation.number + 1;
         });
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        // Its packs are now below the cursor: what the next collection
+        // of packs will list (about: values superseded within the
+        // MemTable are in them too).
+        self.counters
+            .blob_stored_bytes
+            .fetch_add(file.blob_bytes, Ordering::Relaxed);
         self.counters
             .last_flush_ms
             .store(now_ms(), Ordering::Relaxed);
@@ -1133,9 +1139,18 @@ fn complete_graphs(
 /// if sizes only grow towards the newest, the newest files, enough to get
 /// back to `max`. (Always ending the run at the newest file would merge a
 /// grown file again at every flush.)
+/// Otherwise, a file of which more than half the rows are marked deleted
+/// (newer files hold their keys) is merged with the next newer one: a
+/// merge drops its dead rows, and the blob values they named become
+/// collectable, where size tiers alone would never merge an old large
+/// file again.
 fn run_to_merge(files: &[SstableFile], max: usize) -> Option<Range<usize>> {
     if files.len() <= max {
-        return None;
+        let dead = |f: &SstableFile| f.deletions.as_ref().is_some_and(|d| 2 * d.rows > f.rows);
+        let sparse = files[..files.len().saturating_sub(1)]
+            .iter()
+            .position(dead)?;
+        return Some(sparse..sparse + 2);
     }
     for end in (1..files.len()).rev() {
         let (mut start, mut bytes) = (end, files[end].bytes);
@@ -1185,6 +1200,26 @@ mod tests {
             run_to_merge(&files(&[9, 8, 7, 6, 5, 4, 3, 17, 1]), 8),
             Some(0..8)
         );
+    }
+
+    #[test]
+    fn a_mostly_deleted_file_is_merged_with_the_next_newer_one() {
+        let mut f = files(&[100, 1, 1]);
+        let marked = |rows| {
+            Some(sstable::Deletions {
+                path: String::new(),
+                rows,
+                crc32: 0,
+            })
+        };
+        f[0].rows = 10;
+        f[0].deletions = marked(5);
+        assert_eq!(run_to_merge(&f, 3), None, "half deleted");
+        f[0].deletions = marked(6);
+        assert_eq!(run_to_merge(&f, 3), Some(0..2));
+        // Beyond the limit, size tiers come first.
+        f.push(files(&[1])[0].clone());
+        assert_eq!(run_to_merge(&f, 3), Some(1..4));
     }
 
     /// A compaction's index: the largest graphs kept as they are, the

@@ -105,10 +105,11 @@ pub struct WriterStats {
     pub blob_packs_repacked: u64,
     /// See [`WriterStats::blob_packs_repacked`].
     pub blob_bytes_repacked: u64,
-    /// Bytes the rows of the shard's SSTables name in blob packs (as the
-    /// SSTables were written), and bytes of the packs they may name, at
-    /// the last collection of packs: their ratio is the live share of the
-    /// shard's packs.
+    /// Bytes the live rows of the shard's SSTables name in blob packs
+    /// (estimated: each SSTable's bytes scaled by its share of rows not
+    /// marked deleted), and bytes of the packs they may name (as of the
+    /// last collection of packs, plus the packs flushed since): their
+    /// ratio is the live share of the shard's packs.
     pub blob_live_bytes: u64,
     /// See [`WriterStats::blob_live_bytes`].
     pub blob_stored_bytes: u64,
@@ -229,6 +230,14 @@ struct Generation {
     /// A bulk load's SSTables: the content of an empty generation, which
     /// spans one number per SSTable (see [`load`]).
     ingested: Mutex<Vec<SstableFile>>,
+}
+
+/// The bytes the rows of `file` not marked deleted name in blob packs,
+/// estimated from its share of such rows.
+fn live_blob_bytes(file: &SstableFile) -> u64 {
+    let marked = file.deletions.as_ref().map_or(0, |d| d.rows);
+    let live = file.rows.saturating_sub(marked);
+    (file.blob_bytes as u128 * live as u128 / file.rows.max(1) as u128) as u64
 }
 
 impl Generation {
@@ -743,7 +752,7 @@ impl ShardWriter {
             blob_pack_bytes_deleted: c.blob_pack_bytes_deleted.load(Ordering::Relaxed),
             blob_packs_repacked: c.blob_packs_repacked.load(Ordering::Relaxed),
             blob_bytes_repacked: c.blob_bytes_repacked.load(Ordering::Relaxed),
-            blob_live_bytes: layers.sstables.iter().map(|f| f.blob_bytes).sum(),
+            blob_live_bytes: layers.sstables.iter().map(live_blob_bytes).sum(),
             blob_stored_bytes: c.blob_stored_bytes.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
             append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),

@@ -345,9 +345,11 @@ async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
     session.close().await.unwrap();
 }
 
-/// Creates `media` with ten 8 KiB values in one pack (flushed), then
-/// gives eight of them new values in a second pack (flushed): a fifth of
-/// the first pack stays live. The pack objects, oldest first.
+/// Creates `media` with ten 8 KiB values in one pack and ten short
+/// inline ones (flushed), then gives eight of the long ones new values in
+/// a second pack (flushed): a fifth of the first pack stays live, and
+/// fewer than half the rows of the first SSTable are replaced (no
+/// compaction merges it on its own). The pack objects, oldest first.
 async fn one_pack_mostly_overwritten(store: &Arc<FaultyStore>) -> (Path, Path) {
     let session = open(store).await;
     run(
@@ -358,8 +360,8 @@ async fn one_pack_mostly_overwritten(store: &Arc<FaultyStore>) -> (Path, Path) {
     .await;
     run(
         &session,
-        "INSERT INTO media SELECT value, 'old', CAST(repeat(CAST(value % 10 AS TEXT), 8192) AS BYTEA) \
-         FROM generate_series(1, 10)",
+        "INSERT INTO media SELECT value, 'old', CAST(repeat(CAST(value % 10 AS TEXT), \
+         CASE WHEN value <= 10 THEN 8192 ELSE 1 END) AS BYTEA) FROM generate_series(1, 20)",
     )
     .await;
     session.close().await.unwrap();
@@ -530,5 +532,90 @@ async fn sizes_come_from_descriptors_and_a_value_streams_in_pieces() {
     let read: Result<Vec<bytes::Bytes>, _> = stream.try_collect().await;
     let err = read.unwrap_err();
     assert!(err.to_string().contains("checksum"), "{err}");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_whose_rows_were_all_replaced_goes_after_the_next_flush() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open(&store).await;
+    run(
+        &session,
+        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+         WITH ('raw.blob' = 'true')",
+    )
+    .await;
+    run(
+        &session,
+        "INSERT INTO media SELECT value, 'old', CAST(repeat('o', 8192) AS BYTEA) \
+         FROM generate_series(1, 10)",
+    )
+    .await;
+    session.close().await.unwrap();
+    assert_eq!(packs(&store).await.len(), 1);
+    // Every row gets a short value: the flush marks every row of the
+    // first SSTable deleted, far below any size tier's limit.
+    let session = open(&store).await;
+    run(
+        &session,
+        "INSERT INTO media SELECT value, 'new', CAST('n' AS BYTEA) FROM generate_series(1, 10)",
+    )
+    .await;
+    session.close().await.unwrap();
+    assert_eq!(
+        packs(&store).await,
+        Vec::<Path>::new(),
+        "nothing names the pack"
+    );
+    let session = open(&store).await;
+    let values = text(&session, CAPTIONS).await;
+    assert_eq!(values.matches("| new     | 1 |").count(), 10, "{values}");
+    session.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repack_leaves_a_damaged_value_in_place_and_goes_on() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let (old, _) = one_pack_mostly_overwritten(&store).await;
+    // Row 9's value (the ninth in the pack) gets one flipped byte.
+    let mut bytes = store
+        .get(&old)
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap()
+        .to_vec();
+    bytes[8 * 8192 + 10] ^= 0x01;
+    store.put(&old, bytes.into()).await.unwrap();
+    let session = open(&store).await;
+    let table = session.table("media").await.unwrap();
+    table.compact().await.unwrap();
+    let stats = table.stats(0).unwrap().expect("the writer is open");
+    assert_eq!(
+        stats.blob_bytes_repacked, 8192,
+        "row 10 moved, row 9 stayed"
+    );
+    assert!(packs(&store).await.contains(&old), "row 9 still names it");
+    let err = session
+        .sql("SELECT md5(raw) FROM media WHERE id = 9")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let row = text(
+        &session,
+        "SELECT id, length(CAST(raw AS TEXT)) AS n FROM media WHERE id = 10",
+    )
+    .await;
+    assert!(row.contains("| 10 | 8192 |"), "{row}");
+    // The writer goes on.
+    run(
+        &session,
+        "INSERT INTO media VALUES (11, 'more', CAST(repeat('m', 8192) AS BYTEA))",
+    )
+    .await;
     session.close().await.unwrap();
 }
