@@ -344,8 +344,9 @@ pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPaylo
     result
 }
 
-/// A chunked stream of one blob value's bytes (see
-/// [`PackReader::stream`]).
+/// One blob value's bytes in the chunks the store delivers them in, as
+/// [`crate::Table::read_blob`] returns it: a damaged value ends it with an
+/// error.
 pub type BlobStream = futures::stream::BoxStream<'static, Result<Bytes>>;
 
 /// Row `row`'s value of blob column `blob` of `stored` (stored form, every
