@@ -491,15 +491,33 @@ impl Table {
             .await
     }
 
-    /// The blob column called `column`.
-    fn blob_column(&self, column: &str) -> Result<BlobColumn> {
+    /// Blob column `column`, the live row with key `key` (stored form,
+    /// long values not read) if there is one, and the snapshot it is from;
+    /// as fresh as [`Table::get`].
+    async fn blob_row(
+        &self,
+        key: &RecordBatch,
+        column: &str,
+    ) -> Result<(BlobColumn, ShardSnapshot, Option<RecordBatch>)> {
         let index = self.schema.schema.index_of(column).ok();
-        self.schema
+        let blob = self
+            .schema
             .blobs
             .iter()
             .find(|b| Some(b.index) == index)
             .copied()
-            .ok_or_else(|| Error::invalid(format!("'{column}' is not a blob column of the table")))
+            .ok_or_else(|| {
+                Error::invalid(format!("'{column}' is not a blob column of the table"))
+            })?;
+        let (shard, encoded, stored) = self.locate(key)?;
+        let snapshot = self
+            .snapshot(shard, self.options.owner_check_interval)
+            .await?;
+        let columns = self.schema.key_columns(&stored);
+        let row = snapshot
+            .get_stored(&encoded, &columns, &ReadMetrics::default())
+            .await?;
+        Ok((blob, snapshot, row))
     }
 
     /// The size in bytes of the value of blob column `column` in the live
@@ -507,19 +525,9 @@ impl Table {
     /// the row's descriptor: no blob bytes are fetched. `None` if there is
     /// no such row or the value is NULL. As fresh as [`Table::get`].
     pub async fn blob_size(&self, key: &RecordBatch, column: &str) -> Result<Option<u64>> {
-        let blob = self.blob_column(column)?;
-        let (shard, encoded, stored) = self.locate(key)?;
-        let snapshot = self
-            .snapshot(shard, self.options.owner_check_interval)
-            .await?;
-        let columns = self.schema.key_columns(&stored);
-        let Some(row) = snapshot
-            .get_stored(&encoded, &columns, &ReadMetrics::default())
-            .await?
-        else {
-            return Ok(None);
-        };
-        Ok(blob::stored_value(&blob, &row, 0).map(|v| match v {
+        let (blob, _, row) = self.blob_row(key, column).await?;
+        let value = row.and_then(|row| blob::stored_value(&blob, &row, 0));
+        Ok(value.map(|v| match v {
             Ok(inline) => inline.len() as u64,
             Err(packed) => packed.length,
         }))
@@ -537,18 +545,9 @@ impl Table {
         key: &RecordBatch,
         column: &str,
     ) -> Result<Option<blob::BlobStream>> {
-        let blob = self.blob_column(column)?;
-        let (shard, encoded, stored) = self.locate(key)?;
-        let snapshot = self
-            .snapshot(shard, self.options.owner_check_interval)
-            .await?;
-        let columns = self.schema.key_columns(&stored);
-        match snapshot
-            .get_stored(&encoded, &columns, &ReadMetrics::default())
-            .await?
-        {
-            Some(row) => snapshot.stream_blob(&blob, &row).await,
-            None => Ok(None),
+        match self.blob_row(key, column).await? {
+            (blob, snapshot, Some(row)) => snapshot.stream_blob(&blob, &row).await,
+            (_, _, None) => Ok(None),
         }
     }
 
