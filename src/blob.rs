@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, LargeBinaryBuilder, RecordBatch, StructArray, UInt32Array,
-    UInt64Array,
+    Array, ArrayRef, AsArray, Int64Array, LargeBinaryBuilder, RecordBatch, StructArray,
+    UInt32Array, UInt64Array,
 };
 use datafusion::arrow::buffer::{Buffer, NullBuffer};
 use datafusion::arrow::compute::cast;
@@ -344,6 +344,20 @@ pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPaylo
     result
 }
 
+/// The size of each value of a blob column, from the column's inline
+/// values and descriptors (stored form): a descriptor's length where the
+/// row names one (no pack is read), the inline value's otherwise; NULL for
+/// NULL.
+pub fn sizes(inline: &dyn Array, descriptors: &StructArray) -> Int64Array {
+    let lengths: &UInt64Array = descriptors.column(3).as_primitive();
+    (0..inline.len())
+        .map(|row| match descriptors.is_valid(row) {
+            true => Some(lengths.value(row) as i64),
+            false => binary_value(inline, row).map(|v| v.len() as i64),
+        })
+        .collect()
+}
+
 /// One blob value's bytes in the chunks the store delivers them in, as
 /// [`crate::Table::read_blob`] returns it: a damaged value ends it with an
 /// error.
@@ -389,8 +403,20 @@ impl PackReader {
         columns: &[usize],
         batch: RecordBatch,
     ) -> Result<RecordBatch> {
+        self.resolve_except(schema, columns, batch, &[]).await
+    }
+
+    /// Like [`PackReader::resolve`], leaving the blob columns `except`
+    /// (table column indices) as they are.
+    pub async fn resolve_except(
+        &self,
+        schema: &TableSchema,
+        columns: &[usize],
+        batch: RecordBatch,
+        except: &[usize],
+    ) -> Result<RecordBatch> {
         let mut out: Option<Vec<ArrayRef>> = None;
-        for blob in &schema.blobs {
+        for blob in schema.blobs.iter().filter(|b| !except.contains(&b.index)) {
             let (Ok(at), Ok(descriptor_at)) = (
                 columns.binary_search(&blob.index),
                 columns.binary_search(&blob.descriptor),

@@ -12,9 +12,9 @@ use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::{concat_batches, filter_record_batch};
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::row::RowConverter;
 use datafusion::common::ScalarValue;
 use datafusion::error::DataFusionError;
@@ -497,6 +497,20 @@ impl ScanPart {
         pool: &Arc<dyn MemoryPool>,
         metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
+        self.scan_sizes(projection, &[], pool, metrics).await
+    }
+
+    /// Like [`ScanPart::scan`], with the blob columns `sizes` (table
+    /// column indices, projected) as the `Int64` sizes of their values,
+    /// read from their descriptors: no pack is read for them (see
+    /// [`blob::sizes`]).
+    pub async fn scan_sizes(
+        &self,
+        projection: Option<&[usize]>,
+        sizes: &[usize],
+        pool: &Arc<dyn MemoryPool>,
+        metrics: &ScanMetrics,
+    ) -> Result<SendableRecordBatchStream> {
         let snapshot = &self.snapshot;
         let schema = &snapshot.schema;
         let user: Vec<usize> = match projection {
@@ -624,26 +638,54 @@ impl ScanPart {
                     .expect("projected columns are read")
             })
             .collect();
-        let out: SchemaRef = Arc::new(schema.schema.project(&user)?);
+        // Each size column: where it goes, and where its values and
+        // descriptors are read.
+        let mut sized = Vec::new();
+        let mut fields: Vec<Field> = schema
+            .schema
+            .project(&user)?
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        for blob in schema.blobs.iter().filter(|b| sizes.contains(&b.index)) {
+            let read = |c: usize| columns.binary_search(&c).expect("read");
+            for (at, _) in user.iter().enumerate().filter(|(_, c)| **c == blob.index) {
+                sized.push((at, read(blob.index), read(blob.descriptor)));
+                fields[at] = Field::new(fields[at].name(), DataType::Int64, true);
+            }
+        }
+        let out: SchemaRef = Arc::new(Schema::new(fields));
         let out_schema = Arc::clone(&out);
         let to_user = Arc::new(move |batch: RecordBatch| {
             let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            let mut projected = batch.project(&positions)?.columns().to_vec();
+            for &(at, values, descriptors) in &sized {
+                let descriptors = batch.column(descriptors).as_struct();
+                projected[at] = Arc::new(blob::sizes(batch.column(values), descriptors));
+            }
             Ok::<_, DataFusionError>(RecordBatch::try_new_with_options(
                 Arc::clone(&out_schema),
-                batch.project(&positions)?.columns().to_vec(),
+                projected,
                 &options,
             )?)
         });
-        // Packs are read only for a projected blob column.
-        let rows = match schema.blobs.iter().any(|b| user.contains(&b.index)) {
+        // Packs are read only for a projected blob column, not for its
+        // sizes.
+        let fetched = |b: &&BlobColumn| user.contains(&b.index) && !sizes.contains(&b.index);
+        let rows = match schema.blobs.iter().any(|b| fetched(&b)) {
             false => rows.map(move |batch| to_user(batch?)).boxed(),
             true => {
                 let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
-                let columns = Arc::new(columns);
+                let (columns, sizes) = (Arc::new(columns), Arc::new(sizes.to_vec()));
                 rows.and_then(move |batch| {
                     let (packs, schema) = (packs.clone(), Arc::clone(&schema));
                     let (columns, to_user) = (Arc::clone(&columns), Arc::clone(&to_user));
-                    async move { to_user(packs.resolve(&schema, &columns, batch).await?) }
+                    let sizes = Arc::clone(&sizes);
+                    async move {
+                        let batch = packs.resolve_except(&schema, &columns, batch, &sizes);
+                        to_user(batch.await?)
+                    }
                 })
                 .boxed()
             }

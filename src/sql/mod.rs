@@ -4,6 +4,7 @@
 //! distance functions), writer statistics (`memwal_stats`), the file policy, and the session that ties them
 //! together.
 
+mod blob_size;
 mod catalog_provider;
 mod config;
 mod ddl;

@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::stats::Precision;
@@ -23,10 +23,12 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, ExecutionPlanMetricsSet, Metric, MetricValue, MetricsSet,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::TryStreamExt;
 
+use super::blob_size::blob_size_of;
 use super::streams::{observed, stream_of};
 use crate::read::{KeyBounds, ScanMetrics, ScanPart, ShardSnapshot};
 use crate::sstable::ReadMetrics;
@@ -50,6 +52,9 @@ pub enum ScanMode {
 pub struct ScanExec {
     table: Arc<Table>,
     projection: Option<Vec<usize>>,
+    /// Blob columns of the projection that the scan yields as the sizes of
+    /// their values (`blob_size`, taken over from a projection above).
+    sizes: Vec<usize>,
     mode: ScanMode,
     /// A full scan: one partition per part (a shard, or a key range of a
     /// shard whose runs do not overlap).
@@ -124,6 +129,7 @@ impl ScanExec {
             )),
             table,
             projection,
+            sizes: Vec::new(),
             mode,
             parts,
             snapshots,
@@ -167,6 +173,9 @@ impl DisplayAs for ScanExec {
             if let Some(p) = &self.projection {
                 writeln!(f, "projection={p:?}")?;
             }
+            if !self.sizes.is_empty() {
+                writeln!(f, "sizes_of={:?}", self.sizes)?;
+            }
             return Ok(());
         }
         match &self.mode {
@@ -175,6 +184,9 @@ impl DisplayAs for ScanExec {
         }
         if let Some(p) = &self.projection {
             write!(f, ", projection={p:?}")?;
+        }
+        if !self.sizes.is_empty() {
+            write!(f, ", sizes of={:?}", self.sizes)?;
         }
         for (part, snapshot) in self.parts.iter().enumerate() {
             write!(f, ", part {part}: [{}]", snapshot.describe())?;
@@ -234,6 +246,81 @@ impl ExecutionPlan for ScanExec {
         Some(metrics)
     }
 
+    /// Takes over a projection of columns and `blob_size(<blob column>)`
+    /// calls (a full scan only): the sizes then come from descriptors, and
+    /// no pack is read for them.
+    fn try_swapping_with_projection(
+        &self,
+        projection: &ProjectionExec,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if !matches!(self.mode, ScanMode::All) {
+            return Ok(None);
+        }
+        let schema = self.table.table_schema();
+        let current: Vec<usize> = match &self.projection {
+            Some(p) => p.clone(),
+            None => (0..schema.schema.fields().len()).collect(),
+        };
+        let (mut columns, mut sizes, mut plain) = (Vec::new(), Vec::new(), Vec::new());
+        for item in projection.expr() {
+            if let Some(column) = item.expr.downcast_ref::<Column>() {
+                plain.push(current[column.index()]);
+                columns.push(current[column.index()]);
+            } else if let Some(column) = blob_size_of(&item.expr)
+                && schema
+                    .blobs
+                    .iter()
+                    .any(|b| b.index == current[column.index()])
+            {
+                sizes.push(current[column.index()]);
+                columns.push(current[column.index()]);
+            } else {
+                return Ok(None);
+            }
+        }
+        // A column both read and measured is read; nothing to take over.
+        if sizes.is_empty() || sizes.iter().any(|c| plain.contains(c)) {
+            return Ok(None);
+        }
+        let out = projection.schema();
+        let ordering = schema.key.iter().map(|&k| {
+            let at = columns
+                .iter()
+                .position(|&c| c == k && !sizes.contains(&c))?;
+            let name = out.field(at).name();
+            Some(PhysicalSortExpr::new(
+                Arc::new(Column::new(name, at)),
+                SortOptions::new(false, false),
+            ))
+        });
+        let ordering: Option<Vec<_>> = match schema.has_key() {
+            true => ordering.collect(),
+            false => None,
+        };
+        let equivalence = match ordering.filter(|_| self.parts.iter().all(ScanPart::sorted)) {
+            Some(ordering) => {
+                EquivalenceProperties::new_with_orderings(Arc::clone(&out), [ordering])
+            }
+            None => EquivalenceProperties::new(Arc::clone(&out)),
+        };
+        Ok(Some(Arc::new(Self {
+            table: Arc::clone(&self.table),
+            projection: Some(columns),
+            sizes,
+            mode: self.mode.clone(),
+            parts: self.parts.clone(),
+            snapshots: self.snapshots.clone(),
+            properties: Arc::new(PlanProperties::new(
+                equivalence,
+                self.properties.partitioning.clone(),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            )),
+            metrics: ExecutionPlanMetricsSet::new(),
+            merge_metrics: ExecutionPlanMetricsSet::new(),
+        })))
+    }
+
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         // Rows before de-duplication: an upper bound.
         let rows: u64 = match (&self.mode, partition) {
@@ -258,13 +345,27 @@ impl ExecutionPlan for ScanExec {
                 let snapshot = self.parts[partition].clone();
                 let pool = Arc::clone(ctx.memory_pool());
                 let metrics = ScanMetrics::new(&self.metrics, &self.merge_metrics, partition);
-                let stream =
-                    async move { snapshot.scan(projection.as_deref(), &pool, &metrics).await };
+                let sizes = self.sizes.clone();
+                let stream = async move {
+                    let projection = projection.as_deref();
+                    snapshot
+                        .scan_sizes(projection, &sizes, &pool, &metrics)
+                        .await
+                };
+                // The plan's names (a projection taken over names its
+                // columns) on the scan's columns.
+                let schema = self.schema();
+                let named = move |batch: RecordBatch| {
+                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                    let columns = batch.columns().to_vec();
+                    RecordBatch::try_new_with_options(Arc::clone(&schema), columns, &options)
+                };
                 Box::pin(RecordBatchStreamAdapter::new(
                     self.schema(),
                     futures::stream::once(stream)
                         .map_err(DataFusionError::from)
-                        .try_flatten(),
+                        .try_flatten()
+                        .and_then(move |b| std::future::ready(named(b).map_err(Into::into))),
                 ))
             }
             ScanMode::Keys(keys) => {

@@ -15,7 +15,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::DataFusionError;
-use datafusion::execution::SessionState;
+use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
@@ -23,6 +23,7 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
+use super::blob_size::{BlobSizePushdown, blob_size_function};
 use super::catalog_provider::MemwalCatalogProvider;
 use datafusion::common::config::ConfigExtension;
 
@@ -203,10 +204,17 @@ impl MemwalSession {
         if let Some(progress) = progress {
             config = config.with_extension(progress);
         }
-        let mut ctx = SessionContext::new_with_config(config);
+        // DataFusion's defaults, and `blob_size` answered by scans.
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(BlobSizePushdown))
+            .build();
+        let mut ctx = SessionContext::new_with_state(state);
         for function in distance_functions() {
             ctx.register_udf(function);
         }
+        ctx.register_udf(blob_size_function());
         let files = FileAccess::new(&root, file_access);
         if files.allowed() {
             // `SELECT ... FROM 'path/'` reads files, an SSTable directory

@@ -88,7 +88,31 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
     assert!(captions.contains("three"), "{captions}");
     let count = text(&session, "SELECT count(*) FROM media").await;
     assert!(count.contains("| 3 "), "{count}");
+    // Sizes come from the descriptors.
+    let sizes = text(
+        &session,
+        "SELECT id, blob_size(raw) AS size FROM media ORDER BY id",
+    )
+    .await;
+    for row in ["| 1  | 8192  |", "| 2  | 16384 |", "| 3  | 1     |"] {
+        assert!(sizes.contains(row), "{sizes}");
+    }
+    let plan = text(&session, "EXPLAIN SELECT id, blob_size(raw) FROM media").await;
+    assert!(plan.contains("sizes of=[2]"), "{plan}");
     assert_eq!(store.matched_calls(), 0, "no pack read without the column");
+    // Beside the values, and for a key lookup, the function measures them.
+    let both = text(
+        &session,
+        "SELECT length(CAST(raw AS TEXT)) AS n, blob_size(raw) AS size FROM media WHERE id = 2",
+    )
+    .await;
+    assert!(both.contains("| 16384 | 16384 |"), "{both}");
+    store.clear();
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
 
     assert_eq!(text(&session, VALUES).await, before, "the same values back");
     assert!(before.contains("| 16384 |"), "{before}");
