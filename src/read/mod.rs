@@ -20,6 +20,7 @@ use datafusion::common::ScalarValue;
 use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::physical_plan::PhysicalExpr;
 use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
 };
@@ -497,17 +498,20 @@ impl ScanPart {
         pool: &Arc<dyn MemoryPool>,
         metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
-        self.scan_sizes(projection, &[], pool, metrics).await
+        self.scan_sizes(projection, &[], None, pool, metrics).await
     }
 
     /// Like [`ScanPart::scan`], with the blob columns `sizes` (table
     /// column indices, projected) as the `Int64` sizes of their values,
     /// read from their descriptors: no pack is read for them (see
-    /// [`blob::sizes`]).
+    /// [`blob::sizes`]); and only the rows `early` (a predicate over the
+    /// output, reading no blob column) keeps get their blob values read,
+    /// the others are dropped.
     pub async fn scan_sizes(
         &self,
         projection: Option<&[usize]>,
         sizes: &[usize],
+        early: Option<&Arc<dyn PhysicalExpr>>,
         pool: &Arc<dyn MemoryPool>,
         metrics: &ScanMetrics,
     ) -> Result<SendableRecordBatchStream> {
@@ -678,11 +682,22 @@ impl ScanPart {
             true => {
                 let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
                 let (columns, sizes) = (Arc::new(columns), Arc::new(sizes.to_vec()));
+                let early = early.cloned();
                 rows.and_then(move |batch| {
                     let (packs, schema) = (packs.clone(), Arc::clone(&schema));
                     let (columns, to_user) = (Arc::clone(&columns), Arc::clone(&to_user));
-                    let sizes = Arc::clone(&sizes);
+                    let (sizes, early) = (Arc::clone(&sizes), early.clone());
                     async move {
+                        // The predicate reads no blob column, whose
+                        // values are not read yet.
+                        let batch = match early {
+                            Some(early) => {
+                                let keep = early.evaluate(&to_user(batch.clone())?)?;
+                                let keep = keep.into_array(batch.num_rows())?;
+                                filter_record_batch(&batch, keep.as_boolean())?
+                            }
+                            None => batch,
+                        };
                         let batch = packs.resolve_except(&schema, &columns, batch, &sizes);
                         to_user(batch.await?)
                     }

@@ -55,6 +55,9 @@ pub struct ScanExec {
     /// Blob columns of the projection that the scan yields as the sizes of
     /// their values (`blob_size`, taken over from a projection above).
     sizes: Vec<usize>,
+    /// A predicate over the projection that rows must pass before their
+    /// blob values are read (a filter above applies it again).
+    early: Option<Arc<dyn PhysicalExpr>>,
     mode: ScanMode,
     /// A full scan: one partition per part (a shard, or a key range of a
     /// shard whose runs do not overlap).
@@ -69,6 +72,13 @@ pub struct ScanExec {
 }
 
 impl ScanExec {
+    /// This scan, dropping the rows `early` (over its output columns) does
+    /// not keep before it reads their blob values.
+    pub fn with_early_filter(mut self, early: Option<Arc<dyn PhysicalExpr>>) -> Self {
+        self.early = early;
+        self
+    }
+
     /// A scan of `table` producing the columns `projection` (all if
     /// `None`); takes the snapshots it reads.
     pub async fn new(
@@ -130,6 +140,7 @@ impl ScanExec {
             table,
             projection,
             sizes: Vec::new(),
+            early: None,
             mode,
             parts,
             snapshots,
@@ -187,6 +198,9 @@ impl DisplayAs for ScanExec {
         }
         if !self.sizes.is_empty() {
             write!(f, ", sizes of={:?}", self.sizes)?;
+        }
+        if let Some(early) = &self.early {
+            write!(f, ", before blobs: {early}")?;
         }
         for (part, snapshot) in self.parts.iter().enumerate() {
             write!(f, ", part {part}: [{}]", snapshot.describe())?;
@@ -253,7 +267,9 @@ impl ExecutionPlan for ScanExec {
         &self,
         projection: &ProjectionExec,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        if !matches!(self.mode, ScanMode::All) {
+        // Sizes are taken over once: a projection above them would see
+        // sizes where this code expects values.
+        if !matches!(self.mode, ScanMode::All) || !self.sizes.is_empty() {
             return Ok(None);
         }
         let schema = self.table.table_schema();
@@ -307,6 +323,8 @@ impl ExecutionPlan for ScanExec {
             table: Arc::clone(&self.table),
             projection: Some(columns),
             sizes,
+            // It was over the columns the projection replaced.
+            early: None,
             mode: self.mode.clone(),
             parts: self.parts.clone(),
             snapshots: self.snapshots.clone(),
@@ -345,11 +363,12 @@ impl ExecutionPlan for ScanExec {
                 let snapshot = self.parts[partition].clone();
                 let pool = Arc::clone(ctx.memory_pool());
                 let metrics = ScanMetrics::new(&self.metrics, &self.merge_metrics, partition);
-                let sizes = self.sizes.clone();
+                let (sizes, early) = (self.sizes.clone(), self.early.clone());
                 let stream = async move {
                     let projection = projection.as_deref();
+                    let (sizes, early) = (&sizes, early.as_ref());
                     snapshot
-                        .scan_sizes(projection, &sizes, &pool, &metrics)
+                        .scan_sizes(projection, sizes, early, &pool, &metrics)
                         .await
                 };
                 // The plan's names (a projection taken over names its

@@ -106,7 +106,7 @@ impl TableProvider for MemwalTable {
         };
         Ok(filters
             .iter()
-            .map(|f| match used(f) {
+            .map(|f| match used(f) || self.filters_before_blobs(f) {
                 true => TableProviderFilterPushDown::Inexact,
                 false => TableProviderFilterPushDown::Unsupported,
             })
@@ -131,16 +131,31 @@ impl TableProvider for MemwalTable {
                 narrow_key_bounds(key, filter, &mut bounds);
             }
         }
-        Ok(Arc::new(
-            ScanExec::new(
-                Arc::clone(&self.table),
-                projection.cloned(),
-                mode,
-                bounds,
-                state.config().target_partitions(),
-            )
-            .await?,
-        ))
+        // Filters a scan applies before it reads blob values (the filter
+        // above applies them again): rows they drop cost no pack read.
+        let projected = match projection {
+            Some(p) => Arc::new(self.schema().project(p)?),
+            None => self.schema(),
+        };
+        let df_schema = DFSchema::try_from(projected.as_ref().clone())?;
+        // Only what plans over the projection (the filter above has the
+        // rest).
+        let early = filters.iter().filter(|f| {
+            self.filters_before_blobs(f)
+                && state.create_physical_expr((*f).clone(), &df_schema).is_ok()
+        });
+        let early = conjunction(early.cloned())
+            .map(|predicate| state.create_physical_expr(predicate, &df_schema))
+            .transpose()?;
+        let scan = ScanExec::new(
+            Arc::clone(&self.table),
+            projection.cloned(),
+            mode,
+            bounds,
+            state.config().target_partitions(),
+        )
+        .await?;
+        Ok(Arc::new(scan.with_early_filter(early)))
     }
 
     async fn insert_into(
@@ -206,6 +221,20 @@ impl TableProvider for MemwalTable {
 }
 
 impl MemwalTable {
+    /// Whether a scan applies `filter` before it reads blob values: the
+    /// table has blob columns, and the filter reads none of them and gives
+    /// the same answer when evaluated twice.
+    fn filters_before_blobs(&self, filter: &Expr) -> bool {
+        let schema = self.table.table_schema();
+        let blob = |name: &str| {
+            let index = schema.schema.index_of(name).ok();
+            schema.blobs.iter().any(|b| Some(b.index) == index)
+        };
+        !schema.blobs.is_empty()
+            && !filter.is_volatile()
+            && !filter.column_refs().iter().any(|c| blob(&c.name))
+    }
+
     fn require_key(&self) -> Result<()> {
         if self.table.table_schema().has_key() {
             Ok(())

@@ -66,6 +66,9 @@ impl Shared {
             log::warn!("cleaning up after an earlier writer failed: {e}");
         }
         let expired = async {
+            // Not beside a compaction: the packs it copies to are named
+            // by nothing until it commits.
+            let _no_compaction = self.compacting.lock().await;
             let _one_at_a_time = self.maintenance.lock().await;
             self.delete_retired().await
         };

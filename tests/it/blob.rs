@@ -260,6 +260,23 @@ async fn a_damaged_pack_is_an_error_not_a_different_value() {
     // The other columns are still readable.
     let captions = text(&session, "SELECT caption FROM media ORDER BY id").await;
     assert!(captions.contains("two"), "{captions}");
+    // So are the other values: a filter on other columns drops rows
+    // before their values are read.
+    let others = text(
+        &session,
+        "SELECT id, length(CAST(raw AS TEXT)) AS n FROM media WHERE caption <> 'two' ORDER BY id",
+    )
+    .await;
+    assert!(
+        others.contains("| 1  | 8192 |") && others.contains("| 3  | 1    |"),
+        "{others}"
+    );
+    let plan = text(
+        &session,
+        "EXPLAIN SELECT raw FROM media WHERE caption <> 'two'",
+    )
+    .await;
+    assert!(plan.contains("before blobs"), "{plan}");
     // A pack cut short is named too, not a bare range error of the store.
     store
         .put(&pack, bytes[..5000].to_vec().into())
