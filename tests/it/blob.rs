@@ -29,15 +29,14 @@ async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
     MemwalSession::new(catalog, options)
 }
 
+/// The table most tests use: a key, a caption and a blob column.
+const CREATE_MEDIA: &str = "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+     WITH ('raw.blob' = 'true')";
+
 /// Creates `media` (one shard) with three rows in one append: 8 KiB and
 /// 16 KiB values (packed) and a one-byte value (inline).
 async fn create_media(session: &MemwalSession) {
-    run(
-        session,
-        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
-         WITH ('raw.blob' = 'true')",
-    )
-    .await;
+    run(session, CREATE_MEDIA).await;
     run(
         session,
         "INSERT INTO media VALUES \
@@ -359,12 +358,7 @@ async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
     let local = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
     let store = FaultyStore::new(Arc::new(local));
     let session = open(&store).await;
-    run(
-        &session,
-        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
-         WITH ('raw.blob' = 'true')",
-    )
-    .await;
+    run(&session, CREATE_MEDIA).await;
     // 40 MB: a start and three parts. The second part fails once; the
     // pack is uploaded again from the start.
     store.inject(Fault::nth(OpKind::Put, 3).on_paths_containing("/blobs/"));
@@ -393,12 +387,7 @@ async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
 /// compaction merges it on its own). The pack objects, oldest first.
 async fn one_pack_mostly_overwritten(store: &Arc<FaultyStore>) -> (Path, Path) {
     let session = open(store).await;
-    run(
-        &session,
-        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
-         WITH ('raw.blob' = 'true')",
-    )
-    .await;
+    run(&session, CREATE_MEDIA).await;
     run(
         &session,
         "INSERT INTO media SELECT value, 'old', CAST(repeat(CAST(value % 10 AS TEXT), \
@@ -580,12 +569,7 @@ async fn sizes_come_from_descriptors_and_a_value_streams_in_pieces() {
 async fn a_pack_whose_rows_were_all_replaced_goes_after_the_next_flush() {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
     let session = open(&store).await;
-    run(
-        &session,
-        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
-         WITH ('raw.blob' = 'true')",
-    )
-    .await;
+    run(&session, CREATE_MEDIA).await;
     run(
         &session,
         "INSERT INTO media SELECT value, 'old', CAST(repeat('o', 8192) AS BYTEA) \
