@@ -252,17 +252,22 @@ def multimodal(lines):
         out.append(table(["store", "window", "runs"] + systems
                          + ["memwal (hnsw) / slatedb", "memwal (bytes) / slatedb"], rows))
     rows = []
+    mbs = lambda v: f"{v:,.0f}"
     for cell in sorted(c for c in cells if c[0] == "local"):
         for system in systems[:2]:
             runs = cells[cell][system]
-            rows.append([str(cell[1]), system,
-                         summary([d["mb_per_s"] for d in runs], lambda v: f"{v:,.0f}")[0],
-                         summary([d["plain_files_mb_per_s"] for d in runs], lambda v: f"{v:,.0f}")[0],
-                         summary([d["mb_per_s_over_plain_files"] for d in runs], pct)[0]])
+            rows.append([str(cell[1]), system] + [
+                summary([d[key] for d in runs], fmt)[0] for key, fmt in [
+                    ("mb_per_s", mbs), ("plain_files_mb_per_s", mbs),
+                    ("mb_per_s_over_plain_files", pct), ("synced_mb_per_s", mbs),
+                    ("plain_files_synced_mb_per_s", mbs),
+                    ("synced_mb_per_s_over_plain_files", pct)]])
     out.append("\nLocal disk against plain files (the same payload, each put one file, the same "
-               "window; the median of three in each run):\n")
+               "window; the median of three in each run), until the writes return and until a "
+               "sync after them returns:\n")
     out.append(table(["window", "system", "memwal MB/s", "plain files MB/s",
-                      "memwal / plain files (per run)"], rows))
+                      "memwal / plain files (per run)", "synced: memwal MB/s",
+                      "plain files MB/s", "memwal / plain files (per run)"], rows))
     return "\n".join(out) + "\n"
 
 

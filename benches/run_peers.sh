@@ -27,7 +27,7 @@
 #   column, a 768-d embedding, a caption) in 10-row puts at window 32 and 1,
 #   local and `s3-standard`: memwal (examples/multimodal_bench.rs) with the
 #   embedding HNSW-indexed and stored as plain bytes, and SlateDB 0.18 on the
-#   same rows. About 5 minutes.
+#   same rows. About 8 minutes.
 #
 #   bash benches/run_peers.sh                        (every part)
 #   bash benches/run_peers.sh --quick                (one small run of each: minutes, printed only)
@@ -251,9 +251,12 @@ if has multimodal; then
     for store in $stores; do
       for window in 32 1; do
         # SlateDB at window 1 waits for its 100 ms flush per put: fewer rows.
-        rows=5000
-        [ "$window" = 1 ] && rows=1000
-        [ "$store" != local ] && rows=$((rows * 2 / 5))
+        case "$store/$window" in
+          local/32) rows=20000 ;;
+          local/1) rows=1000 ;;
+          */32) rows=2000 ;;
+          *) rows=400 ;;
+        esac
         [ $quick = 1 ] && rows=$((rows / 5))
         echo "multimodal run $run/$runs: $store window=$window rows=$rows" >&2
         common=(--rows "$rows" --put-rows 10 --window "$window" --reads 50 --store "$store" --dir "$work")

@@ -11,10 +11,13 @@
 //! byte for byte, and a scan that does not select the image is timed and
 //! its GETs counted.
 //!
-//! On a local store the same run then writes the same payload as plain
+//! On a local store the same run also writes the same payload as plain
 //! files through the same object store (each put's payload one file,
-//! `--window` in flight; the median of three), the physical limit of that
-//! disk for this pattern, and reports memwal's MB/s as a share of it.
+//! `--window` in flight; the median of `--plain-runs` after memwal's,
+//! and one more before it that is not counted), the physical limit of
+//! that disk for this pattern, and reports memwal's MB/s as a share of it: until the writes
+//! return (the page cache's speed, for a payload that fits in it), and
+//! until a `sync` after them returns (the disk's).
 //!
 //! The rows are those of the SlateDB peer's `--workload multimodal`
 //! (benches/peers/slatedb): both derive them from the row number with
@@ -67,6 +70,10 @@ struct Args {
     /// inline and not indexed (what the SlateDB peer stores).
     #[arg(long, value_enum, default_value = "hnsw")]
     embedding: Embedding,
+    /// Runs of the plain-file write on a local store (their median is
+    /// reported; 0 skips it).
+    #[arg(long, default_value_t = 3)]
+    plain_runs: usize,
     /// Seed of the latency profile's draws.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -197,12 +204,25 @@ fn sync_disk() {
     let _ = std::process::Command::new("sync").status();
 }
 
-/// Seconds to write `payloads` as one object each under `plain/`,
-/// `window` in flight.
-async fn write_plain_files(store: Arc<dyn ObjectStore>, payloads: &[Bytes], window: usize) -> f64 {
+/// Seconds to write `payloads` as one file each into a fresh directory
+/// in `dir` after a sync, `window` in flight, and until a sync after
+/// that returns.
+async fn plain_files(dir: &str, payloads: &[Bytes], window: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir_in(dir).unwrap();
+    let root = ObjectRoot::open(&dir.path().to_string_lossy()).unwrap();
+    sync_disk();
+    let started = Instant::now();
+    write_plain_files(Arc::clone(root.store()), payloads, window).await;
+    let written = started.elapsed().as_secs_f64();
+    sync_disk();
+    (written, started.elapsed().as_secs_f64())
+}
+
+/// Writes `payloads` as one object each under `plain/`, `window` in
+/// flight.
+async fn write_plain_files(store: Arc<dyn ObjectStore>, payloads: &[Bytes], window: usize) {
     let payloads = Arc::new(payloads.to_vec());
     let next = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
     let workers: Vec<_> = (0..window)
         .map(|_| {
             let (store, payloads, next) =
@@ -220,7 +240,6 @@ async fn write_plain_files(store: Arc<dyn ObjectStore>, payloads: &[Bytes], wind
     for w in workers {
         w.await.unwrap();
     }
-    started.elapsed().as_secs_f64()
 }
 
 #[tokio::main]
@@ -292,6 +311,12 @@ async fn main() {
     }
     let batches = Arc::new(batches);
 
+    // The first write of the process runs slower whatever writes (page
+    // cache warm-up): a plain-file run that is not counted goes first.
+    let local = args.store == "local";
+    if local && args.plain_runs > 0 {
+        plain_files(&args.dir, &payloads, args.window).await;
+    }
     table.writer(0).await.unwrap();
     sync_disk();
     let puts_before = counter.calls(OpKind::Put);
@@ -315,6 +340,11 @@ async fn main() {
     }
     let write_seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = process_cpu_time() - cpu_before;
+    // On a local disk, also until what was acknowledged is on the disk.
+    let synced_seconds = local.then(|| {
+        sync_disk();
+        started.elapsed().as_secs_f64()
+    });
     let puts_until_ack = counter.calls(OpKind::Put) - puts_before;
     let writer = table.writer(0).await.unwrap();
     let stats = writer.stats();
@@ -364,24 +394,20 @@ async fn main() {
     drop((session, table));
 
     // The physical limit: the same payload as plain files, local only; the
-    // median of three, each into a fresh directory after a sync.
-    let plain_seconds = match args.store.as_str() {
-        "local" => {
-            let mut runs = Vec::new();
-            for _ in 0..3 {
-                let plain = tempfile::tempdir_in(&args.dir).unwrap();
-                let store = ObjectRoot::open(&plain.path().to_string_lossy()).unwrap();
-                sync_disk();
-                let store = Arc::clone(store.store());
-                runs.push(write_plain_files(store, &payloads, args.window).await);
-            }
-            runs.sort_by(f64::total_cmp);
-            Some(runs[1])
-        }
-        _ => None,
+    // median of the runs.
+    let mut plain_runs = Vec::new();
+    for _ in 0..if local { args.plain_runs } else { 0 } {
+        plain_runs.push(plain_files(&args.dir, &payloads, args.window).await);
+    }
+    let median = |mut runs: Vec<f64>| {
+        runs.sort_by(f64::total_cmp);
+        runs.get(runs.len() / 2).copied()
     };
+    let plain_seconds = median(plain_runs.iter().map(|r| r.0).collect());
+    let plain_synced_seconds = median(plain_runs.iter().map(|r| r.1).collect());
     let mb = payload_bytes as f64 / 1e6;
     let mb_per_s = mb / write_seconds;
+    let synced_mb_per_s = synced_seconds.map(|s| mb / s);
     let pct = |p: f64| gets[((gets.len() as f64 - 1.0) * p).round() as usize];
     let report = serde_json::json!({
         "system": "memwal",
@@ -421,6 +447,11 @@ async fn main() {
         "scan_without_image_gets": scan_gets,
         "plain_files_mb_per_s": plain_seconds.map(|s| mb / s),
         "mb_per_s_over_plain_files": plain_seconds.map(|s| mb_per_s / (mb / s)),
+        "synced_mb_per_s": synced_mb_per_s,
+        "plain_files_synced_mb_per_s": plain_synced_seconds.map(|s| mb / s),
+        "synced_mb_per_s_over_plain_files": plain_synced_seconds
+            .zip(synced_mb_per_s)
+            .map(|(s, m)| m / (mb / s)),
     });
     println!("{report}");
 }

@@ -4,7 +4,10 @@
 //! One writer appends; any number of readers read at the same time without
 //! taking a lock on the batches:
 //! - batches live in append-only slots that are written once and never
-//!   moved ([`OnceLock`] segments of doubling size);
+//!   moved ([`OnceLock`] segments of doubling size); once a batch's WAL
+//!   entry has landed, its slot's batch is swapped for the same rows with
+//!   their long blob values in the entry's pack (so the MemTable holds no
+//!   blob bytes that are durable elsewhere);
 //! - `written` counts the batches of complete puts, `visible` the prefix
 //!   readers may see: the shorter of the durable prefix (marked by the
 //!   writer) and the indexed one (every vector column's [`Graph`] holds its
@@ -88,6 +91,28 @@ pub struct StoredBatch {
     pub first_row: u64,
 }
 
+/// A MemTable slot: a written batch, its first row's number and row
+/// count, and the bytes it adds to [`MemTable::bytes`].
+#[derive(Debug)]
+struct Slot {
+    first_row: u64,
+    rows: u64,
+    held: RwLock<(RecordBatch, usize)>,
+}
+
+impl Slot {
+    fn batch(&self) -> RecordBatch {
+        self.held.read().expect("MemTable slot poisoned").0.clone()
+    }
+
+    fn stored(&self) -> StoredBatch {
+        StoredBatch {
+            batch: self.batch(),
+            first_row: self.first_row,
+        }
+    }
+}
+
 /// A MemTable as a snapshot sees it: its first `batches` batches.
 #[derive(Debug, Clone)]
 pub struct MemLayer {
@@ -109,10 +134,7 @@ struct KeyIndex {
 /// A MemTable. See the module doc for the concurrency contract.
 pub struct MemTable {
     schema: Arc<TableSchema>,
-    slots: Slots<StoredBatch>,
-    /// Batches as their WAL entry holds them, where that differs: long
-    /// blob values moved into a pack (set once the entry landed).
-    packed: Slots<RecordBatch>,
+    slots: Slots<Slot>,
     written: AtomicUsize,
     durable: AtomicUsize,
     indexed: AtomicUsize,
@@ -142,7 +164,6 @@ impl MemTable {
         Self {
             schema,
             slots: Slots::new(),
-            packed: Slots::new(),
             written: AtomicUsize::new(0),
             durable: AtomicUsize::new(0),
             indexed: AtomicUsize::new(0),
@@ -206,12 +227,14 @@ impl MemTable {
                     }
                 }
             }
-            bytes += batch.get_array_memory_size();
+            let held = batch.get_array_memory_size();
+            bytes += held;
             self.slots.set(
                 next,
-                StoredBatch {
-                    batch,
+                Slot {
                     first_row: row,
+                    rows,
+                    held: RwLock::new((batch, held)),
                 },
             );
             next += 1;
@@ -289,7 +312,7 @@ impl MemTable {
         match batches.checked_sub(1) {
             Some(last) => {
                 let last = self.slots.get(last);
-                last.first_row + last.batch.num_rows() as u64
+                last.first_row + last.rows
             }
             None => 0,
         }
@@ -315,7 +338,8 @@ impl MemTable {
         self.visible.load(Ordering::Acquire)
     }
 
-    /// Bytes of all written batches (Arrow memory size).
+    /// Bytes of all written batches (Arrow memory size; a batch's long blob
+    /// values count until its WAL entry lands).
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -326,32 +350,26 @@ impl MemTable {
             to <= self.written_batches(),
             "batches beyond the written ones"
         );
-        (from..to).map(|i| self.slots.get(i).clone()).collect()
+        (from..to).map(|i| self.slots.get(i).stored()).collect()
     }
 
     /// Records that the WAL entry of the written batches from `from` on
-    /// holds them as `batches` (their long blob values in a pack): an
-    /// SSTable of this MemTable is written from those.
-    pub fn set_packed(&self, from: usize, batches: Vec<RecordBatch>) {
+    /// holds them as `batches` (the same rows, their long blob values in a
+    /// pack): the MemTable holds those from now on, and no longer counts
+    /// the blob bytes; returns by how much [`MemTable::bytes`] fell. Readers
+    /// that took the batches before keep theirs.
+    pub fn set_packed(&self, from: usize, batches: Vec<RecordBatch>) -> usize {
+        let mut released = 0;
         for (i, batch) in batches.into_iter().enumerate() {
-            debug_assert_eq!(batch.num_rows(), self.slots.get(from + i).batch.num_rows());
-            self.packed.set(from + i, batch);
+            let slot = self.slots.get(from + i);
+            debug_assert_eq!(batch.num_rows() as u64, slot.rows);
+            let held = batch.get_array_memory_size();
+            let mut current = slot.held.write().expect("MemTable slot poisoned");
+            released += current.1.saturating_sub(held);
+            *current = (batch, held.min(current.1));
         }
-    }
-
-    /// The written batches `0..to` as an SSTable holds them: as their WAL
-    /// entries do (see [`MemTable::set_packed`]).
-    pub fn flushable_batches(&self, to: usize) -> Vec<RecordBatch> {
-        assert!(
-            to <= self.written_batches(),
-            "batches beyond the written ones"
-        );
-        (0..to)
-            .map(|i| match self.packed.try_get(i) {
-                Some(packed) => packed.clone(),
-                None => self.slots.get(i).batch.clone(),
-            })
-            .collect()
+        self.bytes.fetch_sub(released, Ordering::Relaxed);
+        released
     }
 
     /// The visible prefix, captured once: every batch readers may see now.
@@ -369,7 +387,7 @@ impl MemTable {
     /// Like [`MemTable::get`], among the first `visible` batches only.
     pub fn get_within(&self, key: &[u8], visible: usize) -> Option<(RecordBatch, usize)> {
         let last = self.slots.get(visible.checked_sub(1)?);
-        let cap = last.first_row + last.batch.num_rows() as u64;
+        let cap = last.first_row + last.rows;
         let mut row = {
             let index = self.index.read().expect("key index poisoned");
             let mut row = *index.newest.get(key)?;
@@ -393,7 +411,7 @@ impl MemTable {
         }
         let found = self.slots.get(lo);
         row -= found.first_row;
-        Some((found.batch.clone(), row as usize))
+        Some((found.batch(), row as usize))
     }
 }
 

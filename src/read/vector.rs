@@ -164,12 +164,10 @@ impl ShardSnapshot {
             let rows = layer.memtable.rows_within(layer.batches) as usize;
             let (matches, admissible) = match &query.filter {
                 Some(filter) => {
-                    let matches = layer
-                        .memtable
-                        .batches(0, layer.batches)
-                        .iter()
-                        .map(|b| evaluate(filter, &b.batch))
-                        .collect::<Result<Vec<_>>>()?;
+                    let mut matches = Vec::new();
+                    for b in layer.memtable.batches(0, layer.batches) {
+                        matches.push(self.filter_memtable(filter, b.batch).await?);
+                    }
                     let admissible = matches.iter().map(BooleanArray::true_count).sum();
                     (Some(matches), admissible)
                 }
@@ -430,6 +428,33 @@ impl ShardSnapshot {
             })
             .collect();
         Offer { found, exhausted }
+    }
+
+    /// `filter` on a MemTable batch (stored form), with the packed values
+    /// of the blob columns it reads read back first.
+    async fn filter_memtable(
+        &self,
+        filter: &Arc<dyn PhysicalExpr>,
+        batch: RecordBatch,
+    ) -> Result<BooleanArray> {
+        let read: Vec<usize> = collect_columns(filter).iter().map(|c| c.index()).collect();
+        let unread: Vec<usize> = self
+            .schema
+            .blobs
+            .iter()
+            .map(|b| b.index)
+            .filter(|i| !read.contains(i))
+            .collect();
+        let batch = match unread.len() == self.schema.blobs.len() {
+            true => batch,
+            false => {
+                let every: Vec<usize> = (0..batch.num_columns()).collect();
+                self.packs
+                    .resolve_except(&self.schema, &every, batch, &unread)
+                    .await?
+            }
+        };
+        evaluate(filter, &batch)
     }
 
     /// `filter` on every row of `file`, in file order, reading only the

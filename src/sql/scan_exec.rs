@@ -358,7 +358,7 @@ impl ExecutionPlan for ScanExec {
     ) -> Result<SendableRecordBatchStream> {
         let projection = self.projection.clone();
         let baseline = BaselineMetrics::new(&self.metrics, partition);
-        let rows = match &self.mode {
+        let rows: SendableRecordBatchStream = match &self.mode {
             ScanMode::All => {
                 let snapshot = self.parts[partition].clone();
                 let pool = Arc::clone(ctx.memory_pool());
@@ -371,21 +371,26 @@ impl ExecutionPlan for ScanExec {
                         .scan_sizes(projection, sizes, early, &pool, &metrics)
                         .await
                 };
-                // The plan's names (a projection taken over names its
-                // columns) on the scan's columns.
-                let schema = self.schema();
-                let named = move |batch: RecordBatch| {
-                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                    let columns = batch.columns().to_vec();
-                    RecordBatch::try_new_with_options(Arc::clone(&schema), columns, &options)
-                };
-                Box::pin(RecordBatchStreamAdapter::new(
-                    self.schema(),
-                    futures::stream::once(stream)
-                        .map_err(DataFusionError::from)
-                        .try_flatten()
-                        .and_then(move |b| std::future::ready(named(b).map_err(Into::into))),
-                ))
+                let batches = futures::stream::once(stream)
+                    .map_err(DataFusionError::from)
+                    .try_flatten();
+                if self.sizes.is_empty() {
+                    Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches))
+                } else {
+                    // A projection taken over names its columns: the plan's
+                    // names on the scan's columns.
+                    let schema = self.schema();
+                    let named = move |batch: RecordBatch| {
+                        let options =
+                            RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                        let columns = batch.columns().to_vec();
+                        RecordBatch::try_new_with_options(Arc::clone(&schema), columns, &options)
+                    };
+                    Box::pin(RecordBatchStreamAdapter::new(
+                        self.schema(),
+                        batches.and_then(move |b| std::future::ready(named(b).map_err(Into::into))),
+                    ))
+                }
             }
             ScanMode::Keys(keys) => {
                 let table = Arc::clone(&self.table);

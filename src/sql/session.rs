@@ -261,7 +261,8 @@ impl MemwalSession {
     /// change is undone and the error names the conflict). Open tables are
     /// closed first (their writes made durable) and reopen with the new
     /// options on next use, in every session sharing this one's table
-    /// handles (see [`SessionBuilder::open`]).
+    /// handles (see [`SessionBuilder::open`]); the reopened writers'
+    /// counters (`memwal_stats`) start from zero.
     async fn apply_writer_options(&self) -> Result<()> {
         let wanted = {
             let state = self.ctx.state_ref();

@@ -245,9 +245,13 @@ impl Shared {
             let threads = self.options.index_threads;
             // Sorting and encoding are CPU work: off the async runtime.
             tokio::task::spawn_blocking(move || {
-                // As the WAL holds them: long blob values stay in their
-                // packs, the SSTable names them.
-                let batches = memtable.flushable_batches(memtable.written_batches());
+                // As the WAL holds them (every entry has landed): long blob
+                // values stay in their packs, the SSTable names them.
+                let batches: Vec<_> = memtable
+                    .batches(0, memtable.written_batches())
+                    .into_iter()
+                    .map(|b| b.batch)
+                    .collect();
                 let (encoded, body) = sstable::encode_batches(&schema, &batches)?;
                 // MemTable rows are numbered from 0 through its batches,
                 // as the encoder counts its input rows.

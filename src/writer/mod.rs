@@ -284,6 +284,9 @@ struct Shared {
     /// Rows and bytes ever put (replay included).
     written_rows: AtomicU64,
     written_bytes: AtomicU64,
+    /// Bytes of long blob values put that no MemTable holds any more (see
+    /// [`MemTable::set_packed`](crate::memtable::MemTable::set_packed)).
+    released_bytes: AtomicU64,
     /// Wakes the WAL task, the flush task, the index task, the compaction
     /// task.
     wake: Notify,
@@ -492,6 +495,7 @@ impl ShardWriter {
             }),
             written_rows: AtomicU64::new(rows),
             written_bytes: AtomicU64::new(bytes),
+            released_bytes: AtomicU64::new(0),
             wake: Notify::new(),
             flush_wake: Notify::new(),
             compaction_wake: Notify::new(),
@@ -703,10 +707,11 @@ impl ShardWriter {
         let shared = &self.shared;
         let ceiling = shared.options.max_unflushed_bytes as u64;
         let unflushed = |p: &Progress| {
+            let released = shared.released_bytes.load(Ordering::Relaxed);
             shared
                 .written_bytes
                 .load(Ordering::Relaxed)
-                .saturating_sub(p.flushed_bytes)
+                .saturating_sub(p.flushed_bytes + released)
         };
         let mut progress = shared.progress.subscribe();
         let ready = progress

@@ -38,13 +38,16 @@ pub struct WriterOptions {
     /// not yet in SSTables (default 256 MiB; at least `memtable_bytes`).
     pub max_unflushed_bytes: usize,
     /// A MemTable freezes (and is flushed to an SSTable) once its rows take
-    /// this many bytes (default 64 MiB).
+    /// this many bytes (default 64 MiB). Long blob values count only until
+    /// their pack has landed: the MemTable then holds their descriptors.
     pub memtable_bytes: usize,
     /// Compaction merges SSTables whenever a shard has more than this many
     /// (default 8).
     pub max_sstables: usize,
     /// SSTables a compaction replaced are deleted this long afterwards, so
     /// queries that started before can finish reading them (default 60 s).
+    /// A query that runs longer than this (or any query, at zero) can fail
+    /// with a missing object when a compaction ends while it reads.
     pub sstable_grace: Duration,
     /// Attempts at one WAL position after the first fails (default 5).
     pub append_retries: u32,

@@ -400,9 +400,11 @@ impl Shared {
         if let Some((pack_bytes, batches)) = packed {
             c.blob_packs.fetch_add(1, Ordering::Relaxed);
             c.blob_pack_bytes.fetch_add(pack_bytes, Ordering::Relaxed);
-            generation
+            let released = generation
                 .memtable
                 .set_packed(append.written - batches.len(), batches);
+            self.released_bytes
+                .fetch_add(released as u64, Ordering::Relaxed);
         }
         generation
             .last_position

@@ -17,6 +17,14 @@ use crate::helpers::run;
 
 /// A session on `store` (a fresh one each call: a restart).
 async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
+    open_with(store, |_| {}).await
+}
+
+/// Like [`open`], with `change` applied to the writer options.
+async fn open_with(
+    store: &Arc<FaultyStore>,
+    change: impl FnOnce(&mut WriterOptions),
+) -> MemwalSession {
     let root = ObjectRoot::new(store.clone(), "memory://blobs");
     let catalog = Catalog::open(root, CatalogOptions::default())
         .await
@@ -26,6 +34,7 @@ async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
     options.append_retries = 1;
     // Retired SSTables, and packs nothing names, go at once.
     options.sstable_grace = std::time::Duration::ZERO;
+    change(&mut options);
     MemwalSession::new(catalog, options)
 }
 
@@ -349,6 +358,71 @@ async fn a_vector_search_reads_blob_values_only_of_the_rows_it_returns_and_only_
     )
     .await;
     assert!(filtered.contains("| 17 |"), "{filtered}");
+    session.close().await.unwrap();
+}
+
+/// Once a put's pack has landed, the MemTable holds the rows'
+/// descriptors, not their long values: far more blob bytes than
+/// `memtable_bytes` fit in one MemTable, and its rows read back from the
+/// pack, through a scan, a key lookup and a vector search whose filter
+/// reads the blob column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memtable_lets_go_of_blob_values_once_their_pack_landed() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open_with(&store, |o| o.memtable_bytes = 1 << 20).await;
+    run(
+        &session,
+        "CREATE TABLE clips (id BIGINT PRIMARY KEY, raw BYTEA, emb FLOAT[2]) \
+         WITH ('raw.blob' = 'true')",
+    )
+    .await;
+    // 8 puts of 8 values of 64 KiB: 4 MiB.
+    for put in 0..8 {
+        run(
+            &session,
+            &format!(
+                "INSERT INTO clips SELECT value, \
+                 CAST(repeat(CAST(value % 10 AS TEXT), 65536) AS BYTEA), \
+                 [CAST(value AS FLOAT), 0.0] FROM generate_series({}, {})",
+                put * 8 + 1,
+                put * 8 + 8
+            ),
+        )
+        .await;
+    }
+    let stats = text(
+        &session,
+        "SELECT flushes, memtable_bytes < 1048576 AS small FROM memwal_stats('clips')",
+    )
+    .await;
+    assert!(stats.contains("| 0       | true  |"), "{stats}");
+    // A rule that never fires counts the GETs of packs.
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
+    let right = text(
+        &session,
+        "SELECT count(*) FROM clips \
+         WHERE raw = CAST(repeat(CAST(id % 10 AS TEXT), 65536) AS BYTEA)",
+    )
+    .await;
+    assert!(right.contains("| 64 "), "{right}");
+    assert!(store.matched_calls() > 0, "the values come from the packs");
+    let one = text(
+        &session,
+        "SELECT raw = CAST(repeat('5', 65536) AS BYTEA) AS same FROM clips WHERE id = 5",
+    )
+    .await;
+    assert!(one.contains("| true "), "{one}");
+    let nearest = text(
+        &session,
+        "SELECT id FROM vector_search('clips', 'emb', [3.1, 0.0], 1) \
+         WHERE raw = CAST(repeat('7', 65536) AS BYTEA)",
+    )
+    .await;
+    assert!(nearest.contains("| 7  |"), "{nearest}");
     session.close().await.unwrap();
 }
 
