@@ -222,17 +222,34 @@ async fn plain_files(dir: &str, payloads: &[Bytes], window: usize) -> (f64, f64)
 /// flight.
 async fn write_plain_files(store: Arc<dyn ObjectStore>, payloads: &[Bytes], window: usize) {
     let payloads = Arc::new(payloads.to_vec());
-    let next = Arc::new(AtomicUsize::new(0));
+    in_window(window, payloads.len(), move |i| {
+        let (store, payloads) = (Arc::clone(&store), Arc::clone(&payloads));
+        async move {
+            let path = Path::from(format!("plain/{i:08}"));
+            store.put(&path, payloads[i].clone().into()).await.unwrap();
+        }
+    })
+    .await;
+}
+
+/// Runs `work(0..n)`, `window` at a time: each of `window` tasks takes
+/// the next number when its last one is done.
+async fn in_window<F, Fut>(window: usize, n: usize, work: F)
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let (next, work) = (Arc::new(AtomicUsize::new(0)), Arc::new(work));
     let workers: Vec<_> = (0..window)
         .map(|_| {
-            let (store, payloads, next) =
-                (Arc::clone(&store), Arc::clone(&payloads), Arc::clone(&next));
+            let (next, work) = (Arc::clone(&next), Arc::clone(&work));
             tokio::spawn(async move {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(p) = payloads.get(i) else { return };
-                    let path = Path::from(format!("plain/{i:08}"));
-                    store.put(&path, p.clone().into()).await.unwrap();
+                    if i >= n {
+                        return;
+                    }
+                    work(i).await;
                 }
             })
         })
@@ -321,23 +338,16 @@ async fn main() {
     sync_disk();
     let puts_before = counter.calls(OpKind::Put);
     let (cpu_before, started) = (process_cpu_time(), Instant::now());
-    let next = Arc::new(AtomicUsize::new(0));
-    let workers: Vec<_> = (0..args.window)
-        .map(|_| {
-            let (table, batches, next) =
-                (Arc::clone(&table), Arc::clone(&batches), Arc::clone(&next));
-            tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(b) = batches.get(i) else { return };
-                    table.put(b).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.await.unwrap();
-    }
+    let puts = {
+        let (table, batches) = (Arc::clone(&table), Arc::clone(&batches));
+        move |i: usize| {
+            let (table, batches) = (Arc::clone(&table), Arc::clone(&batches));
+            async move {
+                table.put(&batches[i]).await.unwrap();
+            }
+        }
+    };
+    in_window(args.window, batches.len(), puts).await;
     let write_seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = process_cpu_time() - cpu_before;
     // On a local disk, also until what was acknowledged is on the disk.
