@@ -67,6 +67,16 @@ async fn packs(store: &Arc<FaultyStore>) -> Vec<Path> {
         .unwrap()
 }
 
+/// From now on `store.matched_calls()` counts the GETs of packs (a rule
+/// that never fires).
+fn count_pack_gets(store: &Arc<FaultyStore>) {
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/blobs/"),
+    );
+}
+
 async fn text(session: &MemwalSession, sql: &str) -> String {
     pretty_format_batches(&run(session, sql).await)
         .unwrap()
@@ -85,12 +95,7 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
     session.close().await.unwrap();
     assert_eq!(packs(&store).await.len(), 1, "one append, one pack");
 
-    // A rule that never fires counts the GETs of packs.
-    store.inject(
-        Fault::nth(OpKind::Get, u64::MAX)
-            .times(1)
-            .on_paths_containing("/blobs/"),
-    );
+    count_pack_gets(&store);
     let session = open(&store).await;
     let captions = text(&session, "SELECT id, caption FROM media ORDER BY id").await;
     assert!(captions.contains("three"), "{captions}");
@@ -328,12 +333,7 @@ async fn a_vector_search_reads_blob_values_only_of_the_rows_it_returns_and_only_
     )
     .await;
     session.close().await.unwrap();
-    // A rule that never fires counts the GETs of packs.
-    store.inject(
-        Fault::nth(OpKind::Get, u64::MAX)
-            .times(1)
-            .on_paths_containing("/blobs/"),
-    );
+    count_pack_gets(&store);
     let session = open(&store).await;
     let search = "FROM vector_search('clips', 'emb', [3.1, 0.0], 2) ORDER BY _distance";
     let ids = text(&session, &format!("SELECT id {search}")).await;
@@ -396,12 +396,7 @@ async fn a_memtable_lets_go_of_blob_values_once_their_pack_landed() {
     )
     .await;
     assert!(stats.contains("| 0       | true  |"), "{stats}");
-    // A rule that never fires counts the GETs of packs.
-    store.inject(
-        Fault::nth(OpKind::Get, u64::MAX)
-            .times(1)
-            .on_paths_containing("/blobs/"),
-    );
+    count_pack_gets(&store);
     let right = text(
         &session,
         "SELECT count(*) FROM clips \
@@ -585,12 +580,7 @@ async fn sizes_come_from_descriptors_and_a_value_streams_in_pieces() {
         let ids = Arc::new(Int64Array::from(vec![id]));
         RecordBatch::try_new(Arc::clone(&key_schema), vec![ids]).unwrap()
     };
-    // A rule that never fires counts the GETs of packs.
-    store.inject(
-        Fault::nth(OpKind::Get, u64::MAX)
-            .times(1)
-            .on_paths_containing("/blobs/"),
-    );
+    count_pack_gets(&store);
     for (id, size) in [
         (1, Some(8192)),
         (2, Some(16384)),
