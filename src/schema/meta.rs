@@ -162,8 +162,17 @@ impl TableMeta {
         }
 
         let mut shards = 1;
+        let mut given = std::collections::HashSet::new();
         for (key, value) in options {
             let key_lower = key.to_ascii_lowercase();
+            // Column names keep their case; option names do not.
+            let option = match key.rsplit_once('.') {
+                Some((column, option)) => format!("{column}.{}", option.to_ascii_lowercase()),
+                None => key_lower.clone(),
+            };
+            if !given.insert(option) {
+                return Err(Error::invalid(format!("table option '{key}' given twice")));
+            }
             if key_lower == "shards" {
                 shards = value
                     .trim()
@@ -477,6 +486,14 @@ mod tests {
             (
                 opts(&[("emb.m", "64")]),
                 "option 'emb.ef_construction' must be an integer in 128..=10000",
+            ),
+            (
+                opts(&[("emb.metric", "l2"), ("emb.METRIC", "cosine")]),
+                "table option 'emb.METRIC' given twice",
+            ),
+            (
+                opts(&[("shards", "2"), ("SHARDS", "2")]),
+                "table option 'SHARDS' given twice",
             ),
         ] {
             let err = TableMeta::new(&s, vec![], &bad).unwrap_err().to_string();
