@@ -158,6 +158,17 @@ impl ShardSnapshot {
         if query.k == 0 {
             return Ok(Vec::new());
         }
+        // Blob columns the filter does not read: their packed values stay
+        // unread when it runs on MemTable rows.
+        let unread: Vec<usize> = match &query.filter {
+            Some(filter) => {
+                let read = collect_columns(filter);
+                let reads = |i: usize| read.iter().any(|c| c.index() == i);
+                let blobs = self.schema.blobs.iter().map(|b| b.index);
+                blobs.filter(|&i| !reads(i)).collect()
+            }
+            None => Vec::new(),
+        };
         // Newest first: MemTables, then SSTables.
         let mut layers = Vec::new();
         for layer in self.memtables.iter().rev() {
@@ -166,7 +177,7 @@ impl ShardSnapshot {
                 Some(filter) => {
                     let mut matches = Vec::new();
                     for b in layer.memtable.batches(0, layer.batches) {
-                        matches.push(self.filter_memtable(filter, b.batch).await?);
+                        matches.push(self.filter_memtable(filter, b.batch, &unread).await?);
                     }
                     let admissible = matches.iter().map(BooleanArray::true_count).sum();
                     (Some(matches), admissible)
@@ -431,26 +442,19 @@ impl ShardSnapshot {
     }
 
     /// `filter` on a MemTable batch (stored form), with the packed values
-    /// of the blob columns it reads read back first.
+    /// of the blob columns it reads (all but `unread`) read back first.
     async fn filter_memtable(
         &self,
         filter: &Arc<dyn PhysicalExpr>,
         batch: RecordBatch,
+        unread: &[usize],
     ) -> Result<BooleanArray> {
-        let read: Vec<usize> = collect_columns(filter).iter().map(|c| c.index()).collect();
-        let unread: Vec<usize> = self
-            .schema
-            .blobs
-            .iter()
-            .map(|b| b.index)
-            .filter(|i| !read.contains(i))
-            .collect();
         let batch = match unread.len() == self.schema.blobs.len() {
             true => batch,
             false => {
                 let every: Vec<usize> = (0..batch.num_columns()).collect();
                 self.packs
-                    .resolve_except(&self.schema, &every, batch, &unread)
+                    .resolve_except(&self.schema, &every, batch, unread)
                     .await?
             }
         };
