@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use datafusion::arrow::array::{AsArray, RecordBatch};
 
 use crate::hnsw::Graph;
-use crate::schema::{KeyedBatch, TableSchema};
+use crate::schema::{KeyedBatch, TableSchema, held_bytes};
 
 /// Slots in the first segment; segment `s` holds `FIRST_SEGMENT << s`.
 const FIRST_SEGMENT: usize = 32;
@@ -227,7 +227,7 @@ impl MemTable {
                     }
                 }
             }
-            let held = batch.get_array_memory_size();
+            let held = held_bytes(&batch);
             bytes += held;
             self.slots.set(
                 next,
@@ -338,8 +338,8 @@ impl MemTable {
         self.visible.load(Ordering::Acquire)
     }
 
-    /// Bytes of all written batches (Arrow memory size; a batch's long blob
-    /// values count until its WAL entry lands).
+    /// Bytes of all written batches (see [`held_bytes`]; a batch's long
+    /// blob values count until its WAL entry lands).
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Relaxed)
     }
@@ -363,7 +363,7 @@ impl MemTable {
         for (i, batch) in batches.into_iter().enumerate() {
             let slot = self.slots.get(from + i);
             debug_assert_eq!(batch.num_rows() as u64, slot.rows);
-            let held = batch.get_array_memory_size();
+            let held = held_bytes(&batch);
             let mut current = slot.held.write().expect("MemTable slot poisoned");
             released += current.1.saturating_sub(held);
             *current = (batch, held.min(current.1));

@@ -17,4 +17,6 @@ pub use meta::{ColumnOptions, TableMeta, VectorOptions};
 pub use metric::{HnswParams, Metric};
 #[cfg(test)]
 pub use stored::stored_schema;
-pub use stored::{BlobColumn, KeyedBatch, TableSchema, VectorColumn, blob_descriptor_fields};
+pub use stored::{
+    BlobColumn, KeyedBatch, TableSchema, VectorColumn, blob_descriptor_fields, held_bytes,
+};

@@ -1,11 +1,13 @@
 //! [`TableSchema`]: a table's user schema, the stored form of its rows, and
 //! the checks a batch must pass before anything is written.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, new_null_array,
+    Array, ArrayData, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array, new_null_array,
 };
+use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::{DataType, Float32Type, SchemaRef};
 use datafusion::arrow::row::{RowConverter, Rows, SortField};
 
@@ -264,8 +266,10 @@ impl TableSchema {
     }
 
     /// A stored batch with its rows' key encodings, as the MemTable takes
-    /// it (`None` for an append-only table).
+    /// it (`None` for an append-only table). The batch is copied if it keeps
+    /// far more memory alive than its rows take (see `compacted`).
     pub fn keyed(&self, stored: RecordBatch) -> Result<KeyedBatch> {
+        let stored = compacted(stored)?;
         let keys = if self.has_key() {
             Some(self.encode_keys(&stored)?)
         } else {
@@ -376,10 +380,55 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32, rows_before: usize) ->
     Ok(())
 }
 
+/// Bytes of memory `batch` keeps alive: the capacity of every buffer it
+/// references, a buffer several columns share (the columns of one decoded
+/// WAL entry share one) counted once. What a MemTable counts its batches
+/// by.
+pub fn held_bytes(batch: &RecordBatch) -> usize {
+    fn add(data: &ArrayData, seen: &mut HashSet<usize>, total: &mut usize) {
+        let nulls = data.nulls().map(|n| n.buffer());
+        for buffer in data.buffers().iter().chain(nulls) {
+            if seen.insert(buffer.data_ptr().as_ptr() as usize) {
+                *total += buffer.capacity();
+            }
+        }
+        for child in data.child_data() {
+            add(child, seen, total);
+        }
+    }
+    let (mut seen, mut total) = (HashSet::new(), 0);
+    for column in batch.columns() {
+        add(&column.to_data(), &mut seen, &mut total);
+    }
+    total
+}
+
+/// Memory a batch may keep alive beyond twice what its rows take before
+/// [`compacted`] copies it.
+const SLACK_BYTES: usize = 16 << 10;
+
+/// `batch` as it is, or its rows copied into buffers of their own when it
+/// keeps far more memory alive than they take (a few rows sliced out of a
+/// larger batch, as a DELETE's keys are out of the scan's): a MemTable
+/// holding it then holds what it counts, not a whole scanned batch per
+/// deleted row.
+fn compacted(batch: RecordBatch) -> Result<RecordBatch> {
+    let mut used = 0;
+    for column in batch.columns() {
+        used += column.to_data().get_slice_memory_size()?;
+    }
+    if held_bytes(&batch) <= 2 * used + SLACK_BYTES {
+        return Ok(batch);
+    }
+    let all = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
+    Ok(take_record_batch(&batch, &all)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
+    use datafusion::arrow::datatypes::Int64Type;
     use datafusion::arrow::buffer::NullBuffer;
     use datafusion::arrow::datatypes::{Field, Schema};
 
@@ -461,5 +510,63 @@ mod tests {
             err.to_string().contains("non-finite value (inf) in row 1"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_batch_is_counted_by_the_memory_it_keeps_alive_and_a_wasteful_slice_is_copied() {
+        use datafusion::arrow::ipc::reader::StreamReader;
+        use datafusion::arrow::ipc::writer::StreamWriter;
+
+        let t = table();
+        // A DELETE's key: one row sliced out of a scanned 8,192-row batch.
+        let scanned = Int64Array::from_iter_values(0..8192);
+        let key_schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let keys = RecordBatch::try_new(key_schema, vec![Arc::new(scanned)])
+            .unwrap()
+            .slice(4000, 1);
+        let tombstone = t.tombstones(&keys).unwrap();
+        assert!(held_bytes(&tombstone) >= 8192 * 8);
+        let (kept, _) = t.keyed(tombstone).unwrap();
+        assert!(held_bytes(&kept) < 1024, "{}", held_bytes(&kept));
+        assert_eq!(kept.column(0).as_primitive::<Int64Type>().value(0), 4000);
+        assert!(kept.column(1).is_null(0));
+
+        // Columns decoded from one IPC message share its buffer: counted
+        // once, and kept as they are.
+        let rows = 1000;
+        let stored = t
+            .to_stored(&RecordBatch::try_new(
+                Arc::clone(&t.schema),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(0..rows)),
+                    Arc::new(FixedSizeListArray::new(
+                        Arc::new(Field::new("item", DataType::Float32, true)),
+                        3,
+                        Arc::new(Float32Array::from(vec![0.5; 3 * rows as usize])),
+                        None,
+                    )),
+                ],
+            )
+            .unwrap())
+            .unwrap();
+        let mut encoded = Vec::new();
+        let mut writer = StreamWriter::try_new(&mut encoded, &stored.schema()).unwrap();
+        writer.write(&stored).unwrap();
+        writer.finish().unwrap();
+        drop(writer);
+        let decoded = StreamReader::try_new(encoded.as_slice(), None)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let payload = rows as usize * (8 + 3 * 4);
+        let held = held_bytes(&decoded);
+        assert!(
+            (payload..2 * payload).contains(&held),
+            "{held} held for {payload} bytes of values ({} by capacity per column)",
+            decoded.get_array_memory_size()
+        );
+        let (kept, _) = t.keyed(decoded.clone()).unwrap();
+        assert!(kept.column(0).to_data().buffers()[0].ptr_eq(&decoded.column(0).to_data().buffers()[0]));
     }
 }

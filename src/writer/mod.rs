@@ -62,7 +62,7 @@ use replay::Replayed;
 use crate::blob::PackReader;
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
-use crate::schema::{KeyedBatch, TableSchema};
+use crate::schema::{KeyedBatch, TableSchema, held_bytes};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
@@ -669,7 +669,7 @@ impl ShardWriter {
         let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
         let bytes = put
             .iter()
-            .map(|(b, _)| b.get_array_memory_size() as u64)
+            .map(|(b, _)| held_bytes(b) as u64)
             .sum::<u64>();
         let _no_load_committing = shared.ingest_gate.read().await;
         let (generation, end) = {

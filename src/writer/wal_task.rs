@@ -19,6 +19,7 @@ use datafusion::arrow::array::RecordBatch;
 use super::{Generation, Shared};
 use crate::blob;
 use crate::error::{Error, Result};
+use crate::schema::held_bytes;
 use crate::store::paths;
 use crate::wal::WalEntry;
 
@@ -271,7 +272,7 @@ impl Shared {
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
             let bytes: u64 = batches
                 .iter()
-                .map(|b| b.batch.get_array_memory_size() as u64)
+                .map(|b| held_bytes(&b.batch) as u64)
                 .sum();
             let mut entry = WalEntry::data(
                 self.epoch,

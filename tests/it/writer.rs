@@ -210,6 +210,43 @@ async fn a_corrupt_truncated_or_missing_wal_entry_fails_open_naming_it() {
     );
 }
 
+/// `memtable_bytes` is the memory the MemTable keeps alive: a one-row
+/// delete whose key is a slice of a scanned batch (as a DELETE's are) does
+/// not count, or hold, the whole batch, and the columns of a replayed WAL
+/// entry (which share its buffer) count it once.
+#[tokio::test]
+async fn memtable_bytes_are_what_is_held_after_one_row_deletes_and_replay() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let writer = open(&store, 0).await.unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    writer.put(&[rows(&schema, 0..8192, 1)]).await.unwrap();
+    let put = writer.stats().memtable_bytes;
+    let key_schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let scanned = RecordBatch::try_new(
+        key_schema,
+        vec![Arc::new(Int64Array::from_iter_values(0..8192))],
+    )
+    .unwrap();
+    for id in 0..100 {
+        writer.delete(&scanned.slice(id, 1)).await.unwrap();
+    }
+    let deletes = writer.stats().memtable_bytes - put;
+    assert!(
+        deletes < 100 * 1024,
+        "{deletes} bytes for 100 one-row deletes"
+    );
+    // Dropped, not closed: the rows stay in the WAL.
+    drop(writer);
+    let replayed = open(&store, 0).await.unwrap();
+    assert_eq!(visible(&replayed).await.len(), 8092);
+    let after = replayed.stats().memtable_bytes;
+    assert!(
+        after < 2 * (put + deletes),
+        "{after} bytes after replay, {} before",
+        put + deletes
+    );
+}
+
 #[tokio::test]
 async fn a_second_writer_fences_the_first_and_nothing_acknowledged_is_lost() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
