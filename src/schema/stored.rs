@@ -428,8 +428,8 @@ fn compacted(batch: RecordBatch) -> Result<RecordBatch> {
 mod tests {
     use super::*;
     use datafusion::arrow::array::{FixedSizeListArray, Float32Array, Int64Array};
-    use datafusion::arrow::datatypes::Int64Type;
     use datafusion::arrow::buffer::NullBuffer;
+    use datafusion::arrow::datatypes::Int64Type;
     use datafusion::arrow::datatypes::{Field, Schema};
 
     fn table() -> TableSchema {
@@ -535,19 +535,21 @@ mod tests {
         // once, and kept as they are.
         let rows = 1000;
         let stored = t
-            .to_stored(&RecordBatch::try_new(
-                Arc::clone(&t.schema),
-                vec![
-                    Arc::new(Int64Array::from_iter_values(0..rows)),
-                    Arc::new(FixedSizeListArray::new(
-                        Arc::new(Field::new("item", DataType::Float32, true)),
-                        3,
-                        Arc::new(Float32Array::from(vec![0.5; 3 * rows as usize])),
-                        None,
-                    )),
-                ],
+            .to_stored(
+                &RecordBatch::try_new(
+                    Arc::clone(&t.schema),
+                    vec![
+                        Arc::new(Int64Array::from_iter_values(0..rows)),
+                        Arc::new(FixedSizeListArray::new(
+                            Arc::new(Field::new("item", DataType::Float32, true)),
+                            3,
+                            Arc::new(Float32Array::from(vec![0.5; 3 * rows as usize])),
+                            None,
+                        )),
+                    ],
+                )
+                .unwrap(),
             )
-            .unwrap())
             .unwrap();
         let mut encoded = Vec::new();
         let mut writer = StreamWriter::try_new(&mut encoded, &stored.schema()).unwrap();
@@ -567,6 +569,8 @@ mod tests {
             decoded.get_array_memory_size()
         );
         let (kept, _) = t.keyed(decoded.clone()).unwrap();
-        assert!(kept.column(0).to_data().buffers()[0].ptr_eq(&decoded.column(0).to_data().buffers()[0]));
+        assert!(
+            kept.column(0).to_data().buffers()[0].ptr_eq(&decoded.column(0).to_data().buffers()[0])
+        );
     }
 }

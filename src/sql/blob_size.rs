@@ -1,9 +1,12 @@
 //! `blob_size(column)`: the size in bytes of a binary value, NULL for
-//! NULL. Over a memwal scan it reads no blob bytes: [`ScanExec`] takes a
-//! projection of `blob_size(<blob column>)` over (see its
+//! NULL. Over a memwal scan it reads no blob bytes: DataFusion moves the
+//! call out of filters, sorts, limits and aggregates into a projection
+//! over the scan (the function's placement is `MoveTowardsLeafNodes`), and
+//! [`ScanExec`] takes that projection over (see its
 //! `try_swapping_with_projection` and [`BlobSizePushdown`]) and answers
-//! from the column's descriptors; anywhere else (after a filter, in a key
-//! lookup) it measures the value it is given.
+//! from the column's descriptors. Where the values are read anyway
+//! (selected beside the size, a key lookup) it measures them. `col IS
+//! NULL` reads the values; `blob_size(col) IS NULL` does not.
 
 use std::sync::Arc;
 
@@ -14,7 +17,8 @@ use datafusion::common::plan_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    ColumnarValue, ExpressionPlacement, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
 };
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{Partitioning, ScalarFunctionExpr};
@@ -57,6 +61,16 @@ impl ScalarUDFImpl for BlobSize {
 
     fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    /// Of a column: moves towards the scan (DataFusion's leaf expression
+    /// pushdown lifts it out of filters, sorts, limits and aggregates
+    /// into a projection there), where a memwal scan answers it.
+    fn placement(&self, args: &[ExpressionPlacement]) -> ExpressionPlacement {
+        match args {
+            [ExpressionPlacement::Column] => ExpressionPlacement::MoveTowardsLeafNodes,
+            _ => ExpressionPlacement::KeepInPlace,
+        }
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {

@@ -667,10 +667,7 @@ impl ShardWriter {
         let shared = &self.shared;
         self.backpressure().await?;
         let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
-        let bytes = put
-            .iter()
-            .map(|(b, _)| held_bytes(b) as u64)
-            .sum::<u64>();
+        let bytes = put.iter().map(|(b, _)| held_bytes(b) as u64).sum::<u64>();
         let _no_load_committing = shared.ingest_gate.read().await;
         let (generation, end) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");

@@ -270,10 +270,7 @@ impl Shared {
             lone_writer = written - sent == 1;
             let batches = generation.memtable.batches(sent, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
-            let bytes: u64 = batches
-                .iter()
-                .map(|b| held_bytes(&b.batch) as u64)
-                .sum();
+            let bytes: u64 = batches.iter().map(|b| held_bytes(&b.batch) as u64).sum();
             let mut entry = WalEntry::data(
                 self.epoch,
                 generation.number,

@@ -112,6 +112,36 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
     }
     let plan = text(&session, "EXPLAIN SELECT id, blob_size(raw) FROM media").await;
     assert!(plan.contains("sizes of=[2]"), "{plan}");
+    // Sizes in filters, sorts, limits and aggregates come from the
+    // descriptors too (DataFusion moves the call down to the scan).
+    for (sql, row) in [
+        ("SELECT sum(blob_size(raw)) AS n FROM media", "| 24577 |"),
+        (
+            "SELECT max(id) AS n FROM media WHERE blob_size(raw) > 10000",
+            "| 2 |",
+        ),
+        (
+            "SELECT count(*) AS n FROM media WHERE blob_size(raw) IS NULL",
+            "| 0 |",
+        ),
+        (
+            "SELECT id AS n FROM media ORDER BY blob_size(raw) LIMIT 1",
+            "| 3 |",
+        ),
+        (
+            "SELECT min(s) AS n FROM (SELECT blob_size(raw) AS s FROM media LIMIT 5)",
+            "| 1 |",
+        ),
+        (
+            "SELECT count(*) AS n FROM media GROUP BY blob_size(raw) > 1 ORDER BY n LIMIT 1",
+            "| 1 |",
+        ),
+    ] {
+        let got = text(&session, sql).await;
+        assert!(got.contains(row), "{sql}: {got}");
+        let plan = text(&session, &format!("EXPLAIN {sql}")).await;
+        assert!(plan.contains("sizes of=[2]"), "{sql}: {plan}");
+    }
     assert_eq!(store.matched_calls(), 0, "no pack read without the column");
     // Beside the values, and for a key lookup, the function measures them.
     let both = text(
