@@ -593,10 +593,16 @@ impl PackReader {
     }
 }
 
-/// The pack ids of a compaction's copies (see [`Repacker`]) have this bit
-/// set, which no WAL position has; the rest is random, so copies never
-/// share a name.
-pub const REPACKED: u64 = 1 << 63;
+/// The ids of packs no WAL entry names — a compaction's copies (see
+/// [`Repacker`]) and the packs of bulk loads' runs — have this bit set,
+/// which no WAL position has; the rest is random (see [`unlogged_id`]),
+/// so they never share a name.
+pub const UNLOGGED: u64 = 1 << 63;
+
+/// A fresh id for a pack no WAL entry names (see [`UNLOGGED`]).
+pub fn unlogged_id() -> u64 {
+    UNLOGGED | (rand::random::<u64>() >> 1)
+}
 
 /// How often a repacked pack's upload is tried before the compaction fails
 /// (and is retried as a whole).
@@ -728,7 +734,7 @@ impl Repacker {
         }
         let (id, bytes) = self
             .current
-            .get_or_insert_with(|| (REPACKED | (rand::random::<u64>() >> 1), BytesMut::new()));
+            .get_or_insert_with(|| (unlogged_id(), BytesMut::new()));
         let offset = bytes.len() as u64;
         bytes.extend_from_slice(value);
         Ok((*id, offset))

@@ -1024,34 +1024,41 @@ impl Shared {
 
     /// Deletes the blob packs nothing reads any more: at or below the
     /// replay cursor (the WAL entry that named one, if it landed, is in
-    /// SSTables) or written by a compaction (see [`blob::Repacker`]: its
-    /// SSTable, if committed, names it), named by no SSTable of the
-    /// manifest, live or retired,
-    /// and older than [`super::WriterOptions::sstable_grace`] (a query
-    /// that read a MemTable row naming one before its flush has that long
-    /// to finish, as one reading a retired SSTable does). Packs of appends
-    /// that never landed go the same way. A failed delete is tried again
-    /// by the next call.
+    /// SSTables) or named by no WAL entry (see [`blob::UNLOGGED`]: a
+    /// compaction's or a bulk load's, named by its SSTables once they are
+    /// committed) while no load of the shard is alive, named by no SSTable
+    /// of the newest manifest, live or retired, and older than
+    /// [`super::WriterOptions::sstable_grace`] (a query that read a
+    /// MemTable row naming one before its flush has that long to finish,
+    /// as one reading a retired SSTable does). Packs of appends that never
+    /// landed, and of loads that never committed, go the same way. A
+    /// failed delete is tried again by the next call.
     async fn delete_unnamed_packs(&self) -> Result<()> {
         if self.schema.blobs.is_empty() {
             return Ok(());
         }
-        let manifest = self.manifest();
-        let m = &manifest.state;
         let listed: Vec<object_store::ObjectMeta> = self
             .store
             .list(Some(&paths::blobs_dir(&self.shard_dir)))
             .try_collect()
             .await?;
+        // The markers before the manifest: a load that commits meanwhile
+        // has a fresh marker or its runs in that manifest.
+        let loading = super::load::a_load_is_alive(&self.store, &self.shard_dir).await?;
+        let manifest = self
+            .versions
+            .load_latest(self.manifest().version, ShardManifest::decode)
+            .await?;
+        let m = &manifest.state;
         let (now, grace) = (
             now_ms() as i64,
             self.options.sstable_grace.as_millis() as i64,
         );
-        // Packs of landed appends (at or below the cursor) and of
-        // compactions; the others may be named by MemTable rows.
+        // Packs of landed appends (at or below the cursor) and those no
+        // WAL entry names; the rest may be named by MemTable rows.
         let settled = |meta: &object_store::ObjectMeta| {
             let (position, epoch) = meta.location.filename().and_then(paths::parse_blob_pack)?;
-            (position <= m.replay_after || position & blob::REPACKED != 0)
+            (position <= m.replay_after || position & blob::UNLOGGED != 0)
                 .then_some((position, epoch))
         };
         let mut stored: u64 = listed
@@ -1063,7 +1070,9 @@ impl Shared {
             .into_iter()
             .filter(|meta| {
                 settled(meta).is_some_and(|(position, epoch)| {
-                    !m.names_pack(epoch, position)
+                    let loads_may_name = loading && position & blob::UNLOGGED != 0;
+                    !loads_may_name
+                        && !m.names_pack(epoch, position)
                         && now - meta.last_modified.timestamp_millis() >= grace
                 })
             })

@@ -2,7 +2,9 @@
 //! memory goes to SSTables directly instead of the MemTable and the WAL.
 //!
 //! 1. [`ShardWriter::write_run`] sorts a bounded part of the load and
-//!    writes it as an SSTable that no manifest names yet, under the shard's
+//!    writes it as an SSTable that no manifest names yet (its long blob
+//!    values first, into a pack of its own that pack collection leaves
+//!    alone while a load of the shard is alive), under the shard's
 //!    `load/` directory, where writers that take the shard over meanwhile
 //!    leave it alone (the load then commits through a writer of its own
 //!    again). While it runs, the load rewrites a marker per shard (see
@@ -40,6 +42,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use super::manifest::{ShardManifest, now_ms};
 use super::{ShardWriter, shared_error};
+use crate::blob;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 use crate::sstable::{self, DeletionVector, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
@@ -74,17 +77,7 @@ pub(crate) async fn delete_dead_loads(
     }
     let manifest = versions.load_latest(known, ShardManifest::decode).await?;
     let named = manifest.state.named_dirs();
-    let now_ms = now_ms() as i64;
-    let older_than =
-        |meta: &ObjectMeta, ms: u64| now_ms - meta.last_modified.timestamp_millis() > ms as i64;
-    // Each load's markers, and whether they are fresh by its own grace.
-    let mut loads: HashMap<u64, bool> = HashMap::new();
-    for meta in &listed {
-        let path = meta.location.as_ref();
-        if let (Some(load), Some(its_grace)) = (paths::load_of(path), paths::marker_grace(path)) {
-            *loads.entry(load).or_default() |= !older_than(meta, its_grace);
-        }
-    }
+    let loads = markers(&listed);
     let dead: Vec<Path> = listed
         .into_iter()
         .filter(|meta| {
@@ -109,6 +102,40 @@ pub(crate) async fn delete_dead_loads(
         .buffer_unordered(16)
         .try_collect()
         .await
+}
+
+/// Whether a bulk load of the shard at `shard_dir` may still commit: one
+/// of its markers is fresher than the grace it names.
+pub(crate) async fn a_load_is_alive(
+    store: &Arc<dyn ObjectStore>,
+    shard_dir: &Path,
+) -> Result<bool> {
+    let listed: Vec<ObjectMeta> = store
+        .list(Some(&paths::loads_dir(shard_dir)))
+        .try_filter(|meta| {
+            std::future::ready(paths::marker_grace(meta.location.as_ref()).is_some())
+        })
+        .try_collect()
+        .await?;
+    Ok(markers(&listed).values().any(|&fresh| fresh))
+}
+
+/// Whether `meta` was last written more than `ms` ago.
+fn older_than(meta: &ObjectMeta, ms: u64) -> bool {
+    now_ms() as i64 - meta.last_modified.timestamp_millis() > ms as i64
+}
+
+/// The loads whose markers are among `listed`, and whether one of each
+/// load's markers is fresh by the grace it names.
+fn markers(listed: &[ObjectMeta]) -> HashMap<u64, bool> {
+    let mut loads: HashMap<u64, bool> = HashMap::new();
+    for meta in listed {
+        let path = meta.location.as_ref();
+        if let (Some(load), Some(its_grace)) = (paths::load_of(path), paths::marker_grace(path)) {
+            *loads.entry(load).or_default() |= !older_than(meta, its_grace);
+        }
+    }
+    loads
 }
 
 /// The first and last key of some rows sorted by key.
@@ -189,17 +216,44 @@ impl ShardWriter {
             return Err(e);
         }
         let schema = Arc::clone(&shared.schema);
-        let (body, ranges) = tokio::task::spawn_blocking(move || {
+        let (pack, epoch, inline) = (
+            blob::unlogged_id(),
+            shared.epoch,
+            shared.options.blob_inline_bytes,
+        );
+        let (body, ranges, packed, named) = tokio::task::spawn_blocking(move || {
             // One batch, and the parts dropped before the sort copies it.
             let all = concat_batches(&schema.stored, &batches)?;
             drop(batches);
             let body = sstable::newest_per_key_sorted(&schema, std::slice::from_ref(&all))?;
             drop(all);
             let ranges = LoadRun::row_group_ranges(&schema, &body)?;
-            Ok::<_, Error>((body, ranges))
+            // Long blob values go into a pack of the run's own; the run
+            // holds their descriptors.
+            let (body, packed) =
+                match blob::pack(&schema, std::slice::from_ref(&body), pack, epoch, inline)? {
+                    Some(mut packed) => (packed.batches.remove(0), Some(packed.bytes)),
+                    None => (body, None),
+                };
+            let mut named = blob::Named::new();
+            blob::collect_named(&schema, &body, &mut named);
+            Ok::<_, Error>((body, ranges, packed, named))
         })
         .await
         .map_err(|e| Error::Poisoned(format!("sorting a load's rows failed: {e}")))??;
+        // Before the run that names it. Until the load commits, pack
+        // collection leaves it alone while the load's markers are fresh; a
+        // load that fails leaves it to that collection.
+        if let Some(bytes) = packed {
+            let len = bytes.content_length() as u64;
+            let path = paths::blob_pack(&shared.shard_dir, pack, epoch);
+            blob::put_pack(&shared.store, &path, bytes).await?;
+            shared.counters.blob_packs.fetch_add(1, Ordering::Relaxed);
+            shared
+                .counters
+                .blob_pack_bytes
+                .fetch_add(len, Ordering::Relaxed);
+        }
         let slices: Vec<_> = (0..body.num_rows())
             .step_by(RUN_BATCH_ROWS)
             .map(|at| Ok(body.slice(at, RUN_BATCH_ROWS.min(body.num_rows() - at))))
@@ -209,7 +263,7 @@ impl ShardWriter {
             futures::stream::iter(slices),
         ));
         let path = paths::new_load_run(&shared.shard_dir, load, seq, shared.epoch);
-        let file = sstable::write_stream(
+        let mut file = sstable::write_stream(
             &shared.store,
             path,
             (seq, seq),
@@ -218,6 +272,8 @@ impl ShardWriter {
             encoded,
         )
         .await?;
+        file.packs = blob::runs(&named);
+        file.blob_bytes = named.values().sum();
         Ok(LoadRun {
             file,
             ranges,

@@ -89,8 +89,8 @@ pub struct WriterStats {
     pub wal_appends: u64,
     /// Bytes of [`WriterStats::wal_appends`].
     pub wal_bytes: u64,
-    /// Blob packs written (one per WAL append with long blob values), and
-    /// their bytes.
+    /// Blob packs written (one per WAL append, and per bulk load run, with
+    /// long blob values), and their bytes.
     pub blob_packs: u64,
     /// See [`WriterStats::blob_packs`].
     pub blob_pack_bytes: u64,

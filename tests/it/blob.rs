@@ -738,3 +738,107 @@ async fn a_repack_leaves_a_damaged_value_in_place_and_goes_on() {
     .await;
     session.close().await.unwrap();
 }
+
+/// A bulk load (an INSERT larger than `load_memory_bytes`) moves long
+/// values into packs of its runs' own, as appends do: the runs hold
+/// descriptors, sizes need no pack read, and the values read back across a
+/// restart and a compaction. A load that fails leaves its packs to
+/// collection, which holds off while any load of the shard is alive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
+    use memwal::testing::paths;
+
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let loading = |o: &mut WriterOptions| o.load_memory_bytes = 64 << 10;
+    let session = open_with(&store, loading).await;
+    run(&session, CREATE_MEDIA).await;
+    // 39 values of 5 to 18 KiB and one inline (500 KiB).
+    let rows = |ids: &str| {
+        format!(
+            "SELECT value AS id, 'c' AS caption, \
+             CAST(repeat(CAST(value AS TEXT), CASE WHEN value = 7 THEN 1 ELSE 5000 + value * 100 END) AS BYTEA) AS raw \
+             FROM generate_series({ids})"
+        )
+    };
+    run(&session, &format!("INSERT INTO media {}", rows("1, 40"))).await;
+    let md5s = "SELECT id, md5(raw) AS md5, blob_size(raw) AS size FROM media ORDER BY id";
+    let expected = text(
+        &session,
+        &format!(
+            "SELECT id, md5(raw) AS md5, blob_size(raw) AS size FROM ({}) ORDER BY id",
+            rows("1, 40")
+        ),
+    )
+    .await;
+    let loaded = packs(&store).await;
+    assert!(!loaded.is_empty());
+    let table = session.table("media").await.unwrap();
+    let stats = table.stats(0).unwrap().expect("the writer is open");
+    assert_eq!(stats.blob_packs as usize, loaded.len());
+    assert_eq!(stats.wal_appends, 0, "the load went around the WAL");
+
+    count_pack_gets(&store);
+    let total = text(&session, "SELECT sum(blob_size(raw)) AS n FROM media").await;
+    assert!(total.contains("| 508801 |"), "{total}");
+    assert_eq!(store.matched_calls(), 0, "sizes from descriptors");
+    assert_eq!(text(&session, md5s).await, expected);
+    assert!(store.matched_calls() > 0, "the values are in packs");
+    store.clear();
+    session.close().await.unwrap();
+
+    // After a restart and a compaction, the same values from the same packs.
+    let session = open_with(&store, loading).await;
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+    assert_eq!(text(&session, md5s).await, expected);
+    assert_eq!(packs(&store).await, loaded);
+
+    // A load whose runs cannot be written commits nothing; its packs
+    // stay while a load looks alive, and go once none does.
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("data.parquet"),
+    );
+    let err = session
+        .sql(&format!("INSERT INTO media {}", rows("41, 80")))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("injected"), "{err}");
+    store.clear();
+    assert_eq!(text(&session, md5s).await, expected);
+    session.close().await.unwrap();
+    let left = packs(&store).await;
+    assert!(left.len() > loaded.len(), "{left:?}");
+    let shard = loaded[0].as_ref().split_once("/blobs/").unwrap().0;
+    let marker = paths::load_marker(&Path::from(shard), 0xabc, 3_600_000);
+    store.put(&marker, Vec::new().into()).await.unwrap();
+    let session = open_with(&store, loading).await;
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+    assert_eq!(packs(&store).await, left, "a live load's packs stay");
+    store.delete(&marker).await.unwrap();
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+    assert_eq!(packs(&store).await, loaded, "the failed load's went");
+    assert_eq!(text(&session, md5s).await, expected);
+    session.close().await.unwrap();
+}
