@@ -26,7 +26,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use super::blob_size::blob_size_of;
 use super::streams::{observed, stream_of};
@@ -361,6 +361,9 @@ impl ExecutionPlan for ScanExec {
         let rows: SendableRecordBatchStream = match &self.mode {
             ScanMode::All => {
                 let snapshot = self.parts[partition].clone();
+                // Held to the stream's end: the writer of this process
+                // deletes no SSTable of a snapshot still held.
+                let held = snapshot.clone();
                 let pool = Arc::clone(ctx.memory_pool());
                 let metrics = ScanMetrics::new(&self.metrics, &self.merge_metrics, partition);
                 let (sizes, early) = (self.sizes.clone(), self.early.clone());
@@ -373,7 +376,10 @@ impl ExecutionPlan for ScanExec {
                 };
                 let batches = futures::stream::once(stream)
                     .map_err(DataFusionError::from)
-                    .try_flatten();
+                    .try_flatten()
+                    .inspect(move |_| {
+                        let _held = &held;
+                    });
                 if self.sizes.is_empty() {
                     Box::pin(RecordBatchStreamAdapter::new(self.schema(), batches))
                 } else {

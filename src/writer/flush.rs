@@ -224,7 +224,10 @@ impl Shared {
         };
         let mut layers = self.layers.write().expect("layers poisoned");
         if committed.version > layers.manifest.version {
-            layers.sstables = Arc::new(committed.state.sstables.clone());
+            let sstables = Arc::new(committed.state.sstables.clone());
+            let replaced = std::mem::replace(&mut layers.sstables, sstables);
+            layers.replaced.retain(|r| r.strong_count() > 0);
+            layers.replaced.push(Arc::downgrade(&replaced));
             layers.manifest = committed;
         }
         also(&mut layers);
@@ -989,11 +992,18 @@ impl Shared {
         let manifest = self.manifest();
         let grace = self.options.sstable_grace.as_millis() as u64;
         let now = now_ms();
+        // Queries of this process keep what they read, whatever the grace.
+        let read: HashSet<String> = {
+            let layers = self.layers.read().expect("layers poisoned");
+            let held = layers.replaced.iter().filter_map(std::sync::Weak::upgrade);
+            held.flat_map(|files| files.iter().map(|f| f.path.clone()).collect::<Vec<_>>())
+                .collect()
+        };
         let expired: Vec<String> = manifest
             .state
             .retired
             .iter()
-            .filter(|f| f.retired_at_ms.saturating_add(grace) <= now)
+            .filter(|f| f.retired_at_ms.saturating_add(grace) <= now && !read.contains(&f.path))
             .map(|f| f.path.clone())
             .collect();
         if expired.is_empty() {

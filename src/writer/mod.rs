@@ -44,7 +44,7 @@ mod wal_task;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 #[cfg(any(test, feature = "testing"))]
@@ -259,6 +259,10 @@ struct Layers {
     generations: Vec<Arc<Generation>>,
     manifest: Versioned<ShardManifest>,
     sstables: Arc<Vec<SstableFile>>,
+    /// Earlier `sstables` lists that readers (snapshots) may still hold:
+    /// a retired SSTable in one that is still held is not deleted,
+    /// whatever the grace period.
+    replaced: Vec<Weak<Vec<SstableFile>>>,
 }
 
 impl Layers {
@@ -492,6 +496,7 @@ impl ShardWriter {
                 generations,
                 manifest: claimed,
                 sstables,
+                replaced: Vec::new(),
             }),
             written_rows: AtomicU64::new(rows),
             written_bytes: AtomicU64::new(bytes),

@@ -45,9 +45,11 @@ pub struct WriterOptions {
     /// (default 8).
     pub max_sstables: usize,
     /// SSTables a compaction replaced are deleted this long afterwards, so
-    /// queries that started before can finish reading them (default 60 s).
-    /// A query that runs longer than this (or any query, at zero) can fail
-    /// with a missing object when a compaction ends while it reads.
+    /// queries of other processes that started before can finish reading
+    /// them (default 60 s); such a query that runs longer than this (or
+    /// any, at zero) can fail with a missing object. Queries of the
+    /// writer's own process keep what they read until they end, whatever
+    /// this is.
     pub sstable_grace: Duration,
     /// Attempts at one WAL position after the first fails (default 5).
     pub append_retries: u32,

@@ -201,6 +201,49 @@ async fn check_wal(store: &Arc<dyn ObjectStore>, m: &ShardManifest) {
     }
 }
 
+/// A compaction deletes no SSTable that a snapshot of the writer's own
+/// process still holds, even with no grace period: that grace is for
+/// other processes' queries. Once the snapshot is dropped, the next
+/// compaction deletes them.
+#[tokio::test]
+async fn a_snapshot_held_in_the_writers_process_keeps_its_sstables_whatever_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let open = || ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(64));
+    let writer = open().await.unwrap();
+    let ops: Vec<Op> = (0..12).map(|i| Op::Put(i % 5, i)).collect();
+    for &op in &ops {
+        apply(&writer, op).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let writer = open().await.unwrap();
+    let held = writer.snapshot();
+    assert!(held.sstables.len() > 1, "{} SSTables", held.sstables.len());
+    writer.compact().await.unwrap();
+    let m = manifest(&store).await;
+    assert_eq!(m.sstables.len(), 1);
+    for f in held.sstables.iter() {
+        assert!(m.retired.iter().any(|r| r.path == f.path), "{} retired", f.path);
+        store.head(&Path::from(f.path.as_str())).await.unwrap();
+    }
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let rows: usize = held
+        .collect(&pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum();
+    assert_eq!(rows, model(&ops).len(), "the held snapshot reads");
+
+    drop(held);
+    writer.compact().await.unwrap();
+    assert!(manifest(&store).await.retired.is_empty());
+    assert_eq!(scan(&writer).await, model(&ops));
+    writer.close().await.unwrap();
+    check_files(&store, false).await;
+}
+
 #[tokio::test]
 async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     let dir = tempfile::tempdir().unwrap();
