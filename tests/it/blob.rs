@@ -56,6 +56,17 @@ async fn create_media(session: &MemwalSession) {
     .await;
 }
 
+/// Merges every SSTable of `media` into one (and collects packs).
+async fn compact_media(session: &MemwalSession) {
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+}
+
 /// The pack objects under the root.
 async fn packs(store: &Arc<FaultyStore>) -> Vec<Path> {
     store
@@ -212,13 +223,7 @@ async fn a_wal_append_that_fails_after_its_pack_leaves_its_rows_out() {
     .await;
     session.close().await.unwrap();
     let session = open(&store).await;
-    session
-        .table("media")
-        .await
-        .unwrap()
-        .compact()
-        .await
-        .unwrap();
+    compact_media(&session).await;
     assert_eq!(packs(&store).await.len(), 1, "the orphan pack is gone");
     assert!(text(&session, VALUES).await.contains("| 16384 |"));
     session.close().await.unwrap();
@@ -788,13 +793,7 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
 
     // After a restart and a compaction, the same values from the same packs.
     let session = open_with(&store, loading).await;
-    session
-        .table("media")
-        .await
-        .unwrap()
-        .compact()
-        .await
-        .unwrap();
+    compact_media(&session).await;
     assert_eq!(text(&session, md5s).await, expected);
     assert_eq!(packs(&store).await, loaded);
 
@@ -822,22 +821,10 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
     let marker = paths::load_marker(&Path::from(shard), 0xabc, 3_600_000);
     store.put(&marker, Vec::new().into()).await.unwrap();
     let session = open_with(&store, loading).await;
-    session
-        .table("media")
-        .await
-        .unwrap()
-        .compact()
-        .await
-        .unwrap();
+    compact_media(&session).await;
     assert_eq!(packs(&store).await, left, "a live load's packs stay");
     store.delete(&marker).await.unwrap();
-    session
-        .table("media")
-        .await
-        .unwrap()
-        .compact()
-        .await
-        .unwrap();
+    compact_media(&session).await;
     assert_eq!(packs(&store).await, loaded, "the failed load's went");
     assert_eq!(text(&session, md5s).await, expected);
     session.close().await.unwrap();

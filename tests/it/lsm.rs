@@ -223,7 +223,11 @@ async fn a_snapshot_held_in_the_writers_process_keeps_its_sstables_whatever_the_
     let m = manifest(&store).await;
     assert_eq!(m.sstables.len(), 1);
     for f in held.sstables.iter() {
-        assert!(m.retired.iter().any(|r| r.path == f.path), "{} retired", f.path);
+        assert!(
+            m.retired.iter().any(|r| r.path == f.path),
+            "{} retired",
+            f.path
+        );
         store.head(&Path::from(f.path.as_str())).await.unwrap();
     }
     let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
