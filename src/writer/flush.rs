@@ -580,6 +580,9 @@ impl Shared {
         loop {
             let files = Arc::clone(&self.layers.read().expect("layers poisoned").sstables);
             let Some(run) = run_to_merge(&files, self.options.max_sstables) else {
+                // Not held while retired SSTables are deleted: they would
+                // count as read by a query.
+                drop(files);
                 if merged {
                     // Now and then, not only when a writer opens the shard.
                     if let Err(e) = self.delete_dead_loads().await {
@@ -600,6 +603,7 @@ impl Shared {
         if files.len() > 1 {
             self.merge_run(&files, true).await?;
         }
+        drop(files);
         self.delete_retired().await
     }
 
