@@ -100,6 +100,49 @@ impl ShardSnapshot {
         }
     }
 
+    /// Like [`ShardSnapshot::get`], the columns `projection` (table column
+    /// indices) of the row, with the blob columns `sizes` among them as
+    /// the `Int64` sizes of their values (see [`blob::sizes`]): no pack is
+    /// read for those.
+    pub(crate) async fn get_sized(
+        &self,
+        encoded: &[u8],
+        key: &[ArrayRef],
+        projection: &[usize],
+        sizes: &[usize],
+        metrics: &ReadMetrics,
+    ) -> Result<Option<Vec<ArrayRef>>> {
+        let Some(row) = self.get_stored(encoded, key, metrics).await? else {
+            return Ok(None);
+        };
+        let sized: Vec<(usize, ArrayRef)> = self
+            .schema
+            .blobs
+            .iter()
+            .filter(|b| sizes.contains(&b.index))
+            .map(|b| {
+                let descriptors = row.column(b.descriptor).as_struct();
+                let sizes: ArrayRef = Arc::new(blob::sizes(row.column(b.index), descriptors));
+                (b.index, sizes)
+            })
+            .collect();
+        let every: Vec<usize> = (0..row.num_columns()).collect();
+        let row = self
+            .packs
+            .resolve_except(&self.schema, &every, row, sizes)
+            .await?;
+        let user = self.schema.to_user(&row)?;
+        Ok(Some(
+            projection
+                .iter()
+                .map(|&c| match sized.iter().find(|(b, _)| *b == c) {
+                    Some((_, sizes)) => Arc::clone(sizes),
+                    None => Arc::clone(user.column(c)),
+                })
+                .collect(),
+        ))
+    }
+
     /// Like [`ShardSnapshot::get`], in stored form, long blob values not
     /// read (their descriptors name them).
     pub(crate) async fn get_stored(

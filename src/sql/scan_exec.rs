@@ -269,7 +269,7 @@ impl ExecutionPlan for ScanExec {
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         // Sizes are taken over once: a projection above them would see
         // sizes where this code expects values.
-        if !matches!(self.mode, ScanMode::All) || !self.sizes.is_empty() {
+        if !self.sizes.is_empty() {
             return Ok(None);
         }
         let schema = self.table.table_schema();
@@ -313,7 +313,9 @@ impl ExecutionPlan for ScanExec {
             true => ordering.collect(),
             false => None,
         };
-        let equivalence = match ordering.filter(|_| self.parts.iter().all(ScanPart::sorted)) {
+        // Key lookups come in the keys' order.
+        let sorted = matches!(self.mode, ScanMode::All) && self.parts.iter().all(ScanPart::sorted);
+        let equivalence = match ordering.filter(|_| sorted) {
             Some(ordering) => {
                 EquivalenceProperties::new_with_orderings(Arc::clone(&out), [ordering])
             }
@@ -403,17 +405,21 @@ impl ExecutionPlan for ScanExec {
                 let keys = keys.clone();
                 let snapshots = self.snapshots.clone();
                 let metrics = ReadMetrics::new(&self.metrics, partition);
+                let (schema, sizes) = (self.schema(), self.sizes.clone());
+                let columns = projection
+                    .unwrap_or_else(|| (0..table.table_schema().schema.fields().len()).collect());
                 let rows = async move {
                     let mut found = Vec::new();
+                    let one = RecordBatchOptions::new().with_row_count(Some(1));
                     for row in 0..keys.num_rows() {
                         let key = keys.slice(row, 1);
                         let shard = table.shard_of(&key)? as usize;
                         let snapshot = snapshots[shard].as_ref().expect("taken for this key");
-                        if let Some(row) = table.get_in(snapshot, &key, &metrics).await? {
-                            found.push(match &projection {
-                                Some(p) => row.project(p)?,
-                                None => row,
-                            });
+                        let read = (columns.as_slice(), sizes.as_slice());
+                        if let Some(row) = table.get_in(snapshot, &key, read, &metrics).await? {
+                            let row =
+                                RecordBatch::try_new_with_options(Arc::clone(&schema), row, &one)?;
+                            found.push(row);
                         }
                     }
                     Ok(found)

@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
@@ -551,17 +551,21 @@ impl Table {
         }
     }
 
-    /// The live row with key `key` in `snapshot` (of the key's shard);
+    /// The columns `projection` of the live row with key `key` in
+    /// `snapshot` (of the key's shard), the blob columns `sizes` among
+    /// them as their values' sizes (see [`ShardSnapshot::get_sized`]);
     /// SSTable reads are counted in `metrics`.
     pub(crate) async fn get_in(
         &self,
         snapshot: &ShardSnapshot,
         key: &RecordBatch,
+        (projection, sizes): (&[usize], &[usize]),
         metrics: &ReadMetrics,
-    ) -> Result<Option<RecordBatch>> {
+    ) -> Result<Option<Vec<ArrayRef>>> {
         let (_, encoded, stored) = self.locate(key)?;
+        let key = self.schema.key_columns(&stored);
         snapshot
-            .get(&encoded, &self.schema.key_columns(&stored), metrics)
+            .get_sized(&encoded, &key, projection, sizes, metrics)
             .await
     }
 

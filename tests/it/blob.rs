@@ -123,10 +123,19 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
     }
     let plan = text(&session, "EXPLAIN SELECT id, blob_size(raw) FROM media").await;
     assert!(plan.contains("sizes of=[2]"), "{plan}");
-    // Sizes in filters, sorts, limits and aggregates come from the
-    // descriptors too (DataFusion moves the call down to the scan).
+    // Sizes in key lookups, filters, sorts, limits and aggregates come
+    // from the descriptors too (DataFusion moves the call down to the
+    // scan).
     for (sql, row) in [
         ("SELECT sum(blob_size(raw)) AS n FROM media", "| 24577 |"),
+        (
+            "SELECT blob_size(raw) AS n FROM media WHERE id = 2",
+            "| 16384 |",
+        ),
+        (
+            "SELECT sum(blob_size(raw)) AS n FROM media WHERE id IN (1, 2)",
+            "| 24576 |",
+        ),
         (
             "SELECT max(id) AS n FROM media WHERE blob_size(raw) > 10000",
             "| 2 |",
