@@ -422,6 +422,11 @@ impl Shared {
         )
         .await?;
         self.progress.send_modify(|p| p.flushed_generation = next);
+        // Their packs, as a flush's.
+        let packed: u64 = files.iter().map(|f| f.blob_bytes).sum();
+        self.counters
+            .blob_stored_bytes
+            .fetch_add(packed, Ordering::Relaxed);
         Ok(())
     }
 
