@@ -213,7 +213,9 @@ async fn a_corrupt_truncated_or_missing_wal_entry_fails_open_naming_it() {
 /// `memtable_bytes` is the memory the MemTable keeps alive: a one-row
 /// delete whose key is a slice of a scanned batch (as a DELETE's are) does
 /// not count, or hold, the whole batch, and the columns of a replayed WAL
-/// entry (which share its buffer) count it once.
+/// entry (which share its buffer) count it once. (A replayed put holds a
+/// little more than the live one: its decoded buffers are padded; a
+/// replayed one-row delete, mostly padding, is copied.)
 #[tokio::test]
 async fn memtable_bytes_are_what_is_held_after_one_row_deletes_and_replay() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
@@ -241,9 +243,8 @@ async fn memtable_bytes_are_what_is_held_after_one_row_deletes_and_replay() {
     assert_eq!(visible(&replayed).await.len(), 8092);
     let after = replayed.stats().memtable_bytes;
     assert!(
-        after < 2 * (put + deletes),
-        "{after} bytes after replay, {} before",
-        put + deletes
+        after < put * 3 / 2 + 2 * deletes,
+        "{after} bytes after replay, {put} + {deletes} before"
     );
 }
 
