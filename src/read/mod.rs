@@ -102,8 +102,8 @@ impl ShardSnapshot {
 
     /// Like [`ShardSnapshot::get`], the columns `projection` (table column
     /// indices) of the row, with the blob columns `sizes` among them as
-    /// the `Int64` sizes of their values (see [`blob::sizes`]): no pack is
-    /// read for those.
+    /// the `Int64` sizes of their values (see [`blob::sizes`]): packs are
+    /// read only for the other blob columns of `projection`.
     pub(crate) async fn get_sized(
         &self,
         encoded: &[u8],
@@ -127,9 +127,13 @@ impl ShardSnapshot {
             })
             .collect();
         let every: Vec<usize> = (0..row.num_columns()).collect();
+        let unread: Vec<usize> = (self.schema.blobs.iter())
+            .map(|b| b.index)
+            .filter(|c| !projection.contains(c) || sizes.contains(c))
+            .collect();
         let row = self
             .packs
-            .resolve_except(&self.schema, &every, row, sizes)
+            .resolve_except(&self.schema, &every, row, &unread)
             .await?;
         let user = self.schema.to_user(&row)?;
         Ok(Some(
