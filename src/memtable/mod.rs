@@ -84,11 +84,13 @@ impl<T> Slots<T> {
     }
 }
 
-/// One stored batch and the global row number of its first row.
+/// One stored batch, the global row number of its first row, and the
+/// bytes it adds to [`MemTable::bytes`].
 #[derive(Debug, Clone)]
 pub struct StoredBatch {
     pub batch: RecordBatch,
     pub first_row: u64,
+    pub held: usize,
 }
 
 /// A MemTable slot: a written batch, its first row's number and row
@@ -106,9 +108,11 @@ impl Slot {
     }
 
     fn stored(&self) -> StoredBatch {
+        let (batch, held) = self.held.read().expect("MemTable slot poisoned").clone();
         StoredBatch {
-            batch: self.batch(),
+            batch,
             first_row: self.first_row,
+            held,
         }
     }
 }
@@ -199,12 +203,13 @@ impl MemTable {
 
     /// Appends the batches of one put (stored form, see [`TableSchema`])
     /// after the last written one, with their key encodings (`None` for
-    /// append-only tables), and returns the new written count. The batches
+    /// append-only tables), and returns the new written count and the
+    /// bytes they add to [`MemTable::bytes`] (see [`held_bytes`]). The batches
     /// are not visible until they are durable ([`MemTable::mark_durable`]) and
     /// indexed ([`MemTable::index_to`]).
     ///
     /// Only one thread may append at a time (the shard's writer).
-    pub fn append(&self, batches: Vec<KeyedBatch>) -> usize {
+    pub fn append(&self, batches: Vec<KeyedBatch>) -> (usize, usize) {
         let mut next = self.written.load(Ordering::Relaxed);
         let mut row = self.rows.load(Ordering::Relaxed);
         let mut bytes = 0;
@@ -247,7 +252,7 @@ impl MemTable {
             self.indexed.store(next, Ordering::SeqCst);
             self.update_visible();
         }
-        next
+        (next, bytes)
     }
 
     /// Marks the first `batches` written batches durable (never moves
@@ -460,9 +465,9 @@ mod tests {
         let t = table();
         let m = MemTable::new(Arc::clone(&t));
         let one = key::encode_keys(&[Arc::new(Int64Array::from(vec![1]))], 1).unwrap();
-        assert_eq!(m.append(vec![put(&t, &[1, 2], 10)]), 1);
+        assert_eq!(m.append(vec![put(&t, &[1, 2], 10)]).0, 1);
         m.mark_durable(1);
-        assert_eq!(m.append(vec![put(&t, &[1], 20), put(&t, &[3], 20)]), 3);
+        assert_eq!(m.append(vec![put(&t, &[1], 20), put(&t, &[3], 20)]).0, 3);
 
         // The second put is written but not visible: version 10 wins.
         assert_eq!(m.snapshot().len(), 1);

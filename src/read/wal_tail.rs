@@ -92,7 +92,7 @@ impl WalTail {
                     })?;
                     put.push(self.schema.keyed(batch)?);
                 }
-                let end = self.memtable.append(put);
+                let (end, _) = self.memtable.append(put);
                 self.memtable.mark_durable(end);
                 self.entries.push((position, end));
             }
@@ -120,7 +120,7 @@ impl WalTail {
                     .into_iter()
                     .map(|b| self.schema.keyed(b.batch))
                     .collect::<Result<Vec<_>>>()?;
-                kept.push((position, memtable.append(put)));
+                kept.push((position, memtable.append(put).0));
                 start = end;
             }
             memtable.mark_durable(memtable.written_batches());

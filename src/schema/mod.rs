@@ -18,5 +18,6 @@ pub use metric::{HnswParams, Metric};
 #[cfg(test)]
 pub use stored::stored_schema;
 pub use stored::{
-    BlobColumn, KeyedBatch, TableSchema, VectorColumn, blob_descriptor_fields, held_bytes,
+    BlobColumn, KeyedBatch, TableSchema, VectorColumn, blob_descriptor_fields, compact_views,
+    held_bytes,
 };

@@ -409,21 +409,58 @@ pub fn held_bytes(batch: &RecordBatch) -> usize {
 /// too and a replayed MemTable holds about what the live one did.
 const SLACK_BYTES: usize = 512;
 
+/// Bytes the rows of `column` take: its slice of each buffer, and for a
+/// string or binary view column the views and the bytes they name out of
+/// line. `None` if Arrow cannot say (the column is then never copied).
+fn used_bytes(column: &ArrayRef) -> Option<usize> {
+    let nulls = column.nulls().map_or(0, |n| n.len().div_ceil(8));
+    match column.data_type() {
+        DataType::Utf8View => {
+            let views = column.as_string_view();
+            Some(16 * views.len() + views.total_buffer_bytes_used() + nulls)
+        }
+        DataType::BinaryView => {
+            let views = column.as_binary_view();
+            Some(16 * views.len() + views.total_buffer_bytes_used() + nulls)
+        }
+        _ => column.to_data().get_slice_memory_size().ok(),
+    }
+}
+
 /// `batch` as it is, or its rows copied into buffers of their own when it
 /// keeps far more memory alive than they take (a few rows sliced out of a
 /// larger batch, as a DELETE's keys are out of the scan's): a MemTable
 /// holding it then holds what it counts, not a whole scanned batch per
 /// deleted row.
 fn compacted(batch: RecordBatch) -> Result<RecordBatch> {
-    let mut used = 0;
-    for column in batch.columns() {
-        used += column.to_data().get_slice_memory_size()?;
-    }
-    if held_bytes(&batch) <= 2 * used + SLACK_BYTES {
+    let used: Option<usize> = batch.columns().iter().map(used_bytes).sum();
+    if used.is_none_or(|used| held_bytes(&batch) <= 2 * used + SLACK_BYTES) {
         return Ok(batch);
     }
     let all = UInt32Array::from_iter_values(0..batch.num_rows() as u32);
-    Ok(take_record_batch(&batch, &all)?)
+    // A take copies views but shares the bytes they name.
+    compact_views(take_record_batch(&batch, &all)?)
+}
+
+/// `batch` with its string and binary view columns copied into buffers
+/// of their own, holding only the bytes their rows name, in row order.
+pub fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let view = |c: &ArrayRef| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView);
+    if !batch.columns().iter().any(view) {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 #[cfg(test)]
@@ -574,5 +611,40 @@ mod tests {
         assert!(
             kept.column(0).to_data().buffers()[0].ptr_eq(&decoded.column(0).to_data().buffers()[0])
         );
+    }
+
+    #[test]
+    fn view_columns_count_the_bytes_they_name_and_are_copied_only_when_wasteful() {
+        use datafusion::arrow::array::StringViewArray;
+
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("doc", DataType::Utf8View, true),
+        ]);
+        let t = TableSchema::new(&TableMeta::new(&schema, vec!["id".into()], &[]).unwrap());
+        let doc = "d".repeat(2000);
+        let batch = |rows: i64| {
+            // (A builder's 8 KiB blocks, not the values, would be copied.)
+            let docs = StringViewArray::from_iter_values((0..rows).map(|_| doc.as_str())).gc();
+            let user = RecordBatch::try_new(
+                Arc::clone(&t.schema),
+                vec![
+                    Arc::new(Int64Array::from_iter_values(0..rows)),
+                    Arc::new(docs),
+                ],
+            )
+            .unwrap();
+            t.to_stored(&user).unwrap()
+        };
+        let data = |b: &RecordBatch| b.column(1).to_data().buffers()[1].clone();
+        // One long value: its bytes are what the row takes, kept as they are.
+        let one = batch(1);
+        let (kept, _) = t.keyed(one.clone()).unwrap();
+        assert!(data(&kept).ptr_eq(&data(&one)));
+        // One row of a hundred: copied, the other values' bytes let go.
+        let hundred = batch(100);
+        let (kept, _) = t.keyed(hundred.slice(7, 1)).unwrap();
+        assert!(held_bytes(&kept) < 4000, "{}", held_bytes(&kept));
+        assert_eq!(kept.column(1).as_string_view().value(0), doc);
     }
 }

@@ -7,9 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use datafusion::arrow::array::{ArrayRef, AsArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
-use datafusion::arrow::datatypes::DataType;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -18,7 +17,7 @@ use tokio::task::JoinSet;
 
 use super::Table;
 use crate::error::{Error, Result};
-use crate::schema::{TableSchema, key};
+use crate::schema::{TableSchema, compact_views, key};
 use crate::sstable::{self, SstableFile};
 use crate::store::{delete_if_present, paths};
 use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
@@ -51,6 +50,11 @@ fn split(
     let mut out = Vec::new();
     for (shard, rows) in rows_of.into_iter().enumerate() {
         if !rows.is_empty() {
+            // A part holds only its rows' bytes, in row order, copied
+            // while the input batch is still in the cache (a part that
+            // shares the input's buffers makes each later pass over its
+            // values, the sort's and the Parquet writer's, stride through
+            // all the input).
             let part = take_record_batch(&batch, &UInt32Array::from(rows))?;
             out.push((shard as u32, compact_views(part)?));
         }
@@ -64,30 +68,6 @@ async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
         store.put(marker, PutPayload::new()).await?;
     }
     Ok(())
-}
-
-/// `batch` with its string and binary view columns copied into buffers
-/// of their own: a shard's part of a load holds only its rows' bytes, in
-/// row order, copied while the input batch is still in the cache (a part
-/// that shares the input's buffers makes each later pass over its values,
-/// the sort's and the Parquet writer's, stride through all the input).
-fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    let view = |c: &ArrayRef| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView);
-    if !batch.columns().iter().any(view) {
-        return Ok(batch);
-    }
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| -> ArrayRef {
-            match c.data_type() {
-                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
-                _ => Arc::clone(c),
-            }
-        })
-        .collect();
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.

@@ -62,7 +62,7 @@ use replay::Replayed;
 use crate::blob::PackReader;
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
-use crate::schema::{KeyedBatch, TableSchema, held_bytes};
+use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
@@ -672,7 +672,6 @@ impl ShardWriter {
         let shared = &self.shared;
         self.backpressure().await?;
         let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
-        let bytes = put.iter().map(|(b, _)| held_bytes(b) as u64).sum::<u64>();
         let _no_load_committing = shared.ingest_gate.read().await;
         let (generation, end) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
@@ -681,12 +680,14 @@ impl ShardWriter {
             // that got past here.
             shared.accepting()?;
             let active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
-            let end = active.memtable.append(put);
+            let (end, bytes) = active.memtable.append(put);
             if !shared.options.durable {
                 active.memtable.mark_durable(end);
             }
             shared.written_rows.fetch_add(rows, Ordering::Relaxed);
-            shared.written_bytes.fetch_add(bytes, Ordering::Relaxed);
+            shared
+                .written_bytes
+                .fetch_add(bytes as u64, Ordering::Relaxed);
             if active.memtable.bytes() >= shared.options.memtable_bytes {
                 shared.rotate(1);
             }

@@ -9,7 +9,7 @@ use datafusion::arrow::array::RecordBatch;
 
 use super::{Generation, SEAL_REPLAYED_ENTRIES, ShardManifest, WriterOptions, manifest};
 use crate::error::{Error, Result};
-use crate::schema::{TableSchema, held_bytes};
+use crate::schema::TableSchema;
 use crate::store::{VersionedObjects, paths};
 use crate::wal::{EntryKind, WalLog};
 
@@ -101,11 +101,9 @@ pub(super) async fn replay(
             let batch = RecordBatch::try_new(Arc::clone(&schema.stored), batch.columns().to_vec())
                 .map_err(|e| corrupt(format!("rows do not fit the table: {e}")))?;
             rows += batch.num_rows() as u64;
-            let keyed = schema.keyed(batch)?;
-            bytes += held_bytes(&keyed.0) as u64;
-            put.push(keyed);
+            put.push(schema.keyed(batch)?);
         }
-        current.memtable.append(put);
+        bytes += current.memtable.append(put).1 as u64;
         current.last_position.store(position, Ordering::Relaxed);
     }
     // The newest replayed generation stays active unless the manifest

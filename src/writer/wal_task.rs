@@ -19,7 +19,6 @@ use datafusion::arrow::array::RecordBatch;
 use super::{Generation, Shared};
 use crate::blob;
 use crate::error::{Error, Result};
-use crate::schema::held_bytes;
 use crate::store::paths;
 use crate::wal::WalEntry;
 
@@ -270,7 +269,7 @@ impl Shared {
             lone_writer = written - sent == 1;
             let batches = generation.memtable.batches(sent, written);
             let rows: u64 = batches.iter().map(|b| b.batch.num_rows() as u64).sum();
-            let bytes: u64 = batches.iter().map(|b| held_bytes(&b.batch) as u64).sum();
+            let bytes: u64 = batches.iter().map(|b| b.held as u64).sum();
             let mut entry = WalEntry::data(
                 self.epoch,
                 generation.number,

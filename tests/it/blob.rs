@@ -94,6 +94,12 @@ async fn text(session: &MemwalSession, sql: &str) -> String {
         .to_string()
 }
 
+/// The error of `sql`, a statement that must fail when it runs.
+async fn failure(session: &MemwalSession, sql: &str) -> String {
+    let run = session.sql(sql).await.unwrap().collect().await;
+    run.expect_err("the statement fails").to_string()
+}
+
 const VALUES: &str =
     "SELECT id, length(CAST(raw AS TEXT)) AS n, md5(raw) AS md5 FROM media ORDER BY id";
 
@@ -308,14 +314,7 @@ async fn a_damaged_pack_is_an_error_not_a_different_value() {
     store.put(&pack, bytes.clone().into()).await.unwrap();
 
     let session = open(&store).await;
-    let err = session
-        .sql(VALUES)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failure(&session, VALUES).await;
     assert!(err.contains("checksum"), "{err}");
     // The other columns are still readable.
     let captions = text(&session, "SELECT caption FROM media ORDER BY id").await;
@@ -342,14 +341,7 @@ async fn a_damaged_pack_is_an_error_not_a_different_value() {
         .put(&pack, bytes[..5000].to_vec().into())
         .await
         .unwrap();
-    let err = session
-        .sql(VALUES)
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = failure(&session, VALUES).await;
     assert!(
         err.contains("holds 5000 bytes") && err.contains(pack.as_ref()),
         "{err}"
@@ -733,14 +725,8 @@ async fn a_repack_leaves_a_damaged_value_in_place_and_goes_on() {
         "row 10 moved, row 9 stayed"
     );
     assert!(packs(&store).await.contains(&old), "row 9 still names it");
-    let err = session
-        .sql("SELECT md5(raw) FROM media WHERE id = 9")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("checksum"), "{err}");
+    let err = failure(&session, "SELECT md5(raw) FROM media WHERE id = 9").await;
+    assert!(err.contains("checksum"), "{err}");
     let row = text(
         &session,
         "SELECT id, length(CAST(raw AS TEXT)) AS n FROM media WHERE id = 10",
@@ -816,14 +802,8 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
             .times(u64::MAX)
             .on_paths_containing("data.parquet"),
     );
-    let err = session
-        .sql(&format!("INSERT INTO media {}", rows("41, 80")))
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("injected"), "{err}");
+    let err = failure(&session, &format!("INSERT INTO media {}", rows("41, 80"))).await;
+    assert!(err.contains("injected"), "{err}");
     store.clear();
     assert_eq!(text(&session, md5s).await, expected);
     session.close().await.unwrap();
