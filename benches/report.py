@@ -5,8 +5,8 @@ a line from a build with debug assertions.
 
     python3 benches/report.py benches/results/kv.jsonl [--update BENCHMARKS.md]
 
-The table kind comes from the file's name: kv*, hnsw*, catalog* or
-shard-writer*. With --update, the text between `<!-- KIND:begin -->` and
+The table kind comes from the file's name: kv*, hnsw*, catalog*,
+shard-writer*, multimodal* or python*. With --update, the text between `<!-- KIND:begin -->` and
 `<!-- KIND:end -->` in that file is replaced; otherwise the tables are
 printed.
 """
@@ -271,8 +271,40 @@ def multimodal(lines):
     return "\n".join(out) + "\n"
 
 
+# --- Python: benches/run_peers.sh --only python ---------------------------------
+
+PYTHON_SYSTEMS = ["memwal-python", "memwal", "lance-memwal"]
+
+
+def python(lines):
+    cells = defaultdict(lambda: defaultdict(dict))  # window -> system -> run -> line
+    for d in lines:
+        system = d["system"].split(" ")[0].split("-0")[0]
+        cells[d["window"]][system][d["run"]] = d
+    rows = []
+    for window in sorted(cells, reverse=True):
+        texts, meds = [], {}
+        for system in PYTHON_SYSTEMS:
+            text, meds[system] = summary(
+                [d["rows_per_s"] for d in cells[window][system].values()], k)
+            texts.append(text)
+        per_run = []
+        for peer in PYTHON_SYSTEMS[1:]:
+            ratios = [py["rows_per_s"] / cells[window][peer][run]["rows_per_s"]
+                      for run, py in cells[window]["memwal-python"].items()
+                      if run in cells[window][peer]]
+            per_run.append(summary(ratios, lambda v: f"{v:.2f}×")[0])
+        runs = min((len(v) for v in cells[window].values() if v), default=0)
+        rows.append([str(window), str(runs)] + texts + per_run)
+    return stamp(lines) + "\nrows/s of durable puts (higher is better); the ratios are per run " \
+        "(median, min–max):\n\n" + table(
+            ["window", "runs", "memwal Python `Table.put`", "memwal Rust `Table::put` (kv_bench)",
+             "Lance MemWAL `ShardWriter.put` (pylance)", "Python / Rust", "Python / Lance"],
+            rows) + "\n"
+
+
 KINDS = {"kv": kv, "hnsw": hnsw, "catalog": catalog, "shard-writer": shard_writer,
-         "multimodal": multimodal}
+         "multimodal": multimodal, "python": python}
 
 p = argparse.ArgumentParser()
 p.add_argument("results")

@@ -28,6 +28,10 @@
 #   local and `s3-standard`: memwal (examples/multimodal_bench.rs) with the
 #   embedding HNSW-indexed and stored as plain bytes, and SlateDB 0.18 on the
 #   same rows. About 8 minutes.
+# - python: issue 16's Python package (python/benches/kv_bench.py, pip-installed
+#   from ./python) on the KV protocol beside the Rust API (kv_bench) and
+#   Lance MemWAL's ShardWriter, integer keys, local, window 32 and 1. About
+#   5 minutes.
 #
 #   bash benches/run_peers.sh                        (every part)
 #   bash benches/run_peers.sh --quick                (one small run of each: minutes, printed only)
@@ -35,13 +39,13 @@
 #   bash benches/run_peers.sh --only kv --store s3-standard
 set -euo pipefail
 cd "$(dirname "$0")/.."
-quick=0 parts="kv hnsw catalog shard-writer multimodal" stores="local s3-standard"
+quick=0 parts="kv hnsw catalog shard-writer multimodal python" stores="local s3-standard"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --only) parts="$2"; shift ;;
     --store) stores="$2"; shift ;;
-    *) echo "usage: $0 [--quick] [--only kv|hnsw|catalog|shard-writer|multimodal] [--store local|s3-standard]" >&2
+    *) echo "usage: $0 [--quick] [--only kv|hnsw|catalog|shard-writer|multimodal|python] [--store local|s3-standard]" >&2
        exit 2 ;;
   esac
   shift
@@ -55,7 +59,7 @@ has() { [[ " $parts " == *" $1 "* ]]; }
 
 # --- builds and the peers' environments -------------------------------------
 examples=()
-has kv && examples+=(--example kv_bench)
+{ has kv || has python; } && examples+=(--example kv_bench)
 has hnsw && examples+=(--example hnsw_bench)
 has catalog && examples+=(--example manifest_bench)
 has shard-writer && examples+=(--example shard_writer_bench)
@@ -268,6 +272,34 @@ if has multimodal; then
         "$target/peers/release/memwal-slatedb-peer" --workload multimodal "${common[@]}" \
           | stamp "$out" "$run"
       done
+    done
+  done
+  publish "$out"
+fi
+
+# --- python -----------------------------------------------------------------------
+if has python; then
+  out=$(results python)
+  # The package as the README installs it (a release build in this target
+  # directory), beside pylance in the peers' venv.
+  "$venv/bin/pip" install --quiet 'datafusion==55.0.0'
+  "$venv/bin/pip" install --quiet --force-reinstall --no-deps ./python
+  for run in $(seq 1 "$runs"); do
+    for window in 32 1; do
+      rows=1000000
+      [ "$window" = 1 ] && rows=100000
+      [ $quick = 1 ] && rows=$((rows / 10))
+      echo "python run $run/$runs: window=$window rows=$rows" >&2
+      common=(--window "$window" --rows "$rows")
+      settle
+      "$venv/bin/python" python/benches/kv_bench.py "${common[@]}" --reads 1000 --dir "$work" \
+        | stamp "$out" "$run"
+      settle
+      "$bin/kv_bench" "${common[@]}" --keys int --reads 1000 --scans 1 --dir "$work" \
+        | stamp "$out" "$run"
+      settle
+      "$venv/bin/python" benches/peers/lance_kv.py "${common[@]}" --keys int --reads 100 \
+        --dir "$work" | stamp "$out" "$run"
     done
   done
   publish "$out"

@@ -9,6 +9,7 @@
 //!
 //! | layer | modules |
 //! |---|---|
+//! | FFI | [`ffi`] (the catalog, tables and `vector_search` for other DataFusion builds) |
 //! | SQL | [`sql`] (DataFusion adapters, session) |
 //! | Rust API | `table` (routing, snapshots: where write and read meet) |
 //! | paths | `read`, `writer`, [`catalog`] |
@@ -22,6 +23,7 @@
 mod blob;
 pub mod catalog;
 pub mod error;
+pub mod ffi;
 mod hnsw;
 mod memtable;
 mod read;

@@ -173,6 +173,17 @@ impl Table {
         Arc::clone(&self.schema.schema)
     }
 
+    /// The names of the primary-key columns, in key order (empty for an
+    /// append-only table).
+    pub fn primary_key(&self) -> Vec<String> {
+        let fields = self.schema.schema.fields();
+        self.schema
+            .key
+            .iter()
+            .map(|&i| fields[i].name().clone())
+            .collect()
+    }
+
     /// The table's schema, key and stored row form.
     pub(crate) fn table_schema(&self) -> &Arc<TableSchema> {
         &self.schema

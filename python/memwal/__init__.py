@@ -1,0 +1,196 @@
+"""memwal tables for datafusion-python: fresh, queryable data on object storage.
+
+    import memwal, pyarrow as pa
+    from datafusion import SessionContext
+
+    root = memwal.open("./memwal-data")             # or s3://..., memory://...
+    root.sql("CREATE TABLE items (id BIGINT PRIMARY KEY, name STRING)")
+    ctx = SessionContext()
+    ctx.register_catalog_provider("memwal", root)    # namespaces, tables, INSERT
+    ctx.register_udtf(root.vector_search_udtf())     # vector_search(...)
+    ctx.sql("SELECT * FROM memwal.public.items WHERE id = 7").to_pandas()
+
+    items = root.table("items")
+    items.put(pa.table({"id": [7], "name": ["seven"]}))  # durable when it returns
+    items.delete([7])                                  # or a SQL predicate: "id > 5"
+
+The catalog, tables and ``vector_search`` cross to datafusion-python through
+DataFusion's FFI (the same major version, 55, on both sides); Arrow data
+crosses through the Arrow C stream interface without a copy. DataFusion 55
+does not forward DELETE over its FFI: ``DELETE`` in a datafusion-python
+session fails; use ``Table.delete`` or ``Root.sql``. Blocking calls release
+the GIL, so puts from several threads share the writers' group commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from ._memwal import (
+    AlreadyExistsError,
+    ConflictError,
+    FencedError,
+    InvalidInputError,
+    MemwalError,
+    NotFoundError,
+)
+from ._memwal import Root as _NativeRoot
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConflictError",
+    "FencedError",
+    "InvalidInputError",
+    "MemwalError",
+    "NotFoundError",
+    "Root",
+    "Table",
+    "open",
+]
+
+
+def open(location: str, **options: Any) -> Root:  # noqa: A001 - like builtins.open
+    """Opens the memwal root at ``location`` (a directory, ``file://``,
+    ``s3://bucket/prefix``, ``memory://``). ``options`` are writer options
+    by the names of ``SET memwal.<option>`` (``wal_interval='50ms'``,
+    ``durable=False``, ...); an unknown name raises InvalidInputError."""
+    return Root(location, **options)
+
+
+class Root:
+    """A memwal root: its catalog (for ``SessionContext.register_catalog_provider``),
+    SQL with memwal's DDL, and its tables."""
+
+    def __init__(self, location: str, **options: Any) -> None:
+        values = {k: _option_text(v) for k, v in options.items()}
+        self._native = _NativeRoot(location, values)
+
+    def sql(self, query: str) -> pa.Table:
+        """Runs one statement through memwal's own session (DDL, INSERT,
+        DELETE, queries) and returns its result."""
+        return pa.table(self._native.sql(query))
+
+    def table(self, name: str) -> Table:
+        """The table ``name``: ``items``, or dotted with its namespace
+        (``shop.items``). Raises NotFoundError if there is none."""
+        return Table(self, self._native.table(name))
+
+    def vector_search_udtf(self):
+        """``vector_search(table, column, query, k [, ef])`` as a
+        datafusion-python ``TableFunction``, for ``ctx.register_udtf``."""
+        from datafusion import udtf
+
+        return udtf(self._native.vector_search_function(), "vector_search")
+
+    def close(self) -> None:
+        """Makes every write durable and closes the writers."""
+        self._native.close()
+
+    def __datafusion_catalog_provider__(self, session: Any) -> object:
+        return self._native.__datafusion_catalog_provider__(session)
+
+    def __enter__(self) -> Root:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Table:
+    """One memwal table: put, delete, get and scan with Arrow data."""
+
+    def __init__(self, root: Root, native: Any) -> None:
+        self._root = root
+        self._native = native
+        self.schema: pa.Schema = pa.schema(native)
+        self.primary_key: list[str] = list(native.primary_key)
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    def put(self, data: Any) -> int:
+        """Upserts the rows of ``data`` and returns once they are durable.
+
+        ``data`` is Arrow data (a pyarrow Table, RecordBatch or
+        RecordBatchReader, or any object with ``__arrow_c_stream__``) or what
+        ``pa.table`` takes (a dict of columns, a pandas DataFrame). Columns
+        go by name; one whose type differs from the table's (``string`` for
+        ``string_view``, a list of floats for a vector column) is cast, the
+        others are not copied.
+        Returns the rows stored: one per distinct key."""
+        return self._native.put(self._arrow(data))
+
+    def delete(self, keys: Any) -> int:
+        """Deletes rows and returns once that is durable.
+
+        ``keys``: a SQL predicate (``"id > 5"``: returns the rows deleted),
+        a list of key values (one key column) or Arrow data of the key
+        columns (returns the distinct keys given; a key with no row counts
+        too, as nothing is read to delete by key)."""
+        if isinstance(keys, str):
+            result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {keys}")
+            return int(result.column(0)[0].as_py())
+        return self._native.delete_keys(self._keys(keys))
+
+    def get(self, keys: Any) -> pa.Table:
+        """The newest live rows with the keys ``keys`` (a list of key values,
+        or Arrow data of the key columns), in their order; absent keys are
+        left out."""
+        return pa.table(self._native.get_keys(self._keys(keys)))
+
+    def scan(self) -> pa.Table:
+        """Every live row (the newest version of each key)."""
+        return pa.table(self._native.scan())
+
+    def stats(self) -> list[dict[str, Any]]:
+        """The writer statistics, one dict per shard (``memwal_stats``)."""
+        name = self.name.replace("'", "''")
+        return self._root.sql(f"SELECT * FROM memwal_stats('{name}')").to_pylist()
+
+    def __datafusion_table_provider__(self, session: Any) -> object:
+        return self._native.__datafusion_table_provider__(session)
+
+    def _keys(self, keys: Any) -> Any:
+        if not self.primary_key:
+            raise InvalidInputError(f"table {self.name} has no primary key")
+        if isinstance(keys, (list, tuple, range)) or _is_array(keys):
+            if len(self.primary_key) != 1:
+                raise InvalidInputError(
+                    f"table {self.name} has a key of {len(self.primary_key)} columns: "
+                    "pass a pyarrow Table of them"
+                )
+            keys = pa.table({self.primary_key[0]: keys})
+        return self._arrow(keys)
+
+    @staticmethod
+    def _arrow(data: Any) -> Any:
+        """``data`` as an object with ``__arrow_c_stream__``."""
+        if hasattr(data, "__arrow_c_stream__"):
+            return data
+        if isinstance(data, pa.RecordBatch):
+            return pa.Table.from_batches([data])
+        return pa.table(data)
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (pa.Array, pa.ChunkedArray)) or (
+        type(value).__name__ == "ndarray"
+    )
+
+
+def _sql_name(dotted: str) -> str:
+    """``shop.items`` as SQL names it: each level quoted."""
+    *namespace, table = dotted.split(".")
+    quoted = '"' + table.replace('"', '""') + '"'
+    if namespace:
+        schema = ".".join(namespace).replace('"', '""')
+        return f'"{schema}".{quoted}'
+    return quoted
+
+
+def _option_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

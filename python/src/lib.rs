@@ -1,0 +1,463 @@
+//! `memwal._memwal`: the native half of the Python package. A [`Root`]
+//! opens a memwal root (a `MemwalSession`); its catalog, tables and
+//! `vector_search` cross to datafusion-python as FFI capsules; [`Table`]
+//! takes and returns Arrow data through the Arrow C stream interface,
+//! without copying it. Blocking calls release the GIL and run on one
+//! tokio runtime per process, so puts from several Python threads meet in
+//! the writers' group commit.
+
+use std::future::Future;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use datafusion::arrow::array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
+use datafusion::arrow::compute::{CastOptions, cast_with_options};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::ffi::FFI_ArrowSchema;
+use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
+use datafusion::error::DataFusionError;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use memwal::{Error, MemwalSession, WriterOptions};
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict};
+use tokio::runtime::Runtime;
+
+create_exception!(_memwal, MemwalError, PyException, "An error from memwal.");
+create_exception!(
+    _memwal,
+    InvalidInputError,
+    MemwalError,
+    "Bad input: a value, a name, SQL or an argument memwal refuses."
+);
+create_exception!(
+    _memwal,
+    NotFoundError,
+    MemwalError,
+    "A namespace, table or object that does not exist."
+);
+create_exception!(
+    _memwal,
+    AlreadyExistsError,
+    MemwalError,
+    "Create of a name that exists."
+);
+create_exception!(
+    _memwal,
+    ConflictError,
+    MemwalError,
+    "A commit that lost its race after every retry, or whose outcome is unknown."
+);
+create_exception!(
+    _memwal,
+    FencedError,
+    MemwalError,
+    "This process's writer of a shard was replaced by another writer."
+);
+
+/// The Python exception for a memwal error, with memwal's message.
+fn to_py(error: Error) -> PyErr {
+    let message = error.to_string();
+    match error {
+        Error::InvalidInput(_) | Error::NamespaceNotEmpty(_) => InvalidInputError::new_err(message),
+        Error::NotFound(_) => NotFoundError::new_err(message),
+        Error::AlreadyExists(_) => AlreadyExistsError::new_err(message),
+        Error::CommitConflict { .. } | Error::CommitOutcomeUnknown { .. } => {
+            ConflictError::new_err(message)
+        }
+        Error::Fenced { .. } => FencedError::new_err(message),
+        // SQL that does not parse or plan is bad input too.
+        Error::DataFusion(e)
+            if matches!(
+                e.find_root(),
+                DataFusionError::Plan(_)
+                    | DataFusionError::SQL(..)
+                    | DataFusionError::SchemaError(..)
+                    | DataFusionError::Configuration(_)
+                    | DataFusionError::NotImplemented(_)
+            ) =>
+        {
+            InvalidInputError::new_err(message)
+        }
+        _ => MemwalError::new_err(message),
+    }
+}
+
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .thread_name("memwal")
+            .build()
+            .expect("a tokio runtime")
+    })
+}
+
+/// Runs `future` to its end on memwal's runtime with the GIL released.
+fn wait<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    Ok(py.detach(|| runtime().block_on(future)))
+}
+
+/// The foreign session's logical extension codec, from the object
+/// datafusion-python passes to `__datafusion_*__` (a capsule, or an object
+/// that makes one).
+fn foreign_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
+    const MAKER: &str = "__datafusion_logical_extension_codec__";
+    let capsule = if session.hasattr(MAKER)? {
+        session.call_method0(MAKER)?
+    } else {
+        session.clone()
+    };
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let codec: NonNull<FFI_LogicalExtensionCodec> = capsule
+        .pointer_checked(Some(c"datafusion_logical_extension_codec"))?
+        .cast();
+    // SAFETY: the capsule's name promises this type; it outlives the clone.
+    Ok(unsafe { codec.as_ref() }.clone())
+}
+
+/// The record batches of any object with `__arrow_c_stream__` (a pyarrow
+/// Table or RecordBatchReader, a polars or DuckDB result...), as columns
+/// of `schema`: columns go by name, and a column whose type differs is
+/// cast (`string` to `string_view`, a list of floats to a vector). Other
+/// columns keep the producer's buffers: nothing is copied. Batches whose
+/// names are not `schema`'s pass as they are, for memwal to refuse with
+/// its message.
+fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBatch>> {
+    if !data.hasattr("__arrow_c_stream__")? {
+        return Err(InvalidInputError::new_err(format!(
+            "expected Arrow data (an object with __arrow_c_stream__, such as a \
+             pyarrow Table), got {}",
+            data.get_type().name()?
+        )));
+    }
+    let capsule = data.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule.cast::<PyCapsule>()?;
+    let stream: NonNull<FFI_ArrowArrayStream> =
+        capsule.pointer_checked(Some(c"arrow_array_stream"))?.cast();
+    // SAFETY: the capsule's name promises an ArrowArrayStream; from_raw
+    // moves it out and leaves a released one for the capsule to drop.
+    let reader = unsafe { ArrowArrayStreamReader::from_raw(stream.as_ptr()) }
+        .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
+    let strict = CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let conformed = |batch: RecordBatch| -> Result<RecordBatch, ArrowError> {
+        let fields = batch.schema_ref().fields().clone();
+        let same_names = fields.len() == schema.fields().len()
+            && schema
+                .fields()
+                .iter()
+                .all(|f| fields.find(f.name()).is_some());
+        if !same_names {
+            return Ok(batch);
+        }
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|field| {
+                let column = batch.column_by_name(field.name()).expect("checked above");
+                match column.data_type() == field.data_type() {
+                    true => Ok(Arc::clone(column)),
+                    // An overflow is an error, not a NULL.
+                    false => cast_with_options(column, field.data_type(), &strict),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let fields: Vec<_> = schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+    };
+    reader
+        .map(|batch| batch.and_then(conformed))
+        .collect::<Result<Vec<_>, ArrowError>>()
+        .map_err(|e| InvalidInputError::new_err(e.to_string()))
+}
+
+/// Record batches on their way to Python: an Arrow C stream that pyarrow
+/// (`pa.table(stream)`, `pa.RecordBatchReader.from_stream`) takes once.
+#[pyclass(module = "memwal._memwal")]
+struct ArrowStream {
+    batches: Mutex<Option<(SchemaRef, Vec<RecordBatch>)>>,
+}
+
+impl ArrowStream {
+    fn new(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        Self {
+            batches: Mutex::new(Some((schema, batches))),
+        }
+    }
+}
+
+#[pymethods]
+impl ArrowStream {
+    /// The Arrow PyCapsule interface: the stream, once.
+    #[pyo3(signature = (requested_schema = None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema; // the table's own schema is what we have
+        let (schema, batches) = self
+            .batches
+            .lock()
+            .expect("not poisoned")
+            .take()
+            .ok_or_else(|| MemwalError::new_err("this stream was read already"))?;
+        let reader: Box<dyn RecordBatchReader + Send> = Box::new(RecordBatchIterator::new(
+            batches.into_iter().map(Ok),
+            schema,
+        ));
+        PyCapsule::new_with_value(py, FFI_ArrowArrayStream::new(reader), c"arrow_array_stream")
+    }
+}
+
+/// A memwal root: its catalog, SQL (DDL included), tables.
+#[pyclass(module = "memwal._memwal", frozen)]
+struct Root {
+    session: Arc<MemwalSession>,
+}
+
+#[pymethods]
+impl Root {
+    /// Opens the root at `location` (a directory, `file://`, `s3://...`,
+    /// `memory://`) with writer options `options` (the names of
+    /// `SET memwal.<option>`, values as strings).
+    #[new]
+    #[pyo3(signature = (location, options = None))]
+    fn new(py: Python<'_>, location: String, options: Option<Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut writer = WriterOptions::default();
+        for (name, value) in options.iter().flat_map(|o| o.iter()) {
+            let name: String = name.extract()?;
+            let value = value.str()?.to_string();
+            writer.set(&name, &value).map_err(to_py)?;
+        }
+        writer.check().map_err(to_py)?;
+        let session = wait(py, async move {
+            let session = MemwalSession::open_with(&location, writer).await?;
+            session.catalog().await?;
+            Ok::<_, Error>(session)
+        })?
+        .map_err(to_py)?;
+        Ok(Self {
+            session: Arc::new(session),
+        })
+    }
+
+    /// Runs one SQL statement and returns its rows as an [`ArrowStream`]
+    /// (DDL and DML return their one-row result).
+    fn sql(&self, py: Python<'_>, query: String) -> PyResult<ArrowStream> {
+        let session = Arc::clone(&self.session);
+        let (schema, batches) = wait(py, async move {
+            let frame = session.sql(&query).await?;
+            let schema = Arc::new(frame.schema().as_arrow().clone());
+            let batches = frame.collect().await?;
+            Ok::<_, Error>((schema, batches))
+        })?
+        .map_err(to_py)?;
+        Ok(ArrowStream::new(schema, batches))
+    }
+
+    /// The table `name` (dotted: `items`, `shop.items`).
+    fn table(&self, py: Python<'_>, name: String) -> PyResult<Table> {
+        let session = Arc::clone(&self.session);
+        let table = {
+            let name = name.clone();
+            wait(py, async move { session.table(&name).await })?.map_err(to_py)?
+        };
+        Ok(Table {
+            session: Arc::clone(&self.session),
+            name,
+            table,
+        })
+    }
+
+    /// The catalog for datafusion-python's `register_catalog_provider`.
+    fn __datafusion_catalog_provider__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = foreign_codec(&session)?;
+        let root = Arc::clone(&self.session);
+        let handle = runtime().handle().clone();
+        let provider = wait(py, async move {
+            memwal::ffi::catalog_provider(&root, handle, codec).await
+        })?
+        .map_err(to_py)?;
+        PyCapsule::new_with_value(py, provider, c"datafusion_catalog_provider")
+    }
+
+    /// `vector_search` as datafusion-python's `TableFunction` takes it.
+    fn vector_search_function(&self) -> VectorSearch {
+        VectorSearch {
+            session: Arc::clone(&self.session),
+        }
+    }
+
+    /// Makes every write durable and closes the writers.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let session = Arc::clone(&self.session);
+        wait(py, async move { session.close().await })?.map_err(to_py)
+    }
+}
+
+/// `vector_search(table, column, query, k [, ef])` for datafusion-python.
+#[pyclass(module = "memwal._memwal", frozen)]
+struct VectorSearch {
+    session: Arc<MemwalSession>,
+}
+
+#[pymethods]
+impl VectorSearch {
+    fn __datafusion_table_function__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = foreign_codec(&session)?;
+        let root = Arc::clone(&self.session);
+        let handle = runtime().handle().clone();
+        let function = wait(py, async move {
+            memwal::ffi::vector_search(&root, handle, codec).await
+        })?
+        .map_err(to_py)?;
+        PyCapsule::new_with_value(py, function, c"datafusion_table_function")
+    }
+}
+
+/// One table: put, delete, get and scan with Arrow data, its writer
+/// statistics, and the table as a datafusion-python table provider.
+#[pyclass(module = "memwal._memwal", frozen)]
+struct Table {
+    session: Arc<MemwalSession>,
+    name: String,
+    table: Arc<memwal::Table>,
+}
+
+#[pymethods]
+impl Table {
+    /// The table's name as it was opened.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's schema as an Arrow C schema capsule
+    /// (`pa.schema(table)` reads it).
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        let schema = FFI_ArrowSchema::try_from(self.table.schema().as_ref())
+            .map_err(|e| MemwalError::new_err(e.to_string()))?;
+        PyCapsule::new_with_value(py, schema, c"arrow_schema")
+    }
+
+    /// The names of the primary-key columns, in key order.
+    #[getter]
+    fn primary_key(&self) -> Vec<String> {
+        self.table.primary_key()
+    }
+
+    /// Upserts the rows of `data` (Arrow data); returns once they are
+    /// durable, with the rows stored (one per distinct key).
+    fn put(&self, py: Python<'_>, data: Bound<'_, PyAny>) -> PyResult<u64> {
+        let batches = batches_of(&data, &self.table.schema())?;
+        let table = Arc::clone(&self.table);
+        wait(py, async move { table.put_all(&batches).await })?.map_err(to_py)
+    }
+
+    /// Deletes the rows whose keys are the rows of `keys` (Arrow data of
+    /// exactly the key columns); returns once durable, with the count.
+    fn delete_keys(&self, py: Python<'_>, keys: Bound<'_, PyAny>) -> PyResult<u64> {
+        let batches = batches_of(&keys, &self.key_schema())?;
+        let table = Arc::clone(&self.table);
+        wait(py, async move { table.delete_all(&batches).await })?.map_err(to_py)
+    }
+
+    /// The live rows with the keys of `keys` (Arrow data of exactly the key
+    /// columns), in their order; keys with no row are left out.
+    fn get_keys(&self, py: Python<'_>, keys: Bound<'_, PyAny>) -> PyResult<ArrowStream> {
+        let batches = batches_of(&keys, &self.key_schema())?;
+        let table = Arc::clone(&self.table);
+        let rows = wait(py, async move {
+            let mut rows = Vec::new();
+            for batch in &batches {
+                for i in 0..batch.num_rows() {
+                    if let Some(row) = table.get(&batch.slice(i, 1)).await? {
+                        rows.push(row);
+                    }
+                }
+            }
+            Ok::<_, Error>(rows)
+        })?
+        .map_err(to_py)?;
+        Ok(ArrowStream::new(self.table.schema(), rows))
+    }
+
+    /// Every live row, newest version of each key.
+    fn scan(&self, py: Python<'_>) -> PyResult<ArrowStream> {
+        let table = Arc::clone(&self.table);
+        let rows = wait(py, async move { table.scan().await })?.map_err(to_py)?;
+        Ok(ArrowStream::new(self.table.schema(), rows))
+    }
+
+    /// The table for datafusion-python's `register_table`.
+    fn __datafusion_table_provider__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = foreign_codec(&session)?;
+        let root = Arc::clone(&self.session);
+        let name = self.name.clone();
+        let handle = runtime().handle().clone();
+        let provider = wait(py, async move {
+            memwal::ffi::table_provider(&root, &name, handle, codec).await
+        })?
+        .map_err(to_py)?;
+        PyCapsule::new_with_value(py, provider, c"datafusion_table_provider")
+    }
+}
+
+impl Table {
+    fn key_schema(&self) -> Schema {
+        let schema = self.table.schema();
+        let fields: Vec<_> = self
+            .table
+            .primary_key()
+            .iter()
+            .map(|k| schema.field_with_name(k).expect("a key column").clone())
+            .collect();
+        Schema::new(fields)
+    }
+}
+
+/// The native module.
+#[pymodule]
+fn _memwal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Root>()?;
+    m.add_class::<Table>()?;
+    m.add_class::<VectorSearch>()?;
+    m.add_class::<ArrowStream>()?;
+    m.add("MemwalError", py.get_type::<MemwalError>())?;
+    m.add("InvalidInputError", py.get_type::<InvalidInputError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("AlreadyExistsError", py.get_type::<AlreadyExistsError>())?;
+    m.add("ConflictError", py.get_type::<ConflictError>())?;
+    m.add("FencedError", py.get_type::<FencedError>())?;
+    // Benchmarks refuse figures from a build with debug assertions.
+    m.add("DEBUG_ASSERTIONS", cfg!(debug_assertions))?;
+    Ok(())
+}

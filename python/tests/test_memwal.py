@@ -1,0 +1,208 @@
+"""memwal from Python: the catalog, tables and vector_search in a
+datafusion-python session, and the put/get/delete/scan API with pyarrow."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pyarrow as pa
+import pytest
+from datafusion import SessionContext
+
+import memwal
+
+
+@pytest.fixture
+def root(tmp_path):
+    with memwal.open(str(tmp_path / "root")) as r:
+        yield r
+
+
+def session(root):
+    ctx = SessionContext()
+    ctx.register_catalog_provider("memwal", root)
+    ctx.register_udtf(root.vector_search_udtf())
+    return ctx
+
+
+def rows(table):
+    """A pyarrow Table as sorted tuples."""
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+def test_catalog_ddl_is_seen_by_datafusion_python(root):
+    root.sql("CREATE SCHEMA shop")
+    root.sql("CREATE TABLE shop.items (id BIGINT PRIMARY KEY, name STRING)")
+    root.sql("CREATE TABLE plain (id BIGINT PRIMARY KEY)")
+    ctx = session(root)
+    assert "shop" in ctx.catalog("memwal").names()
+    assert ctx.catalog("memwal").schema("shop").names() == {"items"}
+    # A table made after registration appears too (lookups refresh).
+    root.sql("CREATE TABLE shop.orders (id BIGINT PRIMARY KEY)")
+    assert ctx.sql("SELECT count(*) AS n FROM memwal.shop.orders").to_pylist() == [{"n": 0}]
+    root.sql("DROP TABLE shop.orders")
+    with pytest.raises(Exception, match="orders"):
+        ctx.sql("SELECT * FROM memwal.shop.orders").collect()
+
+
+def test_insert_through_sql_then_read_back(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v STRING)")
+    ctx = session(root)
+    out = ctx.sql("INSERT INTO memwal.public.t VALUES (1, 'a'), (2, 'b'), (1, 'c')").to_pylist()
+    assert out == [{"count": 2}]
+    got = ctx.sql("SELECT id, v FROM memwal.public.t ORDER BY id").to_pylist()
+    assert got == [{"id": 1, "v": "c"}, {"id": 2, "v": "b"}]
+    # The same rows through memwal's own session and the Python API.
+    assert rows(root.sql("SELECT id, v FROM t")) == [(1, "c"), (2, "b")]
+    assert rows(root.table("t").get([2])) == [(2, "b")]
+    # A point query with a filter goes through memwal's scan.
+    assert ctx.sql("SELECT v FROM memwal.public.t WHERE id = 1").to_pylist() == [{"v": "c"}]
+
+
+def test_put_get_delete_upsert(root):
+    root.sql("CREATE TABLE kv (id BIGINT PRIMARY KEY, a BIGINT, s STRING) WITH ('shards' = '3')")
+    kv = root.table("kv")
+    assert kv.primary_key == ["id"]
+    assert kv.schema.names == ["id", "a", "s"]
+    n = kv.put(pa.table({"id": list(range(100)), "a": [i * 7 for i in range(100)],
+                         "s": [f"s{i}" for i in range(100)]}))
+    assert n == 100
+    # Upsert: the newest version of a key wins, the last row of a key in one put.
+    assert kv.put({"id": [5, 5, 200], "a": [1, 2, 3], "s": ["x", "y", "z"]}) == 2
+    assert rows(kv.get([5, 200, 999])) == [(5, 2, "y"), (200, 3, "z")]
+    # A RecordBatchReader streams in; columns go by name, in any order.
+    reader_batch = pa.record_batch({"id": [301], "a": [8], "s": ["q"]})
+    reader = pa.RecordBatchReader.from_batches(reader_batch.schema, [reader_batch])
+    assert kv.put(reader) == 1
+    batch = pa.record_batch({"s": ["r"], "id": [300], "a": [9]})
+    assert kv.put(batch) == 1
+    assert rows(kv.get([300, 301])) == [(300, 9, "r"), (301, 8, "q")]
+    # By key: the distinct keys given (999 has no row; nothing is read).
+    assert kv.delete([0, 1, 2, 999, 2]) == 4
+    assert kv.delete("id >= 90 AND id < 100") == 10
+    table = kv.scan()
+    assert table.num_rows == 100 - 3 - 10 + 3
+    assert {0, 1, 2, 95}.isdisjoint(table.column("id").to_pylist())
+    stats = kv.stats()
+    assert len(stats) == 3 and sum(s["rows"] for s in stats) > 0
+
+
+def test_vector_search_with_a_where(root):
+    root.sql("CREATE TABLE docs (id BIGINT PRIMARY KEY, tag STRING, emb FLOAT[3])")
+    docs = root.table("docs")
+    docs.put({
+        "id": [1, 2, 3, 4, 5],
+        "tag": ["a", "b", "a", "a", "b"],
+        "emb": [[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.8, 0.2, 0.0], [1.0, 0.0, 0.1]],
+    })
+    ctx = session(root)
+    got = ctx.sql(
+        "SELECT id FROM vector_search('docs', 'emb', [1.0, 0.0, 0.0], 2) WHERE tag = 'a'"
+    ).to_pylist()
+    assert [r["id"] for r in got] == [1, 4]
+    # Without the WHERE the nearest two of all rows.
+    got = ctx.sql("SELECT id FROM vector_search('docs', 'emb', [1.0, 0.0, 0.0], 2)").to_pylist()
+    assert sorted(r["id"] for r in got) == [1, 5]
+
+
+def test_errors_are_typed_with_memwal_messages(root, tmp_path):
+    with pytest.raises(memwal.NotFoundError, match="nope"):
+        root.table("nope")
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v STRING NOT NULL)")
+    with pytest.raises(memwal.AlreadyExistsError):
+        root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    t = root.table("t")
+    with pytest.raises(memwal.InvalidInputError, match="'v' holds NULL"):
+        t.put({"id": [1], "v": [None]})
+    # A value that does not fit the column's type is refused, not made NULL.
+    root.sql("CREATE TABLE small (id BIGINT PRIMARY KEY, n INT)")
+    with pytest.raises(memwal.InvalidInputError, match="n"):
+        root.table("small").put({"id": [1], "n": [2**40]})
+    assert root.table("small").scan().num_rows == 0
+    with pytest.raises(memwal.InvalidInputError, match="Arrow data"):
+        t._native.put(42)
+    with pytest.raises(memwal.InvalidInputError, match="unknown writer option"):
+        memwal.open(str(tmp_path / "other"), no_such_option=1)
+    with pytest.raises(memwal.InvalidInputError):
+        root.sql("SELECT 1; SELECT 2")
+    with pytest.raises(memwal.InvalidInputError):
+        root.sql("SELEC 1")
+    with pytest.raises(memwal.InvalidInputError, match="no_such_column"):
+        root.sql("SELECT no_such_column FROM t")
+    # DELETE is not forwarded by DataFusion 55's FFI: it fails, nothing deleted.
+    t.put({"id": [1], "v": ["kept"]})
+    ctx = session(root)
+    with pytest.raises(Exception, match="DELETE"):
+        ctx.sql("DELETE FROM memwal.public.t WHERE id = 1").collect()
+    assert rows(t.get([1])) == [(1, "kept")]
+    # Every memwal error is a MemwalError.
+    assert issubclass(memwal.FencedError, memwal.MemwalError)
+
+
+def test_puts_from_threads_share_group_commits(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)")
+    t = root.table("t")
+
+    def put(first):
+        for i in range(first, first + 200, 10):
+            t.put({"id": list(range(i, i + 10)), "v": list(range(i, i + 10))})
+
+    threads = [threading.Thread(target=put, args=(k * 200,)) for k in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert t.scan().num_rows == 1600
+    stats = t.stats()[0]
+    # 160 puts from 8 threads at once: fewer WAL appends than puts.
+    assert stats["puts"] == 160
+    assert stats["wal_appends"] < 160
+
+
+def test_a_reopened_root_and_a_second_process(tmp_path):
+    location = str(tmp_path / "root")
+    with memwal.open(location) as r:
+        r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v STRING)")
+        r.table("t").put({"id": [1, 2], "v": ["a", "b"]})
+    # Another process writes the same table, then this one reads and writes.
+    script = textwrap.dedent(f"""
+        import memwal
+        with memwal.open({location!r}) as r:
+            t = r.table("t")
+            t.put({{"id": [2, 3], "v": ["B", "c"]}})
+            assert t.delete([1]) == 1
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, env=os.environ)
+    with memwal.open(location) as r:
+        t = r.table("t")
+        assert rows(t.scan()) == [(2, "B"), (3, "c")]
+        t.put({"id": [4], "v": ["d"]})
+        ctx = session(r)
+        got = ctx.sql("SELECT id FROM memwal.public.t ORDER BY id").to_pylist()
+        assert [g["id"] for g in got] == [2, 3, 4]
+    with memwal.open(location) as r:
+        assert rows(r.table("t").scan()) == [(2, "B"), (3, "c"), (4, "d")]
+
+
+def test_two_processes_write_one_table_at_once(tmp_path):
+    location = str(tmp_path / "root")
+    with memwal.open(location) as r:
+        r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')")
+    script = textwrap.dedent(f"""
+        import memwal
+        with memwal.open({location!r}) as r:
+            t = r.table("t")
+            for i in range(1000, 1200, 10):
+                t.put({{"id": list(range(i, i + 10)), "v": [2] * 10}})
+    """)
+    child = subprocess.Popen([sys.executable, "-c", script], env=os.environ)
+    with memwal.open(location) as r:
+        t = r.table("t")
+        for i in range(0, 200, 10):
+            t.put({"id": list(range(i, i + 10)), "v": [1] * 10})
+        assert child.wait(timeout=120) == 0
+        # Every row either process acknowledged, seen from this one.
+        got = rows(t.scan())
+        assert got == [(i, 1) for i in range(200)] + [(i, 2) for i in range(1000, 1200)]

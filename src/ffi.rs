@@ -1,0 +1,296 @@
+//! memwal across DataFusion's FFI (`datafusion-ffi`): the catalog, one
+//! table and `vector_search` as the C-ABI structs that another build of
+//! DataFusion 55 loads. datafusion-python does, through PyCapsules (the
+//! `python/` package wraps these functions).
+//!
+//! The other side polls our futures on its own executor, where this
+//! library's tokio finds no runtime. Every call it makes is therefore run
+//! inside `runtime` (entered while a future is polled), so the writers'
+//! tasks, timers and object-store I/O live on memwal's runtime whoever
+//! drives the query. DELETE is not forwarded by DataFusion 55's FFI; use
+//! [`crate::Table::delete`] or SQL through [`MemwalSession`].
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{
+    CatalogProvider, SchemaProvider, Session, TableFunctionArgs, TableFunctionImpl,
+};
+use datafusion::common::{Constraints, Statistics, TableReference};
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_ffi::catalog_provider::FFI_CatalogProvider;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::table_provider::{FFI_TableProvider, ForeignTableProvider};
+use datafusion_ffi::udtf::FFI_TableFunction;
+use tokio::runtime::Handle;
+
+use crate::catalog::ObjectPath;
+use crate::error::{Error, Result};
+use crate::sql::{CATALOG_NAME, MemwalSession, namespace_to_schema};
+
+/// The session's catalog (namespaces as schemas, tables with INSERT) for
+/// a foreign session whose logical codec is `codec`; every call runs on
+/// `runtime`. Loads the catalog first if the session has not.
+pub async fn catalog_provider(
+    session: &MemwalSession,
+    runtime: Handle,
+    codec: FFI_LogicalExtensionCodec,
+) -> Result<FFI_CatalogProvider> {
+    session.catalog().await?;
+    let catalog = session
+        .context()
+        .catalog(CATALOG_NAME)
+        .expect("registered when the catalog loads");
+    let catalog: Arc<dyn CatalogProvider> = Arc::new(OnRuntime::new(catalog, &runtime));
+    Ok(FFI_CatalogProvider::new_with_ffi_codec(
+        catalog,
+        Some(runtime),
+        codec,
+    ))
+}
+
+/// The table `name` (dotted, as [`MemwalSession::table`] takes it) as a
+/// provider for a foreign session whose logical codec is `codec`.
+pub async fn table_provider(
+    session: &MemwalSession,
+    name: &str,
+    runtime: Handle,
+    codec: FFI_LogicalExtensionCodec,
+) -> Result<FFI_TableProvider> {
+    let path = ObjectPath::parse_dotted(name)?;
+    session.table(name).await?;
+    let reference = TableReference::full(
+        CATALOG_NAME,
+        namespace_to_schema(&path.parent()),
+        path.name(),
+    );
+    let table = session
+        .context()
+        .table_provider(reference)
+        .await
+        .map_err(|e| Error::NotFound(format!("table {name}: {e}")))?;
+    let table: Arc<dyn TableProvider> = Arc::new(OnRuntime::new(table, &runtime));
+    Ok(FFI_TableProvider::new_with_ffi_codec(
+        table,
+        true,
+        Some(runtime),
+        codec,
+    ))
+}
+
+/// `vector_search(table, column, query, k [, ef])` over the session's
+/// catalog, for a foreign session whose logical codec is `codec`.
+pub async fn vector_search(
+    session: &MemwalSession,
+    runtime: Handle,
+    codec: FFI_LogicalExtensionCodec,
+) -> Result<FFI_TableFunction> {
+    session.catalog().await?;
+    let function = session
+        .context()
+        .state()
+        .table_functions()
+        .get("vector_search")
+        .map(|f| Arc::clone(f.function()))
+        .expect("registered when the catalog loads");
+    let search = Arc::new(SearchOnRuntime {
+        inner: OnRuntime::new(function, &runtime),
+        codec: codec.clone(),
+    });
+    Ok(FFI_TableFunction::new_with_ffi_codec(
+        search,
+        Some(runtime),
+        codec,
+    ))
+}
+
+/// `vector_search` on the runtime. DataFusion 55's FFI exports a table
+/// function's result without filter pushdown, so a `WHERE` would filter
+/// the k nearest rows instead of searching the rows that match (fewer
+/// than k rows back). The result is therefore exported here, with
+/// pushdown, and handed over as already foreign, which the FFI passes on
+/// as it is.
+#[derive(Debug)]
+struct SearchOnRuntime {
+    inner: OnRuntime<dyn TableFunctionImpl>,
+    codec: FFI_LogicalExtensionCodec,
+}
+
+impl TableFunctionImpl for SearchOnRuntime {
+    fn call_with_args(&self, args: TableFunctionArgs) -> DfResult<Arc<dyn TableProvider>> {
+        let runtime = &self.inner.runtime;
+        let _entered = runtime.enter();
+        let table = self.inner.inner.call_with_args(args)?;
+        let table: Arc<dyn TableProvider> = Arc::new(OnRuntime::new(table, runtime));
+        let exported = FFI_TableProvider::new_with_ffi_codec(
+            table,
+            true,
+            Some(runtime.clone()),
+            self.codec.clone(),
+        );
+        Ok(Arc::new(ForeignTableProvider(exported)))
+    }
+}
+
+/// A provider whose every call runs inside `runtime`, and whose results
+/// (schemas, tables) do too.
+#[derive(Debug)]
+struct OnRuntime<T: ?Sized> {
+    inner: Arc<T>,
+    runtime: Handle,
+}
+
+impl<T: ?Sized> OnRuntime<T> {
+    fn new(inner: Arc<T>, runtime: &Handle) -> Self {
+        Self {
+            inner,
+            runtime: runtime.clone(),
+        }
+    }
+
+    fn wrap<U: ?Sized>(&self, inner: Arc<U>) -> OnRuntime<U> {
+        OnRuntime::new(inner, &self.runtime)
+    }
+
+    /// `future`, polled inside the runtime.
+    fn on<F: Future>(&self, future: F) -> impl Future<Output = F::Output> {
+        let runtime = self.runtime.clone();
+        let mut future = Box::pin(future);
+        std::future::poll_fn(move |cx| {
+            let _entered = runtime.enter();
+            future.as_mut().poll(cx)
+        })
+    }
+}
+
+impl CatalogProvider for OnRuntime<dyn CatalogProvider> {
+    fn schema_names(&self) -> Vec<String> {
+        let _entered = self.runtime.enter();
+        self.inner.schema_names()
+    }
+
+    fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
+        let _entered = self.runtime.enter();
+        let schema = self.inner.schema(name)?;
+        Some(Arc::new(self.wrap(schema)))
+    }
+
+    fn register_schema(
+        &self,
+        name: &str,
+        schema: Arc<dyn SchemaProvider>,
+    ) -> DfResult<Option<Arc<dyn SchemaProvider>>> {
+        self.inner.register_schema(name, schema)
+    }
+
+    fn deregister_schema(
+        &self,
+        name: &str,
+        cascade: bool,
+    ) -> DfResult<Option<Arc<dyn SchemaProvider>>> {
+        self.inner.deregister_schema(name, cascade)
+    }
+}
+
+#[async_trait]
+impl SchemaProvider for OnRuntime<dyn SchemaProvider> {
+    fn table_names(&self) -> Vec<String> {
+        let _entered = self.runtime.enter();
+        self.inner.table_names()
+    }
+
+    async fn table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        let table = self.on(self.inner.table(name)).await?;
+        Ok(table.map(|t| Arc::new(self.wrap(t)) as Arc<dyn TableProvider>))
+    }
+
+    fn table_exist(&self, name: &str) -> bool {
+        let _entered = self.runtime.enter();
+        self.inner.table_exist(name)
+    }
+
+    fn register_table(
+        &self,
+        name: String,
+        table: Arc<dyn TableProvider>,
+    ) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        self.inner.register_table(name, table)
+    }
+
+    fn deregister_table(&self, name: &str) -> DfResult<Option<Arc<dyn TableProvider>>> {
+        self.inner.deregister_table(name)
+    }
+}
+
+#[async_trait]
+impl TableProvider for OnRuntime<dyn TableProvider> {
+    fn schema(&self) -> SchemaRef {
+        self.inner.schema()
+    }
+
+    fn constraints(&self) -> Option<&Constraints> {
+        self.inner.constraints()
+    }
+
+    fn table_type(&self) -> TableType {
+        self.inner.table_type()
+    }
+
+    fn get_logical_plan(&self) -> Option<std::borrow::Cow<'_, LogicalPlan>> {
+        self.inner.get_logical_plan()
+    }
+
+    fn get_column_default(&self, column: &str) -> Option<&Expr> {
+        self.inner.get_column_default(column)
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.on(self.inner.scan(state, projection, filters, limit))
+            .await
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> DfResult<Vec<TableProviderFilterPushDown>> {
+        self.inner.supports_filters_pushdown(filters)
+    }
+
+    fn statistics(&self) -> Option<Statistics> {
+        self.inner.statistics()
+    }
+
+    async fn insert_into(
+        &self,
+        state: &dyn Session,
+        input: Arc<dyn ExecutionPlan>,
+        insert_op: InsertOp,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.on(self.inner.insert_into(state, input, insert_op))
+            .await
+    }
+
+    async fn delete_from(
+        &self,
+        state: &dyn Session,
+        filters: Vec<Expr>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.on(self.inner.delete_from(state, filters)).await
+    }
+
+    async fn truncate(&self, state: &dyn Session) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.on(self.inner.truncate(state)).await
+    }
+}
