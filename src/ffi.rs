@@ -30,9 +30,11 @@ use datafusion_ffi::table_provider::{FFI_TableProvider, ForeignTableProvider};
 use datafusion_ffi::udtf::FFI_TableFunction;
 use tokio::runtime::Handle;
 
-use crate::catalog::ObjectPath;
+use crate::catalog::{Catalog, ObjectPath, ObjectType};
 use crate::error::{Error, Result};
-use crate::sql::{CATALOG_NAME, MemwalSession, namespace_to_schema};
+use crate::sql::{
+    CATALOG_NAME, MemwalSession, namespace_to_schema, schema_to_namespace, table_path,
+};
 
 /// The session's catalog (namespaces as schemas, tables with INSERT) for
 /// a foreign session whose logical codec is `codec`; every call runs on
@@ -42,14 +44,17 @@ pub async fn catalog_provider(
     runtime: Handle,
     codec: FFI_LogicalExtensionCodec,
 ) -> Result<FFI_CatalogProvider> {
-    session.catalog().await?;
-    let catalog = session
+    let catalog = session.catalog().await?;
+    let provider = session
         .context()
         .catalog(CATALOG_NAME)
         .expect("registered when the catalog loads");
-    let catalog: Arc<dyn CatalogProvider> = Arc::new(OnRuntime::new(catalog, &runtime));
-    Ok(FFI_CatalogProvider::new_with_ffi_codec(
+    let provider: Arc<dyn CatalogProvider> = Arc::new(CatalogOnRuntime {
+        inner: OnRuntime::new(provider, &runtime),
         catalog,
+    });
+    Ok(FFI_CatalogProvider::new_with_ffi_codec(
+        provider,
         Some(runtime),
         codec,
     ))
@@ -63,7 +68,7 @@ pub async fn table_provider(
     runtime: Handle,
     codec: FFI_LogicalExtensionCodec,
 ) -> Result<FFI_TableProvider> {
-    let path = ObjectPath::parse_dotted(name)?;
+    let path = table_path(name)?;
     session.table(name).await?;
     let reference = TableReference::full(
         CATALOG_NAME,
@@ -169,16 +174,55 @@ impl<T: ?Sized> OnRuntime<T> {
     }
 }
 
-impl CatalogProvider for OnRuntime<dyn CatalogProvider> {
+/// The catalog on the runtime. Unlike memwal's own session, which plans
+/// DDL itself, a foreign session plans `CREATE SCHEMA` and `DROP TABLE`
+/// from what the provider answers; so a schema is answered only for a
+/// namespace that exists (after a refresh of the catalog), and the DDL
+/// reaches memwal's refusal, which names the way to run it.
+#[derive(Debug)]
+struct CatalogOnRuntime {
+    inner: OnRuntime<dyn CatalogProvider>,
+    catalog: Arc<Catalog>,
+}
+
+impl CatalogOnRuntime {
+    fn namespace_exists(&self, path: &ObjectPath) -> bool {
+        let known = |catalog: &Catalog| {
+            path.is_root()
+                || catalog
+                    .snapshot()
+                    .get(path)
+                    .is_some_and(|e| e.object_type == ObjectType::Namespace)
+        };
+        if known(&self.catalog) {
+            return true;
+        }
+        // Made by another process since? This call is synchronous and on
+        // the other side's thread: refresh on a thread of our own.
+        let (catalog, runtime) = (&self.catalog, &self.inner.runtime);
+        let refreshed = std::thread::scope(|s| {
+            s.spawn(|| runtime.block_on(catalog.refresh()))
+                .join()
+                .is_ok_and(|r| r.is_ok())
+        });
+        refreshed && known(&self.catalog)
+    }
+}
+
+impl CatalogProvider for CatalogOnRuntime {
     fn schema_names(&self) -> Vec<String> {
-        let _entered = self.runtime.enter();
-        self.inner.schema_names()
+        let _entered = self.inner.runtime.enter();
+        self.inner.inner.schema_names()
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
-        let _entered = self.runtime.enter();
-        let schema = self.inner.schema(name)?;
-        Some(Arc::new(self.wrap(schema)))
+        let path = schema_to_namespace(name).ok()?;
+        if !self.namespace_exists(&path) {
+            return None;
+        }
+        let _entered = self.inner.runtime.enter();
+        let schema = self.inner.inner.schema(name)?;
+        Some(Arc::new(self.inner.wrap(schema)))
     }
 
     fn register_schema(
@@ -186,7 +230,7 @@ impl CatalogProvider for OnRuntime<dyn CatalogProvider> {
         name: &str,
         schema: Arc<dyn SchemaProvider>,
     ) -> DfResult<Option<Arc<dyn SchemaProvider>>> {
-        self.inner.register_schema(name, schema)
+        self.inner.inner.register_schema(name, schema)
     }
 
     fn deregister_schema(
@@ -194,7 +238,7 @@ impl CatalogProvider for OnRuntime<dyn CatalogProvider> {
         name: &str,
         cascade: bool,
     ) -> DfResult<Option<Arc<dyn SchemaProvider>>> {
-        self.inner.deregister_schema(name, cascade)
+        self.inner.inner.deregister_schema(name, cascade)
     }
 }
 

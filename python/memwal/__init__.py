@@ -18,13 +18,18 @@ The catalog, tables and ``vector_search`` cross to datafusion-python through
 DataFusion's FFI (the same major version, 55, on both sides); Arrow data
 crosses through the Arrow C stream interface without a copy. DataFusion 55
 does not forward DELETE over its FFI: ``DELETE`` in a datafusion-python
-session fails; use ``Table.delete`` or ``Root.sql``. Blocking calls release
+session fails; use ``Table.delete`` or ``Root.sql``. DDL runs through
+``Root.sql`` too: in a datafusion-python session ``CREATE`` is refused with
+that hint, and DataFusion reports a refused ``DROP TABLE`` as "doesn't
+exist" (``IF EXISTS``: nothing done), the table left as it was. Blocking calls release
 the GIL, so puts from several threads share the writers' group commits.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import os
 
 import pyarrow as pa
 
@@ -51,11 +56,12 @@ __all__ = [
 ]
 
 
-def open(location: str, **options: Any) -> Root:  # noqa: A001 - like builtins.open
-    """Opens the memwal root at ``location`` (a directory, ``file://``,
-    ``s3://bucket/prefix``, ``memory://``). ``options`` are writer options
-    by the names of ``SET memwal.<option>`` (``wal_interval='50ms'``,
-    ``durable=False``, ...); an unknown name raises InvalidInputError."""
+def open(location: Any, **options: Any) -> Root:  # noqa: A001 - like builtins.open
+    """Opens the memwal root at ``location`` (a directory as a string or a
+    path, ``file://``, ``s3://bucket/prefix``, ``memory://``). ``options``
+    are writer options by the names of ``SET memwal.<option>``
+    (``wal_flush_interval='50ms'``, ``durable=False``, ...); an unknown name
+    raises InvalidInputError."""
     return Root(location, **options)
 
 
@@ -63,33 +69,43 @@ class Root:
     """A memwal root: its catalog (for ``SessionContext.register_catalog_provider``),
     SQL with memwal's DDL, and its tables."""
 
-    def __init__(self, location: str, **options: Any) -> None:
+    def __init__(self, location: Any, **options: Any) -> None:
         values = {k: _option_text(v) for k, v in options.items()}
-        self._native = _NativeRoot(location, values)
+        self._native = _NativeRoot(os.fspath(location), values)
+        self._closed = False
+
+    def _live(self) -> Any:
+        if self._closed:
+            raise MemwalError("this root is closed: open it again with memwal.open")
+        return self._native
 
     def sql(self, query: str) -> pa.Table:
         """Runs one statement through memwal's own session (DDL, INSERT,
         DELETE, queries) and returns its result."""
-        return pa.table(self._native.sql(query))
+        return pa.table(self._live().sql(query))
 
     def table(self, name: str) -> Table:
         """The table ``name``: ``items``, or dotted with its namespace
         (``shop.items``). Raises NotFoundError if there is none."""
-        return Table(self, self._native.table(name))
+        return Table(self, self._live().table(name))
 
     def vector_search_udtf(self):
         """``vector_search(table, column, query, k [, ef])`` as a
         datafusion-python ``TableFunction``, for ``ctx.register_udtf``."""
         from datafusion import udtf
 
-        return udtf(self._native.vector_search_function(), "vector_search")
+        return udtf(self._live().vector_search_function(), "vector_search")
 
     def close(self) -> None:
-        """Makes every write durable and closes the writers."""
-        self._native.close()
+        """Makes every write durable and closes the writers; the root and
+        its tables refuse every call after it (providers already handed to
+        a SessionContext keep working)."""
+        if not self._closed:
+            self._closed = True
+            self._native.close()
 
     def __datafusion_catalog_provider__(self, session: Any) -> object:
-        return self._native.__datafusion_catalog_provider__(session)
+        return self._live().__datafusion_catalog_provider__(session)
 
     def __enter__(self) -> Root:
         return self
@@ -111,17 +127,29 @@ class Table:
     def name(self) -> str:
         return self._native.name
 
+    def _live(self) -> Any:
+        self._root._live()
+        return self._native
+
     def put(self, data: Any) -> int:
-        """Upserts the rows of ``data`` and returns once they are durable.
+        """Upserts the rows of ``data`` and returns once they are durable
+        (visible, with ``durable=False``). Puts from several threads at once
+        share the writers' group commits: one WAL append per
+        ``wal_flush_interval`` (100 ms) for all of them, so each such put
+        takes up to that long and their rows per second grow with the
+        threads.
 
         ``data`` is Arrow data (a pyarrow Table, RecordBatch or
         RecordBatchReader, or any object with ``__arrow_c_stream__``) or what
         ``pa.table`` takes (a dict of columns, a pandas DataFrame). Columns
-        go by name; one whose type differs from the table's (``string`` for
-        ``string_view``, a list of floats for a vector column) is cast, the
-        others are not copied.
+        go by name and a nullable column left out is NULL. A column whose
+        type differs from the table's is cast where every value keeps its
+        meaning (``string`` for ``string_view``, ``int64`` for ``int32``
+        with overflow an error, a list of floats for a vector column), never
+        by rounding to an integer or parsing text; the others are not
+        copied.
         Returns the rows stored: one per distinct key."""
-        return self._native.put(self._arrow(data))
+        return self._live().put(self._arrow(data))
 
     def delete(self, keys: Any) -> int:
         """Deletes rows and returns once that is durable.
@@ -133,17 +161,17 @@ class Table:
         if isinstance(keys, str):
             result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {keys}")
             return int(result.column(0)[0].as_py())
-        return self._native.delete_keys(self._keys(keys))
+        return self._live().delete_keys(self._keys(keys))
 
     def get(self, keys: Any) -> pa.Table:
-        """The newest live rows with the keys ``keys`` (a list of key values,
-        or Arrow data of the key columns), in their order; absent keys are
-        left out."""
-        return pa.table(self._native.get_keys(self._keys(keys)))
+        """The newest live rows with the keys ``keys`` (a key value, a list,
+        numpy array, pandas Series or pyarrow array of them, or Arrow data
+        of the key columns), in their order; absent keys are left out."""
+        return pa.table(self._live().get_keys(self._keys(keys)))
 
     def scan(self) -> pa.Table:
         """Every live row (the newest version of each key)."""
-        return pa.table(self._native.scan())
+        return pa.table(self._live().scan())
 
     def stats(self) -> list[dict[str, Any]]:
         """The writer statistics, one dict per shard (``memwal_stats``)."""
@@ -151,19 +179,29 @@ class Table:
         return self._root.sql(f"SELECT * FROM memwal_stats('{name}')").to_pylist()
 
     def __datafusion_table_provider__(self, session: Any) -> object:
-        return self._native.__datafusion_table_provider__(session)
+        return self._live().__datafusion_table_provider__(session)
 
     def _keys(self, keys: Any) -> Any:
         if not self.primary_key:
             raise InvalidInputError(f"table {self.name} has no primary key")
-        if isinstance(keys, (list, tuple, range)) or _is_array(keys):
-            if len(self.primary_key) != 1:
-                raise InvalidInputError(
-                    f"table {self.name} has a key of {len(self.primary_key)} columns: "
-                    "pass a pyarrow Table of them"
-                )
-            keys = pa.table({self.primary_key[0]: keys})
-        return self._arrow(keys)
+        if isinstance(keys, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) or (
+            type(keys).__name__ == "DataFrame"
+        ):
+            return self._arrow(keys)
+        if len(self.primary_key) != 1:
+            raise InvalidInputError(
+                f"table {self.name} has a key of {len(self.primary_key)} columns: "
+                "pass a pyarrow Table of them"
+            )
+        if isinstance(keys, (str, bytes, int, float)):
+            keys = [keys]
+        if isinstance(keys, pa.ChunkedArray):
+            column = keys
+        elif isinstance(keys, pa.Array):
+            column = keys
+        else:  # a list, tuple, range, numpy array or pandas Series
+            column = pa.array(keys)
+        return pa.table({self.primary_key[0]: column})
 
     @staticmethod
     def _arrow(data: Any) -> Any:
@@ -173,12 +211,6 @@ class Table:
         if isinstance(data, pa.RecordBatch):
             return pa.Table.from_batches([data])
         return pa.table(data)
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, (pa.Array, pa.ChunkedArray)) or (
-        type(value).__name__ == "ndarray"
-    )
-
 
 def _sql_name(dotted: str) -> str:
     """``shop.items`` as SQL names it: each level quoted."""

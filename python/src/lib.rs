@@ -10,9 +10,11 @@ use std::future::Future;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use datafusion::arrow::array::{RecordBatch, RecordBatchIterator, RecordBatchReader};
+use datafusion::arrow::array::{
+    RecordBatch, RecordBatchIterator, RecordBatchReader, new_null_array,
+};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ffi::FFI_ArrowSchema;
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
@@ -125,11 +127,11 @@ fn foreign_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCod
 
 /// The record batches of any object with `__arrow_c_stream__` (a pyarrow
 /// Table or RecordBatchReader, a polars or DuckDB result...), as columns
-/// of `schema`: columns go by name, and a column whose type differs is
-/// cast (`string` to `string_view`, a list of floats to a vector). Other
-/// columns keep the producer's buffers: nothing is copied. Batches whose
-/// names are not `schema`'s pass as they are, for memwal to refuse with
-/// its message.
+/// of `schema`: columns go by name, a nullable column left out is NULL,
+/// and a column whose type differs is cast where that keeps its values
+/// (see [`castable`]). Other columns keep the producer's buffers: nothing
+/// is copied. Batches that do not fit pass as they are, for memwal to
+/// refuse with its message.
 fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBatch>> {
     if !data.hasattr("__arrow_c_stream__")? {
         return Err(InvalidInputError::new_err(format!(
@@ -147,31 +149,31 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
     let reader = unsafe { ArrowArrayStreamReader::from_raw(stream.as_ptr()) }
         .map_err(|e| InvalidInputError::new_err(e.to_string()))?;
     let strict = CastOptions {
-        safe: false,
+        safe: false, // an overflow is an error, not a NULL
         ..Default::default()
     };
     let conformed = |batch: RecordBatch| -> Result<RecordBatch, ArrowError> {
-        let fields = batch.schema_ref().fields().clone();
-        let same_names = fields.len() == schema.fields().len()
-            && schema
-                .fields()
-                .iter()
-                .all(|f| fields.find(f.name()).is_some());
-        if !same_names {
+        let fits = batch.schema_ref().fields().iter().all(|f| {
+            schema.field_with_name(f.name()).is_ok_and(|t| {
+                f.data_type() == t.data_type() || castable(f.data_type(), t.data_type())
+            })
+        }) && schema
+            .fields()
+            .iter()
+            .all(|t| t.is_nullable() || batch.column_by_name(t.name()).is_some());
+        if !fits {
             return Ok(batch);
         }
         let columns = schema
             .fields()
             .iter()
-            .map(|field| {
-                let column = batch.column_by_name(field.name()).expect("checked above");
-                match column.data_type() == field.data_type() {
-                    true => Ok(Arc::clone(column)),
-                    // An overflow is an error, not a NULL.
-                    false => cast_with_options(column, field.data_type(), &strict),
-                }
+            .map(|field| match batch.column_by_name(field.name()) {
+                None => Ok(new_null_array(field.data_type(), batch.num_rows())),
+                Some(c) if c.data_type() == field.data_type() => Ok(Arc::clone(c)),
+                Some(c) => cast_with_options(c, field.data_type(), &strict),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Nullable here: a NULL in a NOT NULL column is memwal's to name.
         let fields: Vec<_> = schema
             .fields()
             .iter()
@@ -183,6 +185,30 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         .map(|batch| batch.and_then(conformed))
         .collect::<Result<Vec<_>, ArrowError>>()
         .map_err(|e| InvalidInputError::new_err(e.to_string()))
+}
+
+/// Whether a put casts a column of type `from` to the table's `to`: only
+/// where every value keeps its meaning (other string or binary layouts,
+/// integers to integers or decimals with overflow an error, numbers to
+/// floats, decimals to a finer scale, lists of numbers to vectors, an
+/// all-NULL column); never a rounding to an integer or a parse of text.
+fn castable(from: &DataType, to: &DataType) -> bool {
+    use DataType::*;
+    let text = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    let bytes = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView);
+    match (from, to) {
+        (Null, _) => true,
+        (a, b) if a.is_integer() && (b.is_integer() || matches!(b, Decimal128(..))) => true,
+        (a, b) if (a.is_integer() || a.is_floating()) && b.is_floating() => true,
+        (Decimal128(_, a), Decimal128(_, b)) => b >= a,
+        (a, b) if text(a) && text(b) => true,
+        (a, b) if bytes(a) && bytes(b) => true,
+        (
+            List(a) | LargeList(a) | FixedSizeList(a, _),
+            List(b) | LargeList(b) | FixedSizeList(b, _),
+        ) => a.data_type() == b.data_type() || castable(a.data_type(), b.data_type()),
+        _ => false,
+    }
 }
 
 /// Record batches on their way to Python: an Arrow C stream that pyarrow

@@ -206,3 +206,74 @@ def test_two_processes_write_one_table_at_once(tmp_path):
         # Every row either process acknowledged, seen from this one.
         got = rows(t.scan())
         assert got == [(i, 1) for i in range(200)] + [(i, 2) for i in range(1000, 1200)]
+
+
+def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, n INT, note STRING, emb FLOAT[2])")
+    t = root.table("t")
+    # Left-out nullable columns are NULL; ints and float lists are cast.
+    assert t.put(pa.table({"id": pa.array([1, 2], pa.int32()), "n": [5, 6]})) == 2
+    assert rows(t.get(pa.array([2, 1]))) == [(1, 5, None, None), (2, 6, None, None)]
+    assert t.get(1).num_rows == 1
+    # A float is not a key: no row 1 for 1.9, no delete of 2 for 2.7.
+    with pytest.raises(memwal.InvalidInputError, match="id is double, not int64|Float64"):
+        t.get([1.9])
+    with pytest.raises(memwal.InvalidInputError):
+        t.delete([2.7])
+    with pytest.raises(memwal.InvalidInputError):
+        t.put({"id": [3], "n": [1.5]})
+    with pytest.raises(memwal.InvalidInputError):
+        t.get(["1"])
+    # A column the table does not have, or a NOT NULL one left out, is named.
+    with pytest.raises(memwal.InvalidInputError, match="not in the table: extra"):
+        t.put({"id": [4], "extra": [1]})
+    with pytest.raises(memwal.InvalidInputError, match="missing id"):
+        t.put({"n": [1]})
+    assert rows(t.scan()) == [(1, 5, None, None), (2, 6, None, None)]
+
+
+def test_a_dropped_or_closed_handle_refuses_writes(tmp_path):
+    r = memwal.open(tmp_path / "root")  # a path object too
+    r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    t = r.table("public.t")  # `public` is the root, as in SQL
+    t.put({"id": [1]})
+    r.sql("DROP TABLE t")
+    with pytest.raises(memwal.NotFoundError, match="dropped"):
+        t.put({"id": [2]})
+    r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    assert r.table("t").scan().num_rows == 0
+    r.close()
+    with pytest.raises(memwal.MemwalError, match="closed"):
+        r.table("t")
+    with pytest.raises(memwal.MemwalError, match="closed"):
+        t.scan()
+
+
+def test_ddl_in_a_datafusion_session_is_refused_with_the_way_to_run_it(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    ctx = session(root)
+    for ddl in ["CREATE SCHEMA memwal.newns", "CREATE SCHEMA IF NOT EXISTS memwal.newns",
+                "CREATE TABLE memwal.public.x (id INT)"]:
+        with pytest.raises(Exception, match="Root.sql"):
+            ctx.sql(ddl).collect()
+    # DataFusion 55 reports any refusal of DROP TABLE as "doesn't exist"
+    # (and IF EXISTS as nothing to do); the table stays either way.
+    with pytest.raises(Exception, match="doesn't exist"):
+        ctx.sql("DROP TABLE memwal.public.t").collect()
+    ctx.sql("DROP TABLE IF EXISTS memwal.public.t").collect()
+    assert root.sql("SELECT table_name FROM information_schema.tables "
+                    "WHERE table_name = 't'").num_rows == 1
+    assert root.sql("SELECT schema_name FROM information_schema.schemata "
+                    "WHERE schema_name = 'newns'").num_rows == 0
+    with pytest.raises(memwal.InvalidInputError, match="named twice"):
+        root.sql("CREATE TABLE d (id BIGINT PRIMARY KEY, v INT, V STRING)")
+
+
+def test_stats_latency_percentiles_stay_within_the_max(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    t = root.table("t")
+    for i in range(20):
+        t.put({"id": [i]})
+    s = t.stats()[0]
+    assert 0 < s["append_p50_ms"] <= s["append_p99_ms"] <= s["append_max_ms"]
+    assert round(s["append_max_ms"], 3) == s["append_max_ms"]

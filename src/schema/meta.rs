@@ -110,6 +110,15 @@ impl TableMeta {
         if schema.fields().is_empty() {
             return Err(Error::invalid("a table needs at least one column"));
         }
+        let mut names = std::collections::HashSet::new();
+        for field in schema.fields() {
+            if !names.insert(field.name()) {
+                return Err(Error::invalid(format!(
+                    "column '{}' is named twice (unquoted names are lower-cased)",
+                    field.name()
+                )));
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for key in &primary_key {
             if !seen.insert(key) {

@@ -324,8 +324,38 @@ impl TableSchema {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let missing: Vec<&str> = expected
+            .iter()
+            .filter(|e| got.field_with_name(e.name()).is_err())
+            .map(|e| e.name().as_str())
+            .collect();
+        let unknown: Vec<&str> = got
+            .fields()
+            .iter()
+            .filter(|g| !expected.iter().any(|e| e.name() == g.name()))
+            .map(|g| g.name().as_str())
+            .collect();
+        let retyped: Vec<String> = got
+            .fields()
+            .iter()
+            .filter_map(|g| {
+                let e = expected.iter().find(|e| e.name() == g.name())?;
+                (e.data_type() != g.data_type())
+                    .then(|| format!("{} is {}, not {}", g.name(), g.data_type(), e.data_type()))
+            })
+            .collect();
+        let mut why = retyped;
+        if !missing.is_empty() {
+            why.push(format!("missing {}", missing.join(", ")));
+        }
+        if !unknown.is_empty() {
+            why.push(format!("not in the table: {}", unknown.join(", ")));
+        }
+        if why.is_empty() {
+            why.push("the order differs".to_string());
+        }
         Err(Error::invalid(format!(
-            "batch columns ({}) do not match the table's ({})",
+            "batch columns ({}) do not match the table's ({}): {}",
             describe(
                 got.fields()
                     .iter()
@@ -333,6 +363,7 @@ impl TableSchema {
                     .collect()
             ),
             describe(expected.iter().map(|f| (f.name(), f.data_type())).collect()),
+            why.join("; "),
         )))
     }
 }

@@ -15,8 +15,9 @@ use super::{ROOT_SCHEMA, namespace_to_schema, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, ObjectType};
 use crate::table::TableCache;
 
-const DDL_HINT: &str = "memwal objects are created and dropped with SQL DDL run through \
-                        MemwalSession (CREATE/DROP SCHEMA, CREATE/DROP TABLE)";
+const DDL_HINT: &str = "memwal namespaces and tables are created and dropped with DDL run \
+                        through memwal's own session (MemwalSession::sql in Rust, Root.sql \
+                        in Python, the memwal shell)";
 
 /// The memwal catalog as a DataFusion `CatalogProvider`.
 #[derive(Debug)]

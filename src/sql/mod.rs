@@ -28,6 +28,7 @@ pub use config::MemwalConfig;
 pub use delete_exec::DeleteExec;
 pub use insert_sink::{InsertProgress, InsertSink};
 pub use scan_exec::{ScanExec, ScanMode};
+pub(crate) use session::table_path;
 pub use session::{MemwalSession, SessionBuilder};
 pub use table::MemwalTable;
 pub use vector::{DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchFunction, distance_functions};

@@ -327,10 +327,11 @@ impl MemwalSession {
     }
 
     /// The table `name` (`table`, `schema.table`, or a dotted namespace path
-    /// ending in the table) for the Rust API: put, delete, get, scan. The
-    /// catalog catches up first, as it does before a statement.
+    /// ending in the table; `public.table` is `table`, as in SQL) for the
+    /// Rust API: put, delete, get, scan. The catalog catches up first, as
+    /// it does before a statement.
     pub async fn table(&self, name: &str) -> Result<Arc<Table>> {
-        let path = ObjectPath::parse_dotted(name)?;
+        let path = table_path(name)?;
         let catalog = self.fresh_catalog().await?;
         let (entry, meta) = catalog
             .table(&path)
@@ -559,4 +560,12 @@ fn uses_catalog(state: &SessionState, statement: &DFStatement) -> Result<bool> {
         !(r.schema() == Some("information_schema")
             && matches!(r.table(), "df_settings" | "routines" | "parameters"))
     }))
+}
+
+/// The path of table `name` as [`MemwalSession::table`] takes it.
+pub(crate) fn table_path(name: &str) -> Result<ObjectPath> {
+    let in_root = name
+        .strip_prefix(ROOT_SCHEMA)
+        .and_then(|rest| rest.strip_prefix('.'));
+    ObjectPath::parse_dotted(in_root.unwrap_or(name))
 }

@@ -47,7 +47,8 @@ fn counts(stats: &[Option<WriterStats>], f: fn(&WriterStats) -> u64) -> ArrayRef
 
 /// The Float64 column of `f` in milliseconds.
 fn millis(stats: &[Option<WriterStats>], f: fn(&WriterStats) -> Duration) -> ArrayRef {
-    let ms = |s: &WriterStats| f(s).as_secs_f64() * 1e3;
+    // Whole microseconds: 0.14, not 0.13999999999999999.
+    let ms = |s: &WriterStats| f(s).as_micros() as f64 / 1e3;
     Arc::new(Float64Array::from_iter(
         stats.iter().map(|s| s.as_ref().map(ms)),
     ))

@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -108,6 +108,9 @@ pub struct Table {
     shards: Vec<Shard>,
     next_append_shard: AtomicU32,
     sstables: Arc<SstableReader>,
+    /// Set when this process dropped the table: the handle then refuses
+    /// everything (a write would open a writer on the dropped data).
+    dropped: AtomicBool,
 }
 
 impl std::fmt::Debug for Table {
@@ -165,6 +168,7 @@ impl Table {
             options,
             shards,
             next_append_shard: AtomicU32::new(0),
+            dropped: AtomicBool::new(false),
         }
     }
 
@@ -246,8 +250,15 @@ impl Table {
         Ok(writer)
     }
 
-    /// The state of `shard`; an error for a shard the table does not have.
+    /// The state of `shard`; an error for a shard the table does not have,
+    /// and for every shard once this process dropped the table.
     fn slot(&self, shard: u32) -> Result<&Shard> {
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(Error::NotFound(format!(
+                "the table at '{}' (dropped; open the table again by name)",
+                self.location
+            )));
+        }
         self.shards.get(shard as usize).ok_or_else(|| {
             Error::invalid(format!(
                 "shard {shard} does not exist: the table has {} (0..={})",
@@ -813,17 +824,23 @@ impl TableCache {
     }
 
     /// Closes and forgets every open table whose location `keep` rejects
-    /// (a dropped table); reports the first error.
+    /// (a dropped table): handles of it still held refuse every call from
+    /// then on. Reports the first error.
     pub async fn close_unless(&self, keep: impl Fn(&str) -> bool) -> Result<()> {
+        self.close_where(|location| !keep(location), true).await
+    }
+
+    async fn close_where(&self, close: impl Fn(&str) -> bool, dropped: bool) -> Result<()> {
         let gone: Vec<Arc<Table>> = self
             .tables
             .lock()
             .expect("table cache poisoned")
-            .extract_if(|location, _| !keep(location))
+            .extract_if(|location, _| close(location))
             .map(|(_, table)| table)
             .collect();
         let mut first = Ok(());
         for table in gone {
+            table.dropped.store(dropped, Ordering::Release);
             if let Err(e) = table.close().await
                 && first.is_ok()
             {
@@ -839,9 +856,10 @@ impl TableCache {
         tables.keys().cloned().collect()
     }
 
-    /// Closes every open table (see [`Table::close`]).
+    /// Closes every open table (see [`Table::close`]); a handle still
+    /// held opens its writers again when used.
     pub async fn close(&self) -> Result<()> {
-        self.close_unless(|_| false).await
+        self.close_where(|_| true, false).await
     }
 }
 

@@ -748,6 +748,7 @@ impl ShardWriter {
             durable_batches += durable;
             visible_batches += g.memtable.visible_batches() as u64;
         }
+        let latency_max = Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed));
         WriterStats {
             epoch: shared.epoch,
             puts: c.puts.load(Ordering::Relaxed),
@@ -763,9 +764,10 @@ impl ShardWriter {
             blob_live_bytes: layers.sstables.iter().map(live_blob_bytes).sum(),
             blob_stored_bytes: c.blob_stored_bytes.load(Ordering::Relaxed),
             append_latency_total: Duration::from_micros(c.latency_total_us.load(Ordering::Relaxed)),
-            append_latency_max: Duration::from_micros(c.latency_max_us.load(Ordering::Relaxed)),
-            append_latency_p50: c.latency.quantile(0.5),
-            append_latency_p99: c.latency.quantile(0.99),
+            append_latency_max: latency_max,
+            // The histogram answers a bucket's bound: never above the max.
+            append_latency_p50: c.latency.quantile(0.5).min(latency_max),
+            append_latency_p99: c.latency.quantile(0.99).min(latency_max),
             pending_rows: shared
                 .written_rows
                 .load(Ordering::Relaxed)

@@ -4,6 +4,9 @@
 //! writer was fenced re-opens it and succeeds. Opened with `MemwalSession::open` in one process they share one
 //! writer per shard.
 
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Int64Array, RecordBatch};
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, WriterOptions};
 
@@ -131,10 +134,25 @@ async fn drop_table_stops_its_writers_and_a_new_table_of_that_name_starts_empty(
     let writer = old.writer(0).await.unwrap();
     query(&a, "DROP TABLE t").await;
     assert!(writer.is_closed(), "the dropped table's writer still runs");
+    // The old handle refuses writes (it would open a writer on the dropped
+    // data and acknowledge rows no table holds) and reads.
+    let row = old.schema();
+    let batch = RecordBatch::try_new(
+        row,
+        vec![
+            Arc::new(Int64Array::from(vec![3])),
+            Arc::new(Int64Array::from(vec![3])),
+        ],
+    )
+    .unwrap();
+    let err = old.put(&batch).await.unwrap_err().to_string();
+    assert!(err.contains("dropped"), "{err}");
+    assert!(old.scan().await.is_err());
     query(&a, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
     assert!(count(&a, "t").await.contains("| 0 |"));
     query(&a, "INSERT INTO t VALUES (2, 2)").await;
     assert!(count(&a, "t").await.contains("| 1 | 2 |"));
+    assert!(old.put(&batch).await.is_err());
 }
 
 #[tokio::test]
