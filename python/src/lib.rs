@@ -6,6 +6,7 @@
 //! tokio runtime per process, so puts from several Python threads meet in
 //! the writers' group commit.
 
+use std::ffi::CStr;
 use std::future::Future;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -25,7 +26,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict};
-use tokio::runtime::Runtime;
+use tokio::runtime::{Handle, Runtime};
 
 create_exception!(_memwal, MemwalError, PyException, "An error from memwal.");
 create_exception!(
@@ -123,6 +124,25 @@ fn foreign_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCod
         .cast();
     // SAFETY: the capsule's name promises this type; it outlives the clone.
     Ok(unsafe { codec.as_ref() }.clone())
+}
+
+/// The FFI struct `make` builds (on memwal's runtime, for the foreign
+/// session's logical codec) as a PyCapsule named `name`, as
+/// datafusion-python's `__datafusion_*__` protocol wants it.
+fn export<'py, T, F, Fut>(
+    py: Python<'py>,
+    session: &Bound<'py, PyAny>,
+    name: &'static CStr,
+    make: F,
+) -> PyResult<Bound<'py, PyCapsule>>
+where
+    T: Send + 'static,
+    F: FnOnce(Handle, FFI_LogicalExtensionCodec) -> Fut,
+    Fut: Future<Output = memwal::Result<T>> + Send,
+{
+    let codec = foreign_codec(session)?;
+    let made = wait(py, make(runtime().handle().clone(), codec))?.map_err(to_py)?;
+    PyCapsule::new_with_value(py, made, name)
 }
 
 /// The record batches of any object with `__arrow_c_stream__` (a pyarrow
@@ -316,14 +336,13 @@ impl Root {
         py: Python<'py>,
         session: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        let codec = foreign_codec(&session)?;
         let root = Arc::clone(&self.session);
-        let handle = runtime().handle().clone();
-        let provider = wait(py, async move {
-            memwal::ffi::catalog_provider(&root, handle, codec).await
-        })?
-        .map_err(to_py)?;
-        PyCapsule::new_with_value(py, provider, c"datafusion_catalog_provider")
+        export(
+            py,
+            &session,
+            c"datafusion_catalog_provider",
+            |rt, codec| async move { memwal::ffi::catalog_provider(&root, rt, codec).await },
+        )
     }
 
     /// `vector_search` as datafusion-python's `TableFunction` takes it.
@@ -353,14 +372,13 @@ impl VectorSearch {
         py: Python<'py>,
         session: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        let codec = foreign_codec(&session)?;
         let root = Arc::clone(&self.session);
-        let handle = runtime().handle().clone();
-        let function = wait(py, async move {
-            memwal::ffi::vector_search(&root, handle, codec).await
-        })?
-        .map_err(to_py)?;
-        PyCapsule::new_with_value(py, function, c"datafusion_table_function")
+        export(
+            py,
+            &session,
+            c"datafusion_table_function",
+            |rt, codec| async move { memwal::ffi::vector_search(&root, rt, codec).await },
+        )
     }
 }
 
@@ -444,15 +462,13 @@ impl Table {
         py: Python<'py>,
         session: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        let codec = foreign_codec(&session)?;
-        let root = Arc::clone(&self.session);
-        let name = self.name.clone();
-        let handle = runtime().handle().clone();
-        let provider = wait(py, async move {
-            memwal::ffi::table_provider(&root, &name, handle, codec).await
-        })?
-        .map_err(to_py)?;
-        PyCapsule::new_with_value(py, provider, c"datafusion_table_provider")
+        let (root, name) = (Arc::clone(&self.session), self.name.clone());
+        export(
+            py,
+            &session,
+            c"datafusion_table_provider",
+            |rt, codec| async move { memwal::ffi::table_provider(&root, &name, rt, codec).await },
+        )
     }
 }
 
