@@ -56,22 +56,24 @@ __all__ = [
 ]
 
 
-def open(location: Any, **options: Any) -> Root:  # noqa: A001 - like builtins.open
+def open(location: Any, allow_file_access: bool = False, **options: Any) -> Root:  # noqa: A001
     """Opens the memwal root at ``location`` (a directory as a string or a
     path, ``file://``, ``s3://bucket/prefix``, ``memory://``). ``options``
     are writer options by the names of ``SET memwal.<option>``
     (``wal_flush_interval='50ms'``, ``durable=False``, ...); an unknown name
-    raises InvalidInputError."""
-    return Root(location, **options)
+    raises InvalidInputError. ``allow_file_access`` lets ``Root.sql`` read
+    and write files outside the root (``SELECT * FROM 'x.parquet'``,
+    ``COPY ... TO``), as the shell does."""
+    return Root(location, allow_file_access=allow_file_access, **options)
 
 
 class Root:
     """A memwal root: its catalog (for ``SessionContext.register_catalog_provider``),
     SQL with memwal's DDL, and its tables."""
 
-    def __init__(self, location: Any, **options: Any) -> None:
+    def __init__(self, location: Any, allow_file_access: bool = False, **options: Any) -> None:
         values = {k: _option_text(v) for k, v in options.items()}
-        self._native = _NativeRoot(os.fspath(location), values)
+        self._native = _NativeRoot(os.fspath(location), values, allow_file_access)
         self._closed = False
 
     def _live(self) -> Any:

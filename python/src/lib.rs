@@ -280,10 +280,16 @@ struct Root {
 impl Root {
     /// Opens the root at `location` (a directory, `file://`, `s3://...`,
     /// `memory://`) with writer options `options` (the names of
-    /// `SET memwal.<option>`, values as strings).
+    /// `SET memwal.<option>`, values as strings) and, with
+    /// `allow_file_access`, SQL reading and writing files outside the root.
     #[new]
-    #[pyo3(signature = (location, options = None))]
-    fn new(py: Python<'_>, location: String, options: Option<Bound<'_, PyDict>>) -> PyResult<Self> {
+    #[pyo3(signature = (location, options = None, allow_file_access = false))]
+    fn new(
+        py: Python<'_>,
+        location: String,
+        options: Option<Bound<'_, PyDict>>,
+        allow_file_access: bool,
+    ) -> PyResult<Self> {
         let mut writer = WriterOptions::default();
         for (name, value) in options.iter().flat_map(|o| o.iter()) {
             let name: String = name.extract()?;
@@ -292,7 +298,11 @@ impl Root {
         }
         writer.check().map_err(to_py)?;
         let session = wait(py, async move {
-            let session = MemwalSession::open_with(&location, writer).await?;
+            let session = MemwalSession::builder(&location)
+                .writer_options(writer)
+                .allow_file_access(allow_file_access)
+                .open()
+                .await?;
             session.catalog().await?;
             Ok::<_, Error>(session)
         })?

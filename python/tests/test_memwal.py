@@ -269,6 +269,16 @@ def test_ddl_in_a_datafusion_session_is_refused_with_the_way_to_run_it(root):
         root.sql("CREATE TABLE d (id BIGINT PRIMARY KEY, v INT, V STRING)")
 
 
+def test_files_outside_the_root_only_when_allowed(tmp_path):
+    out = tmp_path / "out.parquet"
+    with memwal.open(tmp_path / "a") as r:
+        with pytest.raises(memwal.InvalidInputError, match="allow_file_access=True"):
+            r.sql(f"COPY (SELECT 1 AS x) TO '{out}' STORED AS PARQUET")
+    with memwal.open(tmp_path / "b", allow_file_access=True) as r:
+        r.sql(f"COPY (SELECT 1 AS x) TO '{out}' STORED AS PARQUET")
+        assert r.sql(f"SELECT x FROM '{out}'").to_pylist() == [{"x": 1}]
+
+
 def test_stats_latency_percentiles_stay_within_the_max(root):
     root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
     t = root.table("t")

@@ -86,9 +86,14 @@ pub(crate) async fn try_execute(
                     "CREATE SCHEMA ... AUTHORIZATION is not supported",
                 ));
             };
-            catalog
-                .create_namespace(schema_path(name)?, *if_not_exists)
-                .await?;
+            let path = schema_path(name)?;
+            if path.name() == INFORMATION_SCHEMA {
+                return Err(Error::invalid(format!(
+                    "'{INFORMATION_SCHEMA}' is DataFusion's own schema: a namespace of \
+                     that name could not be queried"
+                )));
+            }
+            catalog.create_namespace(path, *if_not_exists).await?;
         }
         Statement::Drop {
             object_type: ast::ObjectType::Schema,
@@ -297,6 +302,9 @@ fn check_catalog(catalog: &str) -> Result<()> {
 }
 
 /// `shop`, `"shop.eu"` or `memwal."shop.eu"` to a namespace path.
+/// The schema DataFusion answers itself in every catalog.
+const INFORMATION_SCHEMA: &str = "information_schema";
+
 fn schema_path(name: &ObjectName) -> Result<ObjectPath> {
     match name_parts(name)?.as_slice() {
         [schema] => schema_to_namespace(schema),

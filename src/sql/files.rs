@@ -141,7 +141,8 @@ impl FileAccess {
         if !self.allowed {
             return Err(Error::invalid(format!(
                 "{what} '{target}' writes files, and this session does not allow file access \
-                 (open it with MemwalSession::builder(..).allow_file_access(true))"
+                 (open it with MemwalSession::builder(..).allow_file_access(true) in Rust, \
+                 memwal.open(.., allow_file_access=True) in Python)"
             )));
         }
         Ok(())
