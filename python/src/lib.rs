@@ -12,10 +12,10 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
-    RecordBatch, RecordBatchIterator, RecordBatchReader, new_null_array,
+    ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader, new_null_array,
 };
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ffi::FFI_ArrowSchema;
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
@@ -172,33 +172,57 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         safe: false, // an overflow is an error, not a NULL
         ..Default::default()
     };
+    // The table's field for a batch field it may cast to.
+    let target = |f: &Field| {
+        schema
+            .field_with_name(f.name())
+            .ok()
+            .filter(|t| f.data_type() == t.data_type() || castable(f.data_type(), t.data_type()))
+    };
     let conformed = |batch: RecordBatch| -> Result<RecordBatch, ArrowError> {
-        let fits = batch.schema_ref().fields().iter().all(|f| {
-            schema.field_with_name(f.name()).is_ok_and(|t| {
-                f.data_type() == t.data_type() || castable(f.data_type(), t.data_type())
-            })
-        }) && schema
+        let cast_to = |column: &ArrayRef, to: &DataType| match column.data_type() == to {
+            true => Ok(Arc::clone(column)),
+            false => cast_with_options(column, to, &strict),
+        };
+        let given = batch.schema_ref().fields();
+        let complete = schema
             .fields()
             .iter()
             .all(|t| t.is_nullable() || batch.column_by_name(t.name()).is_some());
-        if !fits {
-            return Ok(batch);
+        if complete && given.iter().all(|f| target(f).is_some()) {
+            // The table's columns in its order, left-out ones NULL;
+            // nullable here: a NULL in a NOT NULL column is memwal's to name.
+            let columns = schema
+                .fields()
+                .iter()
+                .map(|t| match batch.column_by_name(t.name()) {
+                    None => Ok(new_null_array(t.data_type(), batch.num_rows())),
+                    Some(c) => cast_to(c, t.data_type()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let fields: Vec<_> = schema
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone().with_nullable(true))
+                .collect();
+            return RecordBatch::try_new(Arc::new(Schema::new(fields)), columns);
         }
-        let columns = schema
-            .fields()
-            .iter()
-            .map(|field| match batch.column_by_name(field.name()) {
-                None => Ok(new_null_array(field.data_type(), batch.num_rows())),
-                Some(c) if c.data_type() == field.data_type() => Ok(Arc::clone(c)),
-                Some(c) => cast_with_options(c, field.data_type(), &strict),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // Nullable here: a NULL in a NOT NULL column is memwal's to name.
-        let fields: Vec<_> = schema
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone().with_nullable(true))
-            .collect();
+        // It does not fit: cast what can be, so memwal's refusal names only
+        // what cannot.
+        let mut fields = Vec::with_capacity(given.len());
+        let mut columns = Vec::with_capacity(given.len());
+        for (f, c) in given.iter().zip(batch.columns()) {
+            match target(f) {
+                Some(t) => {
+                    columns.push(cast_to(c, t.data_type())?);
+                    fields.push(f.as_ref().clone().with_data_type(t.data_type().clone()));
+                }
+                None => {
+                    columns.push(Arc::clone(c));
+                    fields.push(f.as_ref().clone());
+                }
+            }
+        }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
     };
     reader
