@@ -301,10 +301,10 @@ fn check_catalog(catalog: &str) -> Result<()> {
     }
 }
 
-/// `shop`, `"shop.eu"` or `memwal."shop.eu"` to a namespace path.
 /// The schema DataFusion answers itself in every catalog.
 const INFORMATION_SCHEMA: &str = "information_schema";
 
+/// `shop`, `"shop.eu"` or `memwal."shop.eu"` to a namespace path.
 fn schema_path(name: &ObjectName) -> Result<ObjectPath> {
     match name_parts(name)?.as_slice() {
         [schema] => schema_to_namespace(schema),
