@@ -216,7 +216,9 @@ impl Catalog {
     }
 
     /// Deletes the data of dropped tables: at once for `dropped` (locations
-    /// of tables this process just dropped), and for every other location
+    /// of tables this process just dropped; each shard's seal, its newest
+    /// manifest version and WAL entry, stays until the grace is over, so
+    /// a writer still running elsewhere keeps failing), and for every other location
     /// under the tables directory that the catalog no longer names and
     /// nothing was written to for `grace` (a table dropped elsewhere, or
     /// data a writer that missed the drop wrote after it). A location is
@@ -269,9 +271,14 @@ impl Catalog {
         }
         let grace_ms = grace.as_millis() as i64;
         let mut deleted = 0;
-        for (location, named, newest, objects) in dead {
-            if !named && newest.is_some_and(|at| now_ms - at < grace_ms) {
+        for (location, named, newest, mut objects) in dead {
+            let young = newest.is_some_and(|at| now_ms - at < grace_ms);
+            if young && !named {
                 continue;
+            }
+            if young {
+                let seal = paths::newest_per_shard_log(objects.iter().map(|o| &o.location));
+                objects.retain(|o| !seal.contains(&o.location));
             }
             let gone: Vec<Result<()>> = futures::stream::iter(objects)
                 .map(|o| async move { delete_if_present(store.as_ref(), &o.location).await })

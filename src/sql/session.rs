@@ -38,7 +38,7 @@ use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, insert_checks};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
-use crate::table::{Table, TableCache};
+use crate::table::{Table, TableCache, seal_dropped};
 use crate::writer::WriterOptions;
 
 /// How long a table's data must have been untouched before a sweep deletes
@@ -434,6 +434,12 @@ impl MemwalSession {
                 };
                 if let Err(e) = self.tables.close_unless(live).await {
                     log::warn!("closing the writers of dropped tables failed: {e}");
+                }
+                let commit = self.tables.options().commit;
+                for location in &dropped {
+                    if let Err(e) = seal_dropped(catalog.root().store(), location, &commit).await {
+                        log::warn!("sealing the shards of dropped table {location} failed: {e}");
+                    }
                 }
                 if !dropped.is_empty()
                     && let Err(e) = catalog

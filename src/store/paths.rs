@@ -79,9 +79,47 @@ pub fn stored(path: &str) -> Result<Path> {
     })
 }
 
+/// Of a table's objects, the newest of each shard's WAL entries and of
+/// each shard's manifest versions: what seals a dropped shard against a
+/// writer still running elsewhere (its next append collides with the
+/// fence at the WAL's tip; its reopen reads the manifest's `dropped`).
+pub fn newest_per_shard_log<'a>(
+    objects: impl Iterator<Item = &'a Path>,
+) -> std::collections::HashSet<Path> {
+    let mut newest: std::collections::HashMap<String, (u64, &Path)> = Default::default();
+    for path in objects {
+        let parts: Vec<_> = path.parts().collect();
+        let [.., shards, _, log, file] = parts.as_slice() else {
+            continue;
+        };
+        if shards.as_ref() != "shards" || !matches!(log.as_ref(), "wal" | "manifest") {
+            continue;
+        }
+        let number = file.as_ref().trim_start_matches('v').split('.').next();
+        let Some(number) = number.and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        let dir = parts[..parts.len() - 1]
+            .iter()
+            .map(|p| p.as_ref())
+            .collect::<Vec<_>>()
+            .join("/");
+        let entry = newest.entry(dir).or_insert((number, path));
+        if number > entry.0 {
+            *entry = (number, path);
+        }
+    }
+    newest.into_values().map(|(_, p)| p.clone()).collect()
+}
+
+/// `<table location>/shards`: the table's shard directories.
+pub fn shards_dir(table_location: &str) -> Path {
+    Path::from(format!("{table_location}/shards"))
+}
+
 /// `<table location>/shards/<shard>`: everything of one shard.
 pub fn shard_dir(table_location: &str, shard: u32) -> Path {
-    Path::from(format!("{table_location}/shards/{shard}"))
+    shards_dir(table_location).join(shard.to_string())
 }
 
 /// `<shard dir>/wal`: the shard's WAL entries.

@@ -49,7 +49,7 @@ use crate::error::{Error, Result};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{BlobColumn, KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{ReadMetrics, SstableReader};
-use crate::store::{Versioned, VersionedObjects, paths};
+use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
 
@@ -861,6 +861,28 @@ impl TableCache {
     pub async fn close(&self) -> Result<()> {
         self.close_where(|_| true, false).await
     }
+}
+
+/// After `DROP TABLE` committed: seals every shard of the table at
+/// `location` (each found under its `shards/` directory), so a writer of
+/// it still running in another process fails its next append, and no
+/// writer opens on it again, instead of acknowledging rows that no table
+/// holds.
+pub(crate) async fn seal_dropped(
+    store: &Arc<dyn ObjectStore>,
+    location: &str,
+    commit: &CommitOptions,
+) -> Result<()> {
+    let listed = store
+        .list_with_delimiter(Some(&paths::shards_dir(location)))
+        .await?;
+    for dir in listed.common_prefixes {
+        let Some(shard) = dir.filename().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        crate::writer::seal_dropped_shard(Arc::clone(store), location, shard, commit).await?;
+    }
+    Ok(())
 }
 
 /// Defined here, where the write and read paths meet, so that the writer

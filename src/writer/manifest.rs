@@ -53,6 +53,10 @@ pub struct ShardManifest {
     /// takeovers from thrashing; fencing never depends on it). 0: none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub turn_until_ms: u64,
+    /// Set by `DROP TABLE` ([`seal`]): no writer claims the shard again,
+    /// so one still running elsewhere stops at its next WAL append.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropped: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -178,6 +182,12 @@ pub async fn claim(
         let mut wrote = false;
         let claimed = versions
             .commit(base, ShardManifest::decode, |current| {
+                if current.dropped {
+                    return Err(Error::NotFound(format!(
+                        "the shard at '{}' (its table was dropped)",
+                        versions.dir()
+                    )));
+                }
                 let now = now_ms();
                 wrote = current.turn_until_ms <= now || waited_enough;
                 if !wrote {
@@ -202,6 +212,29 @@ pub async fn claim(
         let jitter = Duration::from_millis(rand::random::<u64>() % 20);
         tokio::time::sleep(left.min(patience) + jitter).await;
     }
+}
+
+/// Claims the next epoch of the shard for good, marked dropped (after
+/// `DROP TABLE` committed): [`claim`] refuses from then on. The caller
+/// then fences the WAL at that epoch, so a writer still running elsewhere
+/// fails its next append instead of acknowledging rows no table holds.
+pub async fn seal(versions: &VersionedObjects) -> Result<Versioned<ShardManifest>> {
+    let base = versions.load_latest(0, ShardManifest::decode).await?;
+    versions
+        .commit(base, ShardManifest::decode, |current| {
+            if current.dropped {
+                return Ok(None);
+            }
+            let next = ShardManifest {
+                epoch: current.epoch + 1,
+                turn_until_ms: 0,
+                dropped: true,
+                ..current.clone()
+            };
+            let bytes = next.encode()?;
+            Ok(Some((next, bytes)))
+        })
+        .await
 }
 
 /// [`Error::Fenced`] if a writer newer than `epoch` has claimed the shard

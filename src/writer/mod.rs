@@ -64,7 +64,7 @@ use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
 use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
-use crate::store::{Versioned, VersionedObjects, paths};
+use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use latency::LatencyHistogram;
 
@@ -963,6 +963,23 @@ fn unix_ms(counter: &AtomicU64) -> Option<SystemTime> {
         0 => None,
         ms => Some(SystemTime::UNIX_EPOCH + Duration::from_millis(ms)),
     }
+}
+
+/// Seals shard `shard` of the dropped table at `location` (see
+/// [`manifest::seal`]): its manifest claims the next epoch for good and
+/// its WAL gets that epoch's fence.
+pub(crate) async fn seal_dropped_shard(
+    store: Arc<dyn ObjectStore>,
+    location: &str,
+    shard: u32,
+    commit: &CommitOptions,
+) -> Result<()> {
+    let dir = paths::shard_dir(location, shard);
+    let sealed = manifest::seal(&manifest::versions(Arc::clone(&store), &dir, commit)).await?;
+    WalLog::new(store, paths::wal_dir(&dir))
+        .fence(sealed.state.epoch, sealed.state.replay_after)
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]

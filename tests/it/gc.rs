@@ -153,13 +153,32 @@ async fn dropped_tables_leave_nothing_behind() {
         session.sql(drop).await.unwrap();
         session.sql("DROP SCHEMA s CASCADE").await.unwrap();
         session.sql("CREATE SCHEMA s").await.unwrap();
-        let dirs: Vec<String> = std::fs::read_dir(&tables)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(dirs.len(), 1, "round {round}: {dirs:?}");
-        assert!(dirs[0].starts_with("keep-"), "{dirs:?}");
+        // The data goes at once; each shard's seal (its newest manifest
+        // version and WAL fence, which stop writers elsewhere) stays for
+        // the grace period.
+        let dirs = table_dirs(&tables);
+        assert_eq!(dirs.iter().filter(|d| d.starts_with("keep-")).count(), 1);
+        for dropped in dirs.iter().filter(|d| !d.starts_with("keep-")) {
+            let left = crate::helpers::files(&tables.join(dropped));
+            let seal = |f: &std::path::PathBuf| {
+                let f = f.to_string_lossy();
+                f.contains("/manifest/v") || f.contains("/wal/")
+            };
+            assert!(left.iter().all(seal), "round {round}: {left:?}");
+            assert!(left.len() <= 2 * 3, "round {round}: {left:?}");
+        }
     }
+    // Once the grace is over, the seals go too.
+    session
+        .catalog()
+        .await
+        .unwrap()
+        .collect_dropped_tables(&[], Duration::ZERO)
+        .await
+        .unwrap();
+    let dirs = table_dirs(&tables);
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    assert!(dirs[0].starts_with("keep-"), "{dirs:?}");
     // What a writer that missed the drop wrote later is swept too, once
     // it has been quiet for the grace period.
     let store = session.root().store();
@@ -193,4 +212,14 @@ async fn dropped_tables_leave_nothing_behind() {
         .map(|b| b.num_rows())
         .sum();
     assert_eq!(kept, 1);
+}
+
+/// The directories under the tables directory that hold a file.
+fn table_dirs(tables: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(tables)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| !crate::helpers::files(&e.path()).is_empty())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
 }

@@ -156,6 +156,48 @@ async fn drop_table_stops_its_writers_and_a_new_table_of_that_name_starts_empty(
 }
 
 #[tokio::test]
+async fn a_drop_in_another_process_stops_this_ones_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (a, b) = (isolated(root).await, isolated(root).await);
+    query(
+        &a,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')",
+    )
+    .await;
+    let old = a.table("t").await.unwrap();
+    let row = |id: i64| {
+        RecordBatch::try_new(
+            old.schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![id])),
+                Arc::new(Int64Array::from(vec![id])),
+            ],
+        )
+        .unwrap()
+    };
+    // A's writers are open and writing when B drops the table.
+    for id in 0..8 {
+        old.put(&row(id)).await.unwrap();
+    }
+    query(&b, "DROP TABLE t").await;
+    // No put through A's writers is acknowledged after the DROP returned:
+    // their next append meets the drop's fence, and no writer reopens.
+    for id in 100..108 {
+        let err = old.put(&row(id)).await.unwrap_err().to_string();
+        assert!(err.contains("dropped"), "{err}");
+    }
+    query(
+        &b,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')",
+    )
+    .await;
+    assert!(count(&b, "t").await.contains("| 0 |"));
+    query(&a, "INSERT INTO t VALUES (1, 1)").await;
+    assert!(count(&b, "t").await.contains("| 1 | 1 |"));
+}
+
+#[tokio::test]
 async fn a_shard_the_table_does_not_have_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let session = MemwalSession::open(dir.path().to_str().unwrap())
