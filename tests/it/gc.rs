@@ -169,13 +169,9 @@ async fn dropped_tables_leave_nothing_behind() {
         }
     }
     // Once the grace is over, the seals go too.
-    session
-        .catalog()
-        .await
-        .unwrap()
-        .collect_dropped_tables(&[], Duration::ZERO)
-        .await
-        .unwrap();
+    let catalog = session.catalog().await.unwrap();
+    let sweep = async |grace| catalog.collect_dropped_tables(&[], grace).await.unwrap();
+    sweep(Duration::ZERO).await;
     let dirs = table_dirs(&tables);
     assert_eq!(dirs.len(), 1, "{dirs:?}");
     assert!(dirs[0].starts_with("keep-"), "{dirs:?}");
@@ -184,22 +180,12 @@ async fn dropped_tables_leave_nothing_behind() {
     let store = session.root().store();
     let stray = object_store::path::Path::from("tables/stray-0000000000000001/shards/0/wal/x");
     store.put(&stray, "x".into()).await.unwrap();
-    let swept = session
-        .catalog()
-        .await
-        .unwrap()
-        .collect_dropped_tables(&[], Duration::from_secs(3600))
-        .await
-        .unwrap();
-    assert_eq!(swept, 0, "too fresh to sweep");
-    let swept = session
-        .catalog()
-        .await
-        .unwrap()
-        .collect_dropped_tables(&[], Duration::ZERO)
-        .await
-        .unwrap();
-    assert_eq!(swept, 1);
+    assert_eq!(
+        sweep(Duration::from_secs(3600)).await,
+        0,
+        "too fresh to sweep"
+    );
+    assert_eq!(sweep(Duration::ZERO).await, 1);
     assert_eq!(count_files(&tables.join("stray-0000000000000001")), 0);
     let kept: usize = session
         .sql("SELECT * FROM keep")
