@@ -68,18 +68,23 @@ pub async fn table_provider(
     runtime: Handle,
     codec: FFI_LogicalExtensionCodec,
 ) -> Result<FFI_TableProvider> {
+    // The catalog provider's lookup refreshes the catalog on a miss.
     let path = table_path(name)?;
-    session.table(name).await?;
     let reference = TableReference::full(
         CATALOG_NAME,
         namespace_to_schema(&path.parent()),
         path.name(),
     );
-    let table = session
-        .context()
-        .table_provider(reference)
-        .await
-        .map_err(|e| Error::NotFound(format!("table {name}: {e}")))?;
+    let table =
+        session
+            .context()
+            .table_provider(reference)
+            .await
+            .map_err(|e| match Error::from(e) {
+                // DataFusion's "no table named": ours, worded as memwal's.
+                Error::DataFusion(_) => Error::NotFound(format!("table {name}")),
+                ours => ours,
+            })?;
     let table: Arc<dyn TableProvider> = Arc::new(OnRuntime::new(table, &runtime));
     Ok(FFI_TableProvider::new_with_ffi_codec(
         table,
@@ -132,7 +137,7 @@ impl TableFunctionImpl for SearchOnRuntime {
         let runtime = &self.inner.runtime;
         let _entered = runtime.enter();
         let table = self.inner.inner.call_with_args(args)?;
-        let table: Arc<dyn TableProvider> = Arc::new(OnRuntime::new(table, runtime));
+        let table: Arc<dyn TableProvider> = Arc::new(self.inner.wrap(table));
         let exported = FFI_TableProvider::new_with_ffi_codec(
             table,
             true,
