@@ -15,6 +15,10 @@
 //!   only.
 //! - Sessions allow file access (URL tables, `COPY ... TO`), as the
 //!   shell's do.
+//! - Each file also runs `[cluster]`: on a local root, with queries
+//!   across three workers (`memwal::sql::distributed`) in this process on
+//!   127.0.0.1; the expected output is the same, but for plans (`EXPLAIN`
+//!   records say `skipif cluster`).
 
 use std::path::{Path, PathBuf};
 
@@ -23,20 +27,50 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use memwal::{MemwalSession, WriterOptions};
 use sqllogictest::{DBOutput, DefaultColumnType};
+use url::Url;
 
 struct MemwalDb {
     root: String,
     options: WriterOptions,
+    workers: Vec<Url>,
     session: Option<MemwalSession>,
 }
 
-/// A session on `root` as the tests use it.
-async fn open(root: &str, options: WriterOptions) -> Result<MemwalSession, memwal::Error> {
+/// A session on `root` as the tests use it, running queries across
+/// `workers` if there are any.
+async fn open(
+    root: &str,
+    options: WriterOptions,
+    workers: &[Url],
+) -> Result<MemwalSession, memwal::Error> {
     MemwalSession::builder(root)
         .writer_options(options)
         .allow_file_access(true)
+        .workers(workers.to_vec())
         .open()
         .await
+}
+
+/// Three workers serving `root`, in this process, on ports of 127.0.0.1;
+/// they stop when the returned sender is dropped.
+async fn start_workers(root: &str) -> (Vec<Url>, tokio::sync::watch::Sender<()>) {
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let mut urls = Vec::new();
+    for _ in 0..3 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap());
+        let root = memwal::ObjectRoot::open(root).unwrap();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.changed().await;
+            };
+            memwal::sql::distributed::serve_worker(root, listener, shutdown)
+                .await
+                .expect("worker");
+        });
+    }
+    (urls, stop)
 }
 
 /// The writer options of the tests in `path`.
@@ -71,7 +105,7 @@ impl sqllogictest::AsyncDB for MemwalDb {
             if let Some(session) = self.session.take() {
                 session.close().await?;
             }
-            self.session = Some(open(&self.root, self.options.clone()).await?);
+            self.session = Some(open(&self.root, self.options.clone(), &self.workers).await?);
             return Ok(DBOutput::StatementComplete(0));
         }
         let session = self.session.as_ref().expect("a session is open");
@@ -160,20 +194,30 @@ fn slt_files(dir: &Path, out: &mut Vec<PathBuf>) {
 async fn run_file(path: &Path, kind: &str, root: String, complete: bool) -> Result<(), String> {
     let options = options_for(path);
     let local_root = root.clone();
+    let (workers, _stop) = match kind {
+        "cluster" => start_workers(&root).await,
+        _ => (Vec::new(), tokio::sync::watch::channel(()).0),
+    };
     let make = move || {
         let root = root.clone();
         let options = options.clone();
+        let workers = workers.clone();
         async move {
-            let session = open(&root, options.clone()).await?;
+            let session = open(&root, options.clone(), &workers).await?;
             Ok::<_, memwal::Error>(MemwalDb {
                 root,
                 options,
+                workers,
                 session: Some(session),
             })
         }
     };
     let mut runner = sqllogictest::Runner::new(make);
     runner.add_label(kind);
+    if kind == "cluster" {
+        // A local root too.
+        runner.add_label("local");
+    }
     runner.set_var("ROOT".into(), local_root);
     if complete {
         runner
@@ -220,7 +264,11 @@ fn main() {
             .display()
             .to_string();
         let dir = tempfile::tempdir().expect("temp dir");
+        let cluster_dir = tempfile::tempdir().expect("temp dir");
         let mut roots = vec![("local", dir.path().display().to_string())];
+        if !complete {
+            roots.push(("cluster", cluster_dir.path().display().to_string()));
+        }
         match &s3_bucket {
             Some(bucket) if !complete => {
                 let prefix = format!("slt-{:016x}", rand::random::<u64>());

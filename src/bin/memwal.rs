@@ -32,8 +32,21 @@ use rustyline::error::ReadlineError;
 #[command(name = "memwal", version, about = "SQL shell over a memwal root")]
 struct Args {
     /// Root URL or path: a directory, file://, memory:// or s3://bucket/prefix
-    #[arg(long, env = "MEMWAL_ROOT", default_value = "./memwal-data")]
+    #[arg(
+        long,
+        env = "MEMWAL_ROOT",
+        default_value = "./memwal-data",
+        global = true
+    )]
     root: String,
+
+    /// Run queries across these `memwal worker` processes (comma-separated
+    /// URLs, e.g. http://h1:7001,http://h2:7001); each serves the same root
+    #[arg(long, value_delimiter = ',', value_parser = url::Url::parse)]
+    workers: Vec<url::Url>,
+
+    #[command(subcommand)]
+    command_kind: Option<Subcommand>,
 
     /// Execute the given command string(s), then exit; stops at the first
     /// failing statement with a non-zero exit code
@@ -71,6 +84,19 @@ struct Args {
     options: Vec<String>,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Subcommand {
+    /// Serve the tasks of queries that shells and sessions started with
+    /// --workers send, over the root given by --root, until SIGINT or
+    /// SIGTERM
+    Worker {
+        /// Address to listen on, e.g. 127.0.0.1:7001 (port 0: any free
+        /// port; the address is printed)
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+    },
+}
+
 /// datafusion-cli's format names, plus `ndjson` for `nd-json`.
 fn parse_format(s: &str) -> Result<PrintFormat, String> {
     if s.eq_ignore_ascii_case("ndjson") {
@@ -98,6 +124,9 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> ShellResult {
+    if let Some(Subcommand::Worker { listen }) = args.command_kind {
+        return worker(&args.root, listen).await;
+    }
     // The shell's user owns the machine's files: URL tables and COPY TO are
     // on (writes inside the root are refused all the same).
     let mut options = WriterOptions::default();
@@ -111,6 +140,14 @@ async fn run(args: Args) -> ShellResult {
     let mut session = MemwalSession::builder(&args.root)
         .allow_file_access(true)
         .writer_options(options);
+    #[cfg(feature = "distributed")]
+    {
+        session = session.workers(args.workers.clone());
+    }
+    #[cfg(not(feature = "distributed"))]
+    if !args.workers.is_empty() {
+        return Err(NOT_DISTRIBUTED.into());
+    }
     if !args.quiet {
         // A long INSERT says how far it got, once a second.
         session = session.on_insert_progress(|rows, elapsed| {
@@ -383,4 +420,36 @@ async fn definition(session: &MemwalSession, name: &str) -> memwal::Result<Optio
         .and_then(|b| b.column_by_name("definition"))
         .filter(|c| !c.is_empty() && !c.is_null(0))
         .map(|c| c.as_string::<i32>().value(0).to_string()))
+}
+
+/// Why --workers and `memwal worker` fail in a build without them.
+#[cfg(not(feature = "distributed"))]
+const NOT_DISTRIBUTED: &str = "this memwal was built without the `distributed` feature";
+
+#[cfg(not(feature = "distributed"))]
+async fn worker(_: &str, _: std::net::SocketAddr) -> ShellResult {
+    Err(NOT_DISTRIBUTED.into())
+}
+
+/// `memwal worker`: serves query tasks over `root` on `listen` until
+/// SIGINT or SIGTERM.
+#[cfg(feature = "distributed")]
+async fn worker(root: &str, listen: std::net::SocketAddr) -> ShellResult {
+    let root = memwal::ObjectRoot::open(root).map_err(|e| e.to_string())?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("memwal worker on http://{address} serving {}", root.url());
+    let stop = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    memwal::sql::distributed::serve_worker(root, listener, stop)
+        .await
+        .map_err(|e| e.to_string())
 }

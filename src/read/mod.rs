@@ -26,6 +26,7 @@ use datafusion::physical_plan::metrics::{
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
+use serde::{Deserialize, Serialize};
 
 pub use vector::{Neighbour, VectorQuery};
 pub use wal_tail::WalTail;
@@ -194,7 +195,8 @@ impl ShardSnapshot {
         self.packs.resolve(&self.schema, &every, rows).await
     }
 
-    fn memtable_batches(&self) -> Vec<RecordBatch> {
+    /// The visible MemTable rows, stored form, oldest first.
+    pub(crate) fn memtable_batches(&self) -> Vec<RecordBatch> {
         self.memtables
             .iter()
             .flat_map(|l| l.memtable.batches(0, l.batches))
@@ -305,7 +307,7 @@ impl ShardSnapshot {
                 .filter(|p| *p != Piece::Memtable)
                 .collect();
             unmerged = Some(Arc::new(Unmerged {
-                deletions,
+                deletions: tokio::sync::OnceCell::new_with(Some(deletions)),
                 under_memtable,
                 memtable: tokio::sync::OnceCell::new(),
             }));
@@ -461,7 +463,7 @@ impl ScanMetrics {
 }
 
 /// A piece of a shard's rows for a scan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 enum Piece {
     /// A whole SSTable (by index in the snapshot).
     File(usize),
@@ -486,11 +488,23 @@ pub struct ScanPart {
     unmerged: Option<Arc<Unmerged>>,
 }
 
+/// How a [`ScanPart`] reads its snapshot, without the snapshot: what a
+/// part carries to another process (see `crate::sql::distributed`), which reads
+/// the same SSTables and MemTable rows.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartLayout {
+    rows: u64,
+    clusters: Vec<Vec<Piece>>,
+    /// Read unmerged: the SSTable pieces under the MemTables' rows.
+    unmerged: Option<Vec<Piece>>,
+}
+
 /// What reading the pieces of a snapshot unmerged needs.
 #[derive(Debug)]
 struct Unmerged {
-    /// The deletion vector of each SSTable of the snapshot.
-    deletions: Vec<Option<Arc<DeletionVector>>>,
+    /// The deletion vector of each SSTable of the snapshot (read when first
+    /// needed by a part that was shipped).
+    deletions: tokio::sync::OnceCell<Vec<Option<Arc<DeletionVector>>>>,
     /// The SSTable pieces whose key ranges overlap the MemTables' rows.
     under_memtable: HashSet<Piece>,
     /// See [`Unmerged::memtable`].
@@ -501,6 +515,69 @@ impl ScanPart {
     /// Rows in the pieces, before de-duplication.
     pub fn stored_rows(&self) -> u64 {
         self.rows
+    }
+
+    /// The snapshot it reads.
+    pub fn snapshot(&self) -> &ShardSnapshot {
+        &self.snapshot
+    }
+
+    /// How it reads its snapshot; [`ScanPart::from_layout`] takes it back.
+    pub fn layout(&self) -> PartLayout {
+        PartLayout {
+            rows: self.rows,
+            clusters: self.clusters.clone(),
+            unmerged: (self.unmerged.as_ref()).map(|u| u.under_memtable.iter().copied().collect()),
+        }
+    }
+
+    /// The part of `snapshot` laid out as `layout` says (the layout of a
+    /// part of a snapshot with the same SSTables and MemTable rows).
+    pub fn from_layout(snapshot: ShardSnapshot, layout: PartLayout) -> Result<Self> {
+        let files = snapshot.sstables.len();
+        let pieces = layout.clusters.iter().flatten();
+        if let Some(bad) = pieces
+            .chain(layout.unmerged.iter().flatten())
+            .find(|p| match p {
+                Piece::File(i) | Piece::RowGroup(i, _) => *i >= files,
+                Piece::Memtable => false,
+            })
+        {
+            return Err(crate::error::Error::invalid(format!(
+                "a scan part names {bad:?} of a snapshot of {files} SSTables"
+            )));
+        }
+        Ok(Self {
+            snapshot,
+            rows: layout.rows,
+            clusters: layout.clusters,
+            unmerged: layout.unmerged.map(|under| {
+                Arc::new(Unmerged {
+                    deletions: tokio::sync::OnceCell::new(),
+                    under_memtable: under.into_iter().collect(),
+                    memtable: tokio::sync::OnceCell::new(),
+                })
+            }),
+        })
+    }
+
+    /// A part of `snapshot` that reads nothing.
+    pub fn empty(snapshot: ShardSnapshot) -> Self {
+        Self {
+            snapshot,
+            rows: 0,
+            clusters: Vec::new(),
+            unmerged: None,
+        }
+    }
+
+    /// Whether reading it reads the snapshot's MemTable rows.
+    pub fn reads_memtables(&self) -> bool {
+        let under = self.unmerged.as_ref();
+        self.clusters
+            .iter()
+            .flatten()
+            .any(|p| *p == Piece::Memtable || under.is_some_and(|u| u.under_memtable.contains(p)))
     }
 
     /// Whether the rows come sorted by key (a table with a key, read
@@ -829,7 +906,7 @@ impl ScanPart {
             None => columns,
         };
         let file = &snapshot.sstables[i];
-        let rows = match &unmerged.deletions[i] {
+        let rows = match &unmerged.deletions(snapshot).await?[i] {
             Some(deleted) => {
                 snapshot
                     .reader
@@ -881,6 +958,19 @@ impl ScanPart {
 }
 
 impl Unmerged {
+    /// The deletion vector of each SSTable of `snapshot`.
+    async fn deletions(&self, snapshot: &ShardSnapshot) -> Result<&[Option<Arc<DeletionVector>>]> {
+        let read = self.deletions.get_or_try_init(|| {
+            futures::future::try_join_all(
+                snapshot
+                    .sstables
+                    .iter()
+                    .map(|f| snapshot.reader.deletions(f)),
+            )
+        });
+        Ok(read.await?)
+    }
+
     /// The MemTables' rows of `snapshot` (newest version per key, sorted)
     /// and their keys, made once for every part of the scan.
     async fn memtable(&self, snapshot: &ShardSnapshot) -> Result<Arc<MemtableRows>> {

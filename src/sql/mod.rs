@@ -10,6 +10,8 @@ mod config;
 mod ddl;
 mod delete_exec;
 mod describe;
+#[cfg(feature = "distributed")]
+pub mod distributed;
 mod files;
 mod function_args;
 mod insert_checks;

@@ -60,10 +60,12 @@ pub struct ScanExec {
     early: Option<Arc<dyn PhysicalExpr>>,
     mode: ScanMode,
     /// A full scan: one partition per part (a shard, or a key range of a
-    /// shard whose runs do not overlap).
-    parts: Vec<ScanPart>,
+    /// shard whose runs do not overlap), with the shard it is of.
+    parts: Vec<(u32, ScanPart)>,
     /// Key lookups: by shard; `None` for shards no key is in.
     snapshots: Vec<Option<ShardSnapshot>>,
+    /// Whether each partition's rows come sorted by key.
+    sorted: bool,
     properties: Arc<PlanProperties>,
     /// The scan's metrics, and its merges' (reported as `merge_time` and
     /// `merged_rows`).
@@ -113,16 +115,56 @@ impl ScanExec {
             // Shards are partitions; spare partitions split shards whose
             // runs are disjoint.
             let per_shard = target_partitions.div_ceil(snapshots.len()).max(1);
-            for snapshot in std::mem::take(&mut snapshots).into_iter().flatten() {
-                parts.extend(snapshot.parts(per_shard, &bounds).await?);
+            for (shard, snapshot) in std::mem::take(&mut snapshots).into_iter().enumerate() {
+                let snapshot = snapshot.expect("taken for every shard");
+                for part in snapshot.parts(per_shard, &bounds).await? {
+                    parts.push((shard as u32, part));
+                }
             }
         }
-        let (partitions, ordering) = match mode {
-            ScanMode::All => (
-                parts.len(),
-                key_ordering(&table, &schema).filter(|_| parts.iter().all(ScanPart::sorted)),
-            ),
-            ScanMode::Keys(_) => (1, None),
+        let sorted = matches!(mode, ScanMode::All) && parts.iter().all(|(_, p)| p.sorted());
+        Ok(Self::assemble(ScanPlan {
+            table,
+            schema,
+            projection,
+            sizes: Vec::new(),
+            early: None,
+            mode,
+            parts,
+            snapshots,
+            sorted,
+        }))
+    }
+
+    /// The scan `plan` describes, with fresh metrics.
+    pub(crate) fn assemble(plan: ScanPlan) -> Self {
+        let ScanPlan {
+            table,
+            schema,
+            projection,
+            sizes,
+            early,
+            mode,
+            parts,
+            snapshots,
+            sorted,
+        } = plan;
+        let columns: Vec<usize> = match &projection {
+            Some(p) => p.clone(),
+            None => (0..table.table_schema().schema.fields().len()).collect(),
+        };
+        // Each part's rows are sorted by key: the ordering, if the output
+        // has every key column (values, not sizes of values).
+        let key = table.table_schema().key.iter().map(|&k| {
+            let at = (columns.iter()).position(|&c| c == k && !sizes.contains(&c))?;
+            Some(PhysicalSortExpr::new(
+                Arc::new(Column::new(schema.field(at).name(), at)),
+                SortOptions::new(false, false),
+            ))
+        });
+        let ordering: Option<Vec<_>> = match table.table_schema().has_key() && sorted {
+            true => key.collect(),
+            false => None,
         };
         let equivalence = match ordering {
             Some(ordering) => {
@@ -130,7 +172,11 @@ impl ScanExec {
             }
             None => EquivalenceProperties::new(Arc::clone(&schema)),
         };
-        Ok(Self {
+        let partitions = match mode {
+            ScanMode::All => parts.len(),
+            ScanMode::Keys(_) => 1,
+        };
+        Self {
             properties: Arc::new(PlanProperties::new(
                 equivalence,
                 Partitioning::UnknownPartitioning(partitions),
@@ -139,36 +185,57 @@ impl ScanExec {
             )),
             table,
             projection,
-            sizes: Vec::new(),
-            early: None,
+            sizes,
+            early,
             mode,
             parts,
             snapshots,
+            sorted,
             metrics: ExecutionPlanMetricsSet::new(),
             merge_metrics: ExecutionPlanMetricsSet::new(),
-        })
+        }
+    }
+
+    /// What the scan is made of (see [`ScanExec::assemble`]).
+    pub(crate) fn plan(&self) -> ScanPlan {
+        ScanPlan {
+            table: Arc::clone(&self.table),
+            schema: self.schema(),
+            projection: self.projection.clone(),
+            sizes: self.sizes.clone(),
+            early: self.early.clone(),
+            mode: self.mode.clone(),
+            parts: self.parts.clone(),
+            snapshots: self.snapshots.clone(),
+            sorted: self.sorted,
+        }
     }
 }
 
-/// Each shard's rows are sorted by key: the ordering, if the projection
-/// keeps every key column.
-fn key_ordering(table: &Table, projected: &SchemaRef) -> Option<Vec<PhysicalSortExpr>> {
-    let schema = table.table_schema();
-    if !schema.has_key() {
-        return None;
-    }
-    schema
-        .key
-        .iter()
-        .map(|&k| {
-            let name = schema.schema.field(k).name();
-            let at = projected.index_of(name).ok()?;
-            Some(PhysicalSortExpr::new(
-                Arc::new(Column::new(name, at)),
-                SortOptions::new(false, false),
-            ))
-        })
-        .collect()
+/// The pieces of a [`ScanExec`]: what it reads and yields, without its
+/// metrics; what `crate::sql::distributed` ships to workers and splits into
+/// tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct ScanPlan {
+    /// The table read.
+    pub table: Arc<Table>,
+    /// The output schema.
+    pub schema: SchemaRef,
+    /// The table columns yielded (all if `None`).
+    pub projection: Option<Vec<usize>>,
+    /// Blob columns of the projection yielded as the sizes of their values.
+    pub sizes: Vec<usize>,
+    /// See [`ScanExec::with_early_filter`].
+    pub early: Option<Arc<dyn PhysicalExpr>>,
+    /// A full scan or key lookups.
+    pub mode: ScanMode,
+    /// A full scan: one partition per part, with the shard it is of.
+    pub parts: Vec<(u32, ScanPart)>,
+    /// Key lookups: by shard; `None` for shards no key is in.
+    pub snapshots: Vec<Option<ShardSnapshot>>,
+    /// Whether each partition's rows come sorted by key (then every part's
+    /// are).
+    pub sorted: bool,
 }
 
 impl DisplayAs for ScanExec {
@@ -202,7 +269,7 @@ impl DisplayAs for ScanExec {
         if let Some(early) = &self.early {
             write!(f, ", before blobs: {early}")?;
         }
-        for (part, snapshot) in self.parts.iter().enumerate() {
+        for (part, (_, snapshot)) in self.parts.iter().enumerate() {
             write!(f, ", part {part}: [{}]", snapshot.describe())?;
         }
         for (shard, snapshot) in self.snapshots.iter().enumerate() {
@@ -298,55 +365,22 @@ impl ExecutionPlan for ScanExec {
         if sizes.is_empty() || sizes.iter().any(|c| plain.contains(c)) {
             return Ok(None);
         }
-        let out = projection.schema();
-        let ordering = schema.key.iter().map(|&k| {
-            let at = columns
-                .iter()
-                .position(|&c| c == k && !sizes.contains(&c))?;
-            let name = out.field(at).name();
-            Some(PhysicalSortExpr::new(
-                Arc::new(Column::new(name, at)),
-                SortOptions::new(false, false),
-            ))
-        });
-        let ordering: Option<Vec<_>> = match schema.has_key() {
-            true => ordering.collect(),
-            false => None,
-        };
-        // Key lookups come in the keys' order.
-        let sorted = matches!(self.mode, ScanMode::All) && self.parts.iter().all(ScanPart::sorted);
-        let equivalence = match ordering.filter(|_| sorted) {
-            Some(ordering) => {
-                EquivalenceProperties::new_with_orderings(Arc::clone(&out), [ordering])
-            }
-            None => EquivalenceProperties::new(Arc::clone(&out)),
-        };
-        Ok(Some(Arc::new(Self {
-            table: Arc::clone(&self.table),
+        Ok(Some(Arc::new(Self::assemble(ScanPlan {
             projection: Some(columns),
             sizes,
             // It was over the columns the projection replaced.
             early: None,
-            mode: self.mode.clone(),
-            parts: self.parts.clone(),
-            snapshots: self.snapshots.clone(),
-            properties: Arc::new(PlanProperties::new(
-                equivalence,
-                self.properties.partitioning.clone(),
-                EmissionType::Incremental,
-                Boundedness::Bounded,
-            )),
-            metrics: ExecutionPlanMetricsSet::new(),
-            merge_metrics: ExecutionPlanMetricsSet::new(),
-        })))
+            schema: projection.schema(),
+            ..self.plan()
+        }))))
     }
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Arc<Statistics>> {
         // Rows before de-duplication: an upper bound.
         let rows: u64 = match (&self.mode, partition) {
-            (ScanMode::All, Some(p)) => self.parts[p].stored_rows(),
+            (ScanMode::All, Some(p)) => self.parts[p].1.stored_rows(),
             (ScanMode::Keys(keys), _) => keys.num_rows() as u64,
-            (ScanMode::All, None) => self.parts.iter().map(|s| s.stored_rows()).sum(),
+            (ScanMode::All, None) => self.parts.iter().map(|(_, p)| p.stored_rows()).sum(),
         };
         let mut stats = Statistics::new_unknown(&self.schema());
         stats.num_rows = Precision::Inexact(rows as usize);
@@ -362,7 +396,7 @@ impl ExecutionPlan for ScanExec {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let rows: SendableRecordBatchStream = match &self.mode {
             ScanMode::All => {
-                let snapshot = self.parts[partition].clone();
+                let snapshot = self.parts[partition].1.clone();
                 // Held to the stream's end: the writer of this process
                 // deletes no SSTable of a snapshot still held.
                 let held = snapshot.clone();

@@ -17,6 +17,7 @@ use datafusion::datasource::source_as_provider;
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
@@ -80,9 +81,19 @@ pub struct SessionBuilder {
     writer: WriterOptions,
     file_access: bool,
     progress: Option<Arc<InsertProgress>>,
+    workers: Vec<url::Url>,
 }
 
 impl SessionBuilder {
+    /// Runs queries across the `memwal worker` processes at `workers`
+    /// (default: none, every query runs in this process); see
+    /// [`super::distributed`]. Every worker must serve this session's root.
+    #[cfg(feature = "distributed")]
+    pub fn workers(mut self, workers: Vec<url::Url>) -> Self {
+        self.workers = workers;
+        self
+    }
+
     /// The options the session's tables write with (default:
     /// [`WriterOptions::default`]).
     pub fn writer_options(mut self, options: WriterOptions) -> Self {
@@ -120,7 +131,8 @@ impl SessionBuilder {
     pub async fn open(self) -> Result<MemwalSession> {
         let root = open_root(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
-        let session = MemwalSession::with_tables(root, tables, self.file_access, self.progress);
+        let session =
+            MemwalSession::with_tables(root, tables, self.file_access, self.progress, self.workers);
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -129,6 +141,14 @@ impl SessionBuilder {
         }
         Ok(session)
     }
+}
+
+/// The scalar functions memwal adds to DataFusion's: the distances and
+/// `blob_size`.
+pub(crate) fn memwal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
+    let mut functions = distance_functions();
+    functions.push(blob_size_function());
+    functions
 }
 
 /// Opens the root at `location`, naming it in a local I/O error.
@@ -156,6 +176,7 @@ impl MemwalSession {
             writer: WriterOptions::default(),
             file_access: false,
             progress: None,
+            workers: Vec::new(),
         }
     }
 
@@ -179,6 +200,7 @@ impl MemwalSession {
             Arc::new(TableCache::new(options)),
             false,
             None,
+            Vec::new(),
         );
         session.register(&catalog);
         session
@@ -193,6 +215,7 @@ impl MemwalSession {
         tables: Arc<TableCache>,
         file_access: bool,
         progress: Option<Arc<InsertProgress>>,
+        workers: Vec<url::Url>,
     ) -> Self {
         let mut config = SessionConfig::new()
             .with_information_schema(true)
@@ -208,13 +231,22 @@ impl MemwalSession {
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
-            .with_physical_optimizer_rule(Arc::new(BlobSizePushdown))
-            .build();
-        let mut ctx = SessionContext::new_with_state(state);
-        for function in distance_functions() {
+            .with_physical_optimizer_rule(Arc::new(BlobSizePushdown));
+        #[cfg(feature = "distributed")]
+        let state = match workers.is_empty() {
+            true => state,
+            false => {
+                let store = Arc::clone(root.store());
+                let codec = super::distributed::MemwalCodec::new(store, Arc::clone(&tables));
+                super::distributed::coordinate(state, workers, codec)
+            }
+        };
+        #[cfg(not(feature = "distributed"))]
+        let _ = workers;
+        let mut ctx = SessionContext::new_with_state(state.build());
+        for function in memwal_functions() {
             ctx.register_udf(function);
         }
-        ctx.register_udf(blob_size_function());
         let files = FileAccess::new(&root, file_access);
         if files.allowed() {
             // `SELECT ... FROM 'path/'` reads files, an SSTable directory
@@ -536,7 +568,11 @@ impl MemwalSession {
         let Some(table) = provider.downcast_ref::<MemwalTable>() else {
             return Ok(Err(plan));
         };
-        let rows = state.create_physical_plan(&dml.input).await?;
+        // DataFusion's planner, not the session's: the statement is planned
+        // again as a whole (across workers, if any) when it runs.
+        let rows = DefaultPhysicalPlanner::default()
+            .create_physical_plan(&dml.input, state)
+            .await?;
         let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }

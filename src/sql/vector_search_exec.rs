@@ -33,7 +33,9 @@ pub struct VectorSearchExec {
     name: String,
     table: Arc<Table>,
     query: VectorQuery,
-    /// Indices into the table columns plus `_distance` (the last).
+    /// The table's columns and `_distance` (the last).
+    full: SchemaRef,
+    /// Indices into `full`.
     projection: Vec<usize>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -42,7 +44,7 @@ pub struct VectorSearchExec {
 impl VectorSearchExec {
     /// A search of `table` (named `name`) producing `projection` of the
     /// table's columns plus `_distance` (`full`).
-    pub(super) fn new(
+    pub(crate) fn new(
         name: String,
         table: Arc<Table>,
         query: VectorQuery,
@@ -66,10 +68,25 @@ impl VectorSearchExec {
             name,
             table,
             query,
+            full: Arc::clone(full),
             projection,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
+    }
+}
+
+impl VectorSearchExec {
+    /// What it was made of: the table's name and handle, the query, the
+    /// full schema and the projection (see [`VectorSearchExec::new`]).
+    pub(crate) fn parts(&self) -> (&str, &Arc<Table>, &VectorQuery, &SchemaRef, &[usize]) {
+        (
+            &self.name,
+            &self.table,
+            &self.query,
+            &self.full,
+            &self.projection,
+        )
     }
 }
 

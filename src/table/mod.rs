@@ -46,9 +46,10 @@ use load::Load;
 
 use crate::blob::{self, PackReader};
 use crate::error::{Error, Result};
+use crate::memtable::{MemLayer, MemTable};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{BlobColumn, KeyedBatch, TableMeta, TableSchema, key};
-use crate::sstable::{ReadMetrics, SstableReader};
+use crate::sstable::{ReadMetrics, SstableFile, SstableReader};
 use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
@@ -103,6 +104,7 @@ struct ShardReader {
 pub struct Table {
     store: Arc<dyn ObjectStore>,
     location: String,
+    meta: TableMeta,
     schema: Arc<TableSchema>,
     options: WriterOptions,
     shards: Vec<Shard>,
@@ -164,6 +166,7 @@ impl Table {
             sstables: Arc::new(SstableReader::new(Arc::clone(&store), Arc::clone(&schema))),
             store,
             location: location.to_string(),
+            meta: meta.clone(),
             schema,
             options,
             shards,
@@ -191,6 +194,54 @@ impl Table {
     /// The table's schema, key and stored row form.
     pub(crate) fn table_schema(&self) -> &Arc<TableSchema> {
         &self.schema
+    }
+
+    /// Where the table's objects are, relative to the root.
+    pub(crate) fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// The catalog metadata the table was opened with.
+    pub(crate) fn meta(&self) -> &TableMeta {
+        &self.meta
+    }
+
+    /// The snapshot of shard `shard` whose layers are `sstables` (oldest
+    /// generations first) under `memtable_rows` (stored form, oldest
+    /// first): one another process took and shipped here. Nothing is read
+    /// yet; the SSTables must still exist when it is read.
+    pub(crate) fn snapshot_of(
+        &self,
+        shard: u32,
+        sstables: Vec<SstableFile>,
+        memtable_rows: Vec<RecordBatch>,
+    ) -> Result<ShardSnapshot> {
+        self.slot(shard)?;
+        let memtable = MemTable::new(Arc::clone(&self.schema));
+        let mut keyed = Vec::with_capacity(memtable_rows.len());
+        for rows in memtable_rows {
+            let rows =
+                RecordBatch::try_new(Arc::clone(&self.schema.stored), rows.columns().to_vec())
+                    .map_err(|e| {
+                        Error::invalid(format!("shipped rows do not fit the table: {e}"))
+                    })?;
+            keyed.push(self.schema.keyed(rows)?);
+        }
+        let (batches, _) = memtable.append(keyed);
+        memtable.mark_durable(batches);
+        Ok(ShardSnapshot {
+            schema: Arc::clone(&self.schema),
+            reader: Arc::clone(&self.sstables),
+            packs: PackReader::new(
+                Arc::clone(&self.store),
+                paths::shard_dir(&self.location, shard),
+            ),
+            memtables: vec![MemLayer {
+                memtable: Arc::new(memtable),
+                batches,
+            }],
+            sstables: Arc::new(sstables),
+        })
     }
 
     /// Number of shards (scan partitions).

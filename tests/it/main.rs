@@ -9,6 +9,7 @@ mod catalog_processes;
 mod crash;
 mod damage;
 mod damaged_catalog;
+mod distributed;
 mod explain;
 mod gc;
 mod helpers;

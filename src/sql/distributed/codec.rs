@@ -1,0 +1,455 @@
+//! [`MemwalCodec`]: memwal's operators in the plans a coordinator ships to
+//! its workers.
+//!
+//! A scan travels with the snapshot it was planned against: for each shard
+//! it reads, the SSTables of the manifest version it saw (by name: SSTables
+//! are immutable, and their deletion is held back by a grace period for
+//! readers in other processes) and the MemTable rows it saw (the rows
+//! themselves, as Arrow IPC, only to the tasks whose parts read them).
+//! So every task reads the coordinator's snapshot, whatever was committed
+//! since, and a worker sees rows that live only in the coordinator's
+//! MemTables. A `vector_search` takes its snapshots where it runs, as it
+//! does on one machine.
+
+use std::collections::HashMap;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
+};
+use datafusion_proto::protobuf;
+use object_store::ObjectStore;
+use prost::Message;
+
+use super::super::scan_exec::{ScanExec, ScanMode, ScanPlan};
+use super::super::vector_search_exec::VectorSearchExec;
+use crate::read::{ScanPart, VectorQuery};
+use crate::schema::TableMeta;
+use crate::table::{Table, TableCache};
+
+/// Encodes memwal's scans and vector searches in distributed plans, and
+/// decodes them on a worker against its own handles on the same root (the
+/// store the coordinator's tables are in).
+#[derive(Debug, Clone)]
+pub struct MemwalCodec {
+    store: Arc<dyn ObjectStore>,
+    tables: Arc<TableCache>,
+}
+
+impl MemwalCodec {
+    /// Decodes tables of the root `store`, opening them in `tables`.
+    pub(crate) fn new(store: Arc<dyn ObjectStore>, tables: Arc<TableCache>) -> Self {
+        Self { store, tables }
+    }
+
+    /// The table a plan names: this process's handle on it.
+    fn table(&self, location: &str, meta: &str) -> Result<Arc<Table>> {
+        let meta: TableMeta = serde_json::from_str(meta)
+            .map_err(|e| plan_error(format!("a plan's table metadata: {e}")))?;
+        let table = self.tables.get_or_open(&self.store, location, &meta);
+        // A location is never reused: other metadata means another root.
+        if table.meta() != &meta {
+            return Err(plan_error(format!(
+                "the table at '{location}' is not the one the plan names: \
+                 is the worker serving the coordinator's root?"
+            )));
+        }
+        Ok(table)
+    }
+}
+
+/// Which operator a message holds.
+#[derive(Clone, PartialEq, Message)]
+struct NodeProto {
+    #[prost(oneof = "Node", tags = "1, 2")]
+    node: Option<Node>,
+}
+
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum Node {
+    #[prost(message, tag = "1")]
+    Scan(ScanProto),
+    #[prost(message, tag = "2")]
+    Search(SearchProto),
+}
+
+/// A [`ScanExec`] (see [`ScanPlan`]).
+#[derive(Clone, PartialEq, Message)]
+struct ScanProto {
+    #[prost(message, optional, tag = "1")]
+    table: Option<TableProto>,
+    #[prost(message, optional, tag = "2")]
+    schema: Option<protobuf::Schema>,
+    /// `None` is every column.
+    #[prost(message, optional, tag = "3")]
+    projection: Option<Columns>,
+    #[prost(uint64, repeated, tag = "4")]
+    sizes: Vec<u64>,
+    #[prost(message, optional, tag = "5")]
+    early: Option<protobuf::PhysicalExprNode>,
+    /// Key lookups: the keys (Arrow IPC); a full scan otherwise.
+    #[prost(bytes, optional, tag = "6")]
+    keys: Option<Vec<u8>>,
+    #[prost(message, repeated, tag = "7")]
+    snapshots: Vec<SnapshotProto>,
+    #[prost(message, repeated, tag = "8")]
+    parts: Vec<PartProto>,
+    #[prost(bool, tag = "9")]
+    sorted: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TableProto {
+    #[prost(string, tag = "1")]
+    location: String,
+    /// The catalog metadata, as the catalog stores it (JSON).
+    #[prost(string, tag = "2")]
+    meta: String,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Columns {
+    #[prost(uint64, repeated, tag = "1")]
+    columns: Vec<u64>,
+}
+
+/// One shard's snapshot.
+#[derive(Clone, PartialEq, Message)]
+struct SnapshotProto {
+    #[prost(uint32, tag = "1")]
+    shard: u32,
+    /// The SSTables, as the shard manifest records them (JSON).
+    #[prost(string, tag = "2")]
+    sstables: String,
+    /// The MemTable rows, stored form (Arrow IPC); empty if no part that
+    /// travels with it reads them.
+    #[prost(bytes, tag = "3")]
+    memtable: Vec<u8>,
+}
+
+/// One scan partition: a part of one of the snapshots.
+#[derive(Clone, PartialEq, Message)]
+struct PartProto {
+    #[prost(uint32, tag = "1")]
+    snapshot: u32,
+    /// The part's [`crate::read::PartLayout`] (JSON).
+    #[prost(string, tag = "2")]
+    layout: String,
+}
+
+/// A [`VectorSearchExec`].
+#[derive(Clone, PartialEq, Message)]
+struct SearchProto {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "2")]
+    table: Option<TableProto>,
+    /// The table's columns and `_distance`.
+    #[prost(message, optional, tag = "3")]
+    full: Option<protobuf::Schema>,
+    #[prost(uint64, repeated, tag = "4")]
+    projection: Vec<u64>,
+    #[prost(uint64, tag = "5")]
+    column: u64,
+    #[prost(float, repeated, tag = "6")]
+    vector: Vec<f32>,
+    #[prost(uint64, tag = "7")]
+    k: u64,
+    #[prost(uint64, tag = "8")]
+    ef: u64,
+    #[prost(message, optional, tag = "9")]
+    filter: Option<protobuf::PhysicalExprNode>,
+}
+
+fn plan_error(message: String) -> DataFusionError {
+    DataFusionError::Plan(format!("memwal distributed plan: {message}"))
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| DataFusionError::External(Box::new(e)))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| plan_error(format!("{what}: {e}")))
+}
+
+fn table_proto(table: &Table) -> Result<TableProto> {
+    Ok(TableProto {
+        location: table.location().to_string(),
+        meta: json(table.meta())?,
+    })
+}
+
+/// `batches` (of one schema) as an Arrow IPC stream.
+fn ipc(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut out, schema)?;
+    for batch in batches {
+        writer.write(batch)?;
+    }
+    writer.finish()?;
+    drop(writer);
+    Ok(out)
+}
+
+fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
+    let reader = StreamReader::try_new(Cursor::new(bytes), None)?;
+    Ok(reader.collect::<std::result::Result<_, _>>()?)
+}
+
+fn indices(values: &[u64]) -> Vec<usize> {
+    values.iter().map(|&v| v as usize).collect()
+}
+
+fn numbers(values: &[usize]) -> Vec<u64> {
+    values.iter().map(|&v| v as u64).collect()
+}
+
+impl MemwalCodec {
+    fn encode_scan(
+        &self,
+        scan: ScanPlan,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<ScanProto> {
+        let stored = &scan.table.table_schema().stored;
+        // One snapshot per shard; its MemTable rows if a part reads them.
+        let mut snapshots: Vec<SnapshotProto> = Vec::new();
+        let mut at: HashMap<u32, usize> = HashMap::new();
+        let mut add =
+            |shard: u32, part: Option<&ScanPart>, snapshot: &crate::read::ShardSnapshot| {
+                let index = match at.get(&shard) {
+                    Some(&i) => i,
+                    None => {
+                        snapshots.push(SnapshotProto {
+                            shard,
+                            sstables: json(snapshot.sstables.as_ref())?,
+                            memtable: Vec::new(),
+                        });
+                        at.insert(shard, snapshots.len() - 1);
+                        snapshots.len() - 1
+                    }
+                };
+                let reads = part.is_none_or(ScanPart::reads_memtables);
+                if reads && snapshots[index].memtable.is_empty() {
+                    snapshots[index].memtable = ipc(stored, &snapshot.memtable_batches())?;
+                }
+                Ok::<_, DataFusionError>(index as u32)
+            };
+        let mut parts = Vec::with_capacity(scan.parts.len());
+        for (shard, part) in &scan.parts {
+            parts.push(PartProto {
+                snapshot: add(*shard, Some(part), part.snapshot())?,
+                layout: json(&part.layout())?,
+            });
+        }
+        for (shard, snapshot) in scan.snapshots.iter().enumerate() {
+            if let Some(snapshot) = snapshot {
+                add(shard as u32, None, snapshot)?;
+            }
+        }
+        let keys = match &scan.mode {
+            ScanMode::All => None,
+            ScanMode::Keys(keys) => Some(ipc(&keys.schema(), std::slice::from_ref(keys))?),
+        };
+        let early = match &scan.early {
+            Some(early) => Some(converter.physical_expr_to_proto(early, self)?),
+            None => None,
+        };
+        Ok(ScanProto {
+            table: Some(table_proto(&scan.table)?),
+            schema: Some(scan.schema.as_ref().try_into()?),
+            projection: scan.projection.as_deref().map(|p| Columns {
+                columns: numbers(p),
+            }),
+            sizes: numbers(&scan.sizes),
+            early,
+            keys,
+            snapshots,
+            parts,
+            sorted: scan.sorted,
+        })
+    }
+
+    fn decode_scan(
+        &self,
+        proto: ScanProto,
+        ctx: &TaskContext,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<ScanExec> {
+        let t = proto
+            .table
+            .ok_or_else(|| plan_error("a scan without a table".into()))?;
+        let table = self.table(&t.location, &t.meta)?;
+        let schema: Schema = proto
+            .schema
+            .as_ref()
+            .ok_or_else(|| plan_error("a scan without a schema".into()))?
+            .try_into()?;
+        let schema = Arc::new(schema);
+        let mut snapshots = Vec::with_capacity(proto.snapshots.len());
+        let mut by_shard = vec![None; table.shard_count()];
+        for s in &proto.snapshots {
+            let sstables = from_json(&s.sstables, "a snapshot's SSTables")?;
+            let rows = match s.memtable.is_empty() {
+                true => Vec::new(),
+                false => from_ipc(&s.memtable)?,
+            };
+            let snapshot = table.snapshot_of(s.shard, sstables, rows)?;
+            by_shard[s.shard as usize] = Some(snapshot.clone());
+            snapshots.push((s.shard, snapshot));
+        }
+        let mut parts = Vec::with_capacity(proto.parts.len());
+        for p in proto.parts {
+            let (shard, snapshot) = snapshots
+                .get(p.snapshot as usize)
+                .ok_or_else(|| plan_error("a part of a missing snapshot".into()))?;
+            let layout = from_json(&p.layout, "a scan part")?;
+            parts.push((*shard, ScanPart::from_layout(snapshot.clone(), layout)?));
+        }
+        let mode = match &proto.keys {
+            None => ScanMode::All,
+            Some(bytes) => {
+                let keys = from_ipc(bytes)?;
+                let [keys] = <[RecordBatch; 1]>::try_from(keys)
+                    .map_err(|_| plan_error("key lookups without one batch of keys".into()))?;
+                ScanMode::Keys(keys)
+            }
+        };
+        let early = match &proto.early {
+            Some(node) => Some(converter.proto_to_physical_expr(
+                node,
+                &schema,
+                &PhysicalPlanDecodeContext::new(ctx, self),
+            )?),
+            None => None,
+        };
+        Ok(ScanExec::assemble(ScanPlan {
+            table,
+            schema,
+            projection: proto.projection.map(|p| indices(&p.columns)),
+            sizes: indices(&proto.sizes),
+            early,
+            mode,
+            parts,
+            snapshots: match proto.keys {
+                Some(_) => by_shard,
+                None => Vec::new(),
+            },
+            sorted: proto.sorted,
+        }))
+    }
+
+    fn encode_search(
+        &self,
+        search: &VectorSearchExec,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<SearchProto> {
+        let (name, table, query, full, projection) = search.parts();
+        let filter = match &query.filter {
+            Some(filter) => Some(converter.physical_expr_to_proto(filter, self)?),
+            None => None,
+        };
+        Ok(SearchProto {
+            name: name.to_string(),
+            table: Some(table_proto(table)?),
+            full: Some(full.as_ref().try_into()?),
+            projection: numbers(projection),
+            column: query.column as u64,
+            vector: query.vector.clone(),
+            k: query.k as u64,
+            ef: query.ef as u64,
+            filter,
+        })
+    }
+
+    fn decode_search(
+        &self,
+        proto: SearchProto,
+        ctx: &TaskContext,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<VectorSearchExec> {
+        let t = proto
+            .table
+            .ok_or_else(|| plan_error("a search without a table".into()))?;
+        let table = self.table(&t.location, &t.meta)?;
+        let full: Schema = proto
+            .full
+            .as_ref()
+            .ok_or_else(|| plan_error("a search without a schema".into()))?
+            .try_into()?;
+        let filter = match &proto.filter {
+            Some(node) => Some(converter.proto_to_physical_expr(
+                node,
+                &table.table_schema().schema,
+                &PhysicalPlanDecodeContext::new(ctx, self),
+            )?),
+            None => None,
+        };
+        let query = VectorQuery {
+            column: proto.column as usize,
+            vector: proto.vector,
+            k: proto.k as usize,
+            ef: proto.ef as usize,
+            filter,
+        };
+        VectorSearchExec::new(
+            proto.name,
+            table,
+            query,
+            &Arc::new(full),
+            Some(indices(&proto.projection)),
+        )
+    }
+}
+
+impl PhysicalExtensionCodec for MemwalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if !inputs.is_empty() {
+            return Err(plan_error(format!(
+                "memwal's operators have no inputs, got {}",
+                inputs.len()
+            )));
+        }
+        let proto = NodeProto::decode(buf).map_err(|e| plan_error(e.to_string()))?;
+        Ok(match proto.node {
+            Some(Node::Scan(scan)) => Arc::new(self.decode_scan(scan, ctx, converter)?),
+            Some(Node::Search(search)) => Arc::new(self.decode_search(search, ctx, converter)?),
+            None => return Err(plan_error("an empty memwal operator".into())),
+        })
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        let node = if let Some(scan) = node.downcast_ref::<ScanExec>() {
+            Node::Scan(self.encode_scan(scan.plan(), converter)?)
+        } else if let Some(search) = node.downcast_ref::<VectorSearchExec>() {
+            Node::Search(self.encode_search(search, converter)?)
+        } else {
+            return Err(DataFusionError::NotImplemented(format!(
+                "{} cannot run on a memwal worker",
+                node.name()
+            )));
+        };
+        NodeProto { node: Some(node) }
+            .encode(buf)
+            .map_err(|e| plan_error(e.to_string()))
+    }
+}

@@ -1,0 +1,147 @@
+//! Queries across worker processes, on datafusion-distributed: a session
+//! opened with [`crate::SessionBuilder::workers`] plans each query in
+//! stages and sends them to `memwal worker` processes ([`serve_worker`])
+//! on the same root.
+//!
+//! - A full scan splits into tasks by its parts (each a shard, or a key
+//!   range of one): no key is in two parts, so every version of a key is
+//!   merged in one task. Each task carries the snapshot the coordinator
+//!   planned against (see [`MemwalCodec`]): SSTables by name, MemTable rows
+//!   shipped with the task, so a worker sees rows that live only in the
+//!   coordinator's MemTables, and nothing committed after planning.
+//! - Key lookups and `vector_search` run as one task.
+//! - Statements that write (`INSERT`, `DELETE`, DDL) run on the
+//!   coordinator; the scans they read from may run on workers.
+
+mod codec;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use datafusion::error::Result;
+use datafusion::execution::{FunctionRegistry, SessionStateBuilder};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_distributed::{
+    DesiredTaskCountEvent, DesiredTaskCountEventResponse, DistributedExt, DistributedLeafExec,
+    ScaleUpLeafNodeEvent, ScaleUpLeafNodeEventResponse, SessionStateBuilderExt, Worker,
+    WorkerQueryContext, WorkerResolver,
+};
+use url::Url;
+
+pub use codec::MemwalCodec;
+
+use super::scan_exec::{ScanExec, ScanMode, ScanPlan};
+use super::session::memwal_functions;
+use crate::read::ScanPart;
+use crate::store::ObjectRoot;
+use crate::table::TableCache;
+use crate::writer::WriterOptions;
+
+/// Workers at fixed URLs.
+#[derive(Debug, Clone)]
+struct Workers(Vec<Url>);
+
+impl WorkerResolver for Workers {
+    fn get_urls(&self) -> Result<Vec<Url>> {
+        Ok(self.0.clone())
+    }
+}
+
+/// `builder` with queries planned across `workers`, whose tasks carry
+/// memwal's operators encoded by `codec`.
+pub(crate) fn coordinate(
+    builder: SessionStateBuilder,
+    workers: Vec<Url>,
+    codec: MemwalCodec,
+) -> SessionStateBuilder {
+    builder
+        .with_distributed_worker_resolver(Workers(workers))
+        .with_distributed_planner()
+        .with_distributed_user_codec(codec)
+        .with_distributed_desired_task_count_handler(desired_tasks)
+        .with_distributed_scale_up_leaf_node_handler(split_scan)
+}
+
+/// A full scan wants a task per part; key lookups one.
+fn desired_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
+    let scan = ev.plan.downcast_ref::<ScanExec>()?;
+    let plan = scan.plan();
+    Some(Ok(match plan.mode {
+        ScanMode::All => DesiredTaskCountEventResponse::desired(plan.parts.len()),
+        ScanMode::Keys(_) => DesiredTaskCountEventResponse::maximum(1),
+    }))
+}
+
+/// A scan split into `task_count` scans of consecutive parts, about as
+/// many each (padded with empty parts to the same partition count).
+fn split_scan(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
+    let scan = ev.plan.downcast_ref::<ScanExec>()?;
+    let plan = scan.plan();
+    let tasks = ev.task_count.max(1);
+    let shares: Vec<ScanPlan> = match &plan.mode {
+        ScanMode::All => {
+            let n = plan.parts.len();
+            let (shard, first) = plan.parts.first()?;
+            let filler = (*shard, ScanPart::empty(first.snapshot().clone()));
+            let mut shares: Vec<Vec<_>> = (0..tasks)
+                .map(|t| plan.parts[t * n / tasks..(t + 1) * n / tasks].to_vec())
+                .collect();
+            let width = shares.iter().map(Vec::len).max().unwrap_or(0).max(1);
+            shares
+                .iter_mut()
+                .for_each(|share| share.resize(width, filler.clone()));
+            shares
+                .into_iter()
+                .map(|parts| ScanPlan {
+                    parts,
+                    ..plan.clone()
+                })
+                .collect()
+        }
+        // The first task looks the keys up; the others look up none.
+        ScanMode::Keys(keys) => (0..tasks)
+            .map(|t| ScanPlan {
+                mode: ScanMode::Keys(match t {
+                    0 => keys.clone(),
+                    _ => keys.slice(0, 0),
+                }),
+                ..plan.clone()
+            })
+            .collect(),
+    };
+    let variants = shares
+        .into_iter()
+        .map(|share| Arc::new(ScanExec::assemble(share)) as Arc<dyn ExecutionPlan>);
+    Some(
+        DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
+            .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
+    )
+}
+
+/// Serves the tasks of distributed queries over `root` (the root their
+/// coordinators' sessions are on) on `listener`, until `shutdown`
+/// completes. Tables are opened read-only as the tasks name them.
+pub async fn serve_worker(
+    root: ObjectRoot,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> crate::Result<()> {
+    let tables = TableCache::shared(root.url(), WriterOptions::default());
+    let codec = MemwalCodec::new(Arc::clone(root.store()), tables);
+    let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
+        let codec = codec.clone();
+        async move {
+            let mut state = ctx.builder.with_distributed_user_codec(codec).build();
+            for function in memwal_functions() {
+                state.register_udf(Arc::new(function))?;
+            }
+            Ok(state)
+        }
+    });
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tonic::transport::Server::builder()
+        .add_service(worker.into_worker_server())
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(|e| std::io::Error::other(format!("the worker stopped: {e}")).into())
+}

@@ -1,0 +1,243 @@
+//! Queries across workers (`memwal::sql::distributed`): worker processes
+//! give the answers one process gives, rows only in the coordinator's
+//! MemTables included, and a query reads the snapshot it was planned
+//! against however the table changes meanwhile.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{AsArray, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use memwal::{MemwalSession, WriterOptions};
+use url::Url;
+
+/// Small MemTables: writes flush SSTables all the time.
+fn small_memtables() -> WriterOptions {
+    let mut o = WriterOptions::default();
+    o.memtable_bytes = 8 * 1024;
+    o.max_sstables = 4;
+    o
+}
+
+/// A `memwal worker` process serving `root` on a free port of 127.0.0.1;
+/// killed on drop.
+struct WorkerProcess {
+    child: Child,
+    url: Url,
+}
+
+impl WorkerProcess {
+    fn start(root: &str) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+            .args(["worker", "--listen", "127.0.0.1:0", "--root", root])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "memwal worker on http://127.0.0.1:PORT serving ROOT"
+        let url = line
+            .split_whitespace()
+            .nth(3)
+            .expect("the worker's address");
+        Self {
+            url: Url::parse(url).unwrap(),
+            child,
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn text(session: &MemwalSession, sql: &str) -> Result<String, memwal::Error> {
+    let batches = session.sql(sql).await?.collect().await?;
+    Ok(pretty_format_batches(&batches).unwrap().to_string())
+}
+
+/// The physical plan of `sql` (EXPLAIN shows DataFusion's plan before the
+/// distributed planner's stages).
+async fn plan(session: &MemwalSession, sql: &str) -> String {
+    let plan = session.sql(sql).await.unwrap().create_physical_plan().await;
+    let plan = plan.unwrap();
+    datafusion::physical_plan::displayable(plan.as_ref())
+        .indent(true)
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_answer_as_one_process_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let workers = [WorkerProcess::start(&root), WorkerProcess::start(&root)];
+    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
+    // One process writes and coordinates; `local` shares its writers.
+    let cluster = MemwalSession::builder(&root)
+        .writer_options(small_memtables())
+        .workers(urls)
+        .open()
+        .await
+        .unwrap();
+    let local = MemwalSession::open_with(&root, small_memtables())
+        .await
+        .unwrap();
+    cluster
+        .sql(
+            "CREATE TABLE t (id BIGINT PRIMARY KEY, tag TEXT, v DOUBLE, emb FLOAT[3]) \
+             WITH ('shards' = '4')",
+        )
+        .await
+        .unwrap();
+    for round in 0..6 {
+        let values: Vec<String> = (0..200)
+            .map(|i| {
+                let id = (round * 150 + i) % 1000;
+                let x = id as f64 / 1000.0;
+                format!(
+                    "({id}, 'tag{}', {round}.5, [{x}, {}, 1.0])",
+                    id % 5,
+                    1.0 - x
+                )
+            })
+            .collect();
+        run(
+            &cluster,
+            &format!("INSERT INTO t VALUES {}", values.join(", ")),
+        )
+        .await;
+    }
+    run(&cluster, "DELETE FROM t WHERE id % 7 = 0").await;
+    // Some rows are in SSTables, the newest only in this process's
+    // MemTables (and the WAL).
+    let layers =
+        "SELECT sum(sstables) > 0 AND sum(memtable_bytes) > 0 AS both FROM memwal_stats('t')";
+    assert!(text(&local, layers).await.unwrap().contains("true"));
+
+    let queries = [
+        "SELECT count(*), count(DISTINCT id), sum(v) FROM t",
+        "SELECT tag, count(*), sum(v), max(id) FROM t GROUP BY tag ORDER BY tag",
+        "SELECT * FROM t WHERE id = 899",
+        "SELECT id, v FROM t WHERE id BETWEEN 100 AND 120 ORDER BY id",
+        "SELECT id, _distance FROM vector_search('t', 'emb', [0.25, 0.75, 1.0], 5)",
+    ];
+    for sql in queries {
+        let expected = text(&local, sql).await.unwrap();
+        assert_eq!(text(&cluster, sql).await.unwrap(), expected, "{sql}");
+    }
+    // The scans ran on the workers: the plan has network stages, and
+    // without workers the query fails.
+    let scan = "SELECT count(*), count(DISTINCT id), sum(v) FROM t";
+    let explained = plan(&cluster, scan).await;
+    assert!(explained.contains("DistributedExec"), "{explained}");
+    assert!(!plan(&local, scan).await.contains("DistributedExec"));
+    drop(workers);
+    assert!(text(&cluster, scan).await.is_err());
+    assert!(text(&local, scan).await.is_ok());
+}
+
+async fn run(session: &MemwalSession, sql: &str) {
+    session.sql(sql).await.unwrap().collect().await.unwrap();
+}
+
+/// Workers in this process, serving `root`; they stop when the sender is
+/// dropped.
+async fn workers_in_process(root: &str, n: usize) -> (Vec<Url>, tokio::sync::watch::Sender<()>) {
+    let (stop, stopped) = tokio::sync::watch::channel(());
+    let mut urls = Vec::new();
+    for _ in 0..n {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        urls.push(Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap());
+        let root = memwal::ObjectRoot::open(root).unwrap();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.changed().await;
+            };
+            memwal::sql::distributed::serve_worker(root, listener, shutdown)
+                .await
+                .unwrap();
+        });
+    }
+    (urls, stop)
+}
+
+/// `(count(*), count(DISTINCT id), sum(v))` of the result.
+fn counts(batches: &[RecordBatch]) -> (i64, i64, i64) {
+    let b = &batches[0];
+    let get = |c: usize| b.column(c).as_primitive::<Int64Type>().value(0);
+    (get(0), get(1), get(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distributed_query_reads_the_snapshot_it_was_planned_against() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let (urls, _stop) = workers_in_process(&root, 3).await;
+    let session = MemwalSession::builder(&root)
+        .writer_options(small_memtables())
+        .workers(urls)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &session,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '3')",
+    )
+    .await;
+    let rows = |from: i64, to: i64, v: i64| {
+        let values: Vec<String> = (from..to).map(|i| format!("({i}, {v})")).collect();
+        format!("INSERT INTO t VALUES {}", values.join(", "))
+    };
+    run(&session, &rows(0, 1000, 1)).await;
+    let sql = "SELECT count(*), count(DISTINCT id), sum(v) FROM t";
+
+    // Planned now, run after every row was rewritten, new rows added, the
+    // MemTables flushed and the SSTables compacted.
+    let df = session.sql(sql).await.unwrap();
+    let task = df.task_ctx();
+    let planned = df.create_physical_plan().await.unwrap();
+    run(&session, &rows(0, 1000, 2)).await;
+    run(&session, &rows(1000, 1500, 2)).await;
+    session.table("t").await.unwrap().compact().await.unwrap();
+    let before = datafusion::physical_plan::collect(planned, std::sync::Arc::new(task))
+        .await
+        .unwrap();
+    assert_eq!(counts(&before), (1000, 1000, 1000));
+    let now = session.sql(sql).await.unwrap().collect().await.unwrap();
+    assert_eq!(counts(&now), (1500, 1500, 3000));
+
+    // Queries while a writer rewrites every row over and over (flushing
+    // and compacting as it goes): never a row twice or missing.
+    let writer = {
+        let session = session.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut round = 3;
+            while started.elapsed() < Duration::from_secs(4) {
+                run(&session, &rows(0, 1500, round)).await;
+                round += 1;
+            }
+            round
+        })
+    };
+    let mut queries = 0;
+    while !writer.is_finished() {
+        let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
+        let (count, distinct, _) = counts(&batches);
+        assert_eq!((count, distinct), (1500, 1500));
+        queries += 1;
+    }
+    let rounds = writer.await.unwrap();
+    assert!(
+        queries > 3 && rounds > 5,
+        "{queries} queries, {rounds} rounds"
+    );
+}
