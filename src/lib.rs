@@ -62,6 +62,34 @@ pub mod testing {
     pub use crate::wal::{EntryKind, WalLog};
     pub use crate::writer::{Durability, ShardManifest, ShardWriter};
 
+    /// `n` workers serving the root at `root` in this process, on free
+    /// ports of 127.0.0.1 (their URLs); they stop when the returned sender
+    /// is dropped.
+    #[cfg(feature = "distributed")]
+    pub async fn start_workers(
+        root: &str,
+        n: usize,
+    ) -> (Vec<url::Url>, tokio::sync::watch::Sender<()>) {
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let mut urls = Vec::new();
+        for _ in 0..n {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = listener.local_addr().unwrap();
+            urls.push(url::Url::parse(&format!("http://{address}")).unwrap());
+            let root = crate::ObjectRoot::open(root).unwrap();
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.changed().await;
+                };
+                crate::sql::distributed::serve_worker(root, listener, shutdown)
+                    .await
+                    .expect("worker");
+            });
+        }
+        (urls, stop)
+    }
+
     /// User plus system CPU time this process has used, from the kernel's
     /// per-process clock (nanoseconds, not the 10 ms scheduler tick).
     pub fn process_cpu_time() -> std::time::Duration {

@@ -51,28 +51,6 @@ async fn open(
         .await
 }
 
-/// Three workers serving `root`, in this process, on ports of 127.0.0.1;
-/// they stop when the returned sender is dropped.
-async fn start_workers(root: &str) -> (Vec<Url>, tokio::sync::watch::Sender<()>) {
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let mut urls = Vec::new();
-    for _ in 0..3 {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap());
-        let root = memwal::ObjectRoot::open(root).unwrap();
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.changed().await;
-            };
-            memwal::sql::distributed::serve_worker(root, listener, shutdown)
-                .await
-                .expect("worker");
-        });
-    }
-    (urls, stop)
-}
-
 /// The writer options of the tests in `path`.
 fn options_for(path: &Path) -> WriterOptions {
     if path
@@ -195,7 +173,7 @@ async fn run_file(path: &Path, kind: &str, root: String, complete: bool) -> Resu
     let options = options_for(path);
     let local_root = root.clone();
     let (workers, _stop) = match kind {
-        "cluster" => start_workers(&root).await,
+        "cluster" => memwal::testing::start_workers(&root, 3).await,
         _ => (Vec::new(), tokio::sync::watch::channel(()).0),
     };
     let make = move || {

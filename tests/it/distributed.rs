@@ -147,28 +147,6 @@ async fn run(session: &MemwalSession, sql: &str) {
     session.sql(sql).await.unwrap().collect().await.unwrap();
 }
 
-/// Workers in this process, serving `root`; they stop when the sender is
-/// dropped.
-async fn workers_in_process(root: &str, n: usize) -> (Vec<Url>, tokio::sync::watch::Sender<()>) {
-    let (stop, stopped) = tokio::sync::watch::channel(());
-    let mut urls = Vec::new();
-    for _ in 0..n {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        urls.push(Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap());
-        let root = memwal::ObjectRoot::open(root).unwrap();
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.changed().await;
-            };
-            memwal::sql::distributed::serve_worker(root, listener, shutdown)
-                .await
-                .unwrap();
-        });
-    }
-    (urls, stop)
-}
-
 /// `(count(*), count(DISTINCT id), sum(v))` of the result.
 fn counts(batches: &[RecordBatch]) -> (i64, i64, i64) {
     let b = &batches[0];
@@ -180,7 +158,7 @@ fn counts(batches: &[RecordBatch]) -> (i64, i64, i64) {
 async fn a_distributed_query_reads_the_snapshot_it_was_planned_against() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let (urls, _stop) = workers_in_process(&root, 3).await;
+    let (urls, _stop) = memwal::testing::start_workers(&root, 3).await;
     let session = MemwalSession::builder(&root)
         .writer_options(small_memtables())
         .workers(urls)
