@@ -229,19 +229,31 @@ impl Table {
         }
         let (batches, _) = memtable.append(keyed);
         memtable.mark_durable(batches);
-        Ok(ShardSnapshot {
+        let layer = MemLayer {
+            memtable: Arc::new(memtable),
+            batches,
+        };
+        Ok(self.snapshot_with(shard, layer, sstables))
+    }
+
+    /// The snapshot of shard `shard` (not written by this process) made of
+    /// `memtable` over `sstables`.
+    fn snapshot_with(
+        &self,
+        shard: u32,
+        memtable: MemLayer,
+        sstables: Vec<SstableFile>,
+    ) -> ShardSnapshot {
+        ShardSnapshot {
             schema: Arc::clone(&self.schema),
             reader: Arc::clone(&self.sstables),
             packs: PackReader::new(
                 Arc::clone(&self.store),
                 paths::shard_dir(&self.location, shard),
             ),
-            memtables: vec![MemLayer {
-                memtable: Arc::new(memtable),
-                batches,
-            }],
+            memtables: vec![memtable],
             sstables: Arc::new(sstables),
-        })
+        }
     }
 
     /// Number of shards (scan partitions).
@@ -679,16 +691,8 @@ impl Table {
             self.refresh(&mut reader).await?;
         }
         let manifest = reader.manifest.as_ref().expect("refreshed above");
-        Ok(ShardSnapshot {
-            schema: Arc::clone(&self.schema),
-            reader: Arc::clone(&self.sstables),
-            packs: PackReader::new(
-                Arc::clone(&self.store),
-                paths::shard_dir(&self.location, shard),
-            ),
-            memtables: vec![reader.tail.layer()],
-            sstables: Arc::new(manifest.state.sstables.clone()),
-        })
+        let sstables = manifest.state.sstables.clone();
+        Ok(self.snapshot_with(shard, reader.tail.layer(), sstables))
     }
 
     /// Reads the shard manifest if it changed (one existence check when it

@@ -51,9 +51,10 @@ impl MemwalCodec {
     }
 
     /// The table a plan names: this process's handle on it.
-    fn table(&self, location: &str, meta: &str) -> Result<Arc<Table>> {
-        let meta: TableMeta = serde_json::from_str(meta)
-            .map_err(|e| plan_error(format!("a plan's table metadata: {e}")))?;
+    fn table(&self, proto: Option<TableProto>) -> Result<Arc<Table>> {
+        let proto = proto.ok_or_else(|| plan_error("an operator without a table".into()))?;
+        let location = proto.location.as_str();
+        let meta: TableMeta = from_json(&proto.meta, "a plan's table metadata")?;
         let table = self.tables.get_or_open(&self.store, location, &meta);
         // A location is never reused: other metadata means another root.
         if table.meta() != &meta {
@@ -181,6 +182,12 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str, what: &str) -> Result<T
     serde_json::from_str(text).map_err(|e| plan_error(format!("{what}: {e}")))
 }
 
+/// The schema an operator names.
+fn schema(proto: Option<&protobuf::Schema>) -> Result<Schema> {
+    let proto = proto.ok_or_else(|| plan_error("an operator without a schema".into()))?;
+    Ok(proto.try_into()?)
+}
+
 fn table_proto(table: &Table) -> Result<TableProto> {
     Ok(TableProto {
         location: table.location().to_string(),
@@ -284,15 +291,8 @@ impl MemwalCodec {
         ctx: &TaskContext,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<ScanExec> {
-        let t = proto
-            .table
-            .ok_or_else(|| plan_error("a scan without a table".into()))?;
-        let table = self.table(&t.location, &t.meta)?;
-        let schema: Schema = proto
-            .schema
-            .as_ref()
-            .ok_or_else(|| plan_error("a scan without a schema".into()))?
-            .try_into()?;
+        let table = self.table(proto.table)?;
+        let schema = schema(proto.schema.as_ref())?;
         let schema = Arc::new(schema);
         let mut snapshots = Vec::with_capacity(proto.snapshots.len());
         let mut by_shard = vec![None; table.shard_count()];
@@ -376,15 +376,8 @@ impl MemwalCodec {
         ctx: &TaskContext,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<VectorSearchExec> {
-        let t = proto
-            .table
-            .ok_or_else(|| plan_error("a search without a table".into()))?;
-        let table = self.table(&t.location, &t.meta)?;
-        let full: Schema = proto
-            .full
-            .as_ref()
-            .ok_or_else(|| plan_error("a search without a schema".into()))?
-            .try_into()?;
+        let table = self.table(proto.table)?;
+        let full = schema(proto.full.as_ref())?;
         let filter = match &proto.filter {
             Some(node) => Some(converter.proto_to_physical_expr(
                 node,
