@@ -72,6 +72,12 @@ pub enum Error {
         by_epoch: u64,
     },
 
+    /// A write has rows for (or a compaction is of) a shard this process
+    /// does not write (see [`crate::WriterOptions::owned_shards`]). Nothing
+    /// was written.
+    #[error("{0}")]
+    NotOwned(String),
+
     /// A shard writer stopped after a failure it cannot recover from (an
     /// append whose outcome is unknown, exhausted retries): this write and
     /// every later one on it fail, nothing unacknowledged is claimed

@@ -5,7 +5,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::SortOptions;
@@ -103,13 +102,11 @@ impl ScanExec {
                 }
             }
         }
-        let mut snapshots = Vec::with_capacity(needed.len());
-        for (shard, needed) in needed.into_iter().enumerate() {
-            snapshots.push(match needed {
-                true => Some(table.snapshot(shard as u32, Duration::ZERO).await?),
-                false => None,
-            });
-        }
+        let wanted = (0..needed.len() as u32).filter(|&s| needed[s as usize]);
+        let mut taken = table.snapshots(wanted).await?.into_iter();
+        let mut snapshots: Vec<Option<ShardSnapshot>> = (needed.iter())
+            .map(|&needed| needed.then(|| taken.next().expect("one per shard needed")))
+            .collect();
         let mut parts = Vec::new();
         if let ScanMode::All = mode {
             // Shards are partitions; spare partitions split shards whose

@@ -19,7 +19,11 @@ use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
     TableProviderFilterPushDown, Volatility,
 };
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{PhysicalExpr, PhysicalSortExpr};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 
 use super::function_args::{constant, named_table, text};
 use super::vector_search_exec::VectorSearchExec;
@@ -205,12 +209,62 @@ impl TableProvider for VectorSearchTable {
             let table_schema = DFSchema::try_from(Arc::clone(&self.table.table_schema().schema))?;
             query.filter = Some(state.create_physical_expr(filter, &table_schema)?);
         }
-        Ok(Arc::new(VectorSearchExec::new(
+        let table = &self.table;
+        let shards = 0..table.shard_count() as u32;
+        let snapshots: Vec<_> = shards.clone().zip(table.snapshots(shards).await?).collect();
+        let wanted: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        // A search per shard, merged by distance; but long blob values
+        // are read by the partition that finds their rows, so a search
+        // that selects a blob column runs as one partition and reads
+        // only the k rows returned.
+        let with_blobs = (table.table_schema().blobs.iter()).any(|b| wanted.contains(&b.index));
+        let partitions: Vec<_> = match with_blobs {
+            true => vec![snapshots],
+            false => snapshots.into_iter().map(|s| vec![s]).collect(),
+        };
+        if partitions.len() == 1 {
+            let search = VectorSearchExec::new(
+                self.name.clone(),
+                Arc::clone(table),
+                query,
+                &self.schema,
+                wanted,
+                partitions,
+            )?;
+            return Ok(Arc::new(search));
+        }
+        // The merge orders by `_distance`: searched even if not selected.
+        let distance = self.schema.fields().len() - 1;
+        let mut searched = wanted.clone();
+        if !searched.contains(&distance) {
+            searched.push(distance);
+        }
+        let k = query.k;
+        let search: Arc<dyn ExecutionPlan> = Arc::new(VectorSearchExec::new(
             self.name.clone(),
-            Arc::clone(&self.table),
+            Arc::clone(table),
             query,
             &self.schema,
-            projection.cloned(),
+            searched.clone(),
+            partitions,
+        )?);
+        let at = searched.iter().position(|&c| c == distance).expect("added");
+        let order = PhysicalSortExpr::new_default(Arc::new(Column::new(DISTANCE_COLUMN, at)));
+        let merged = SortPreservingMergeExec::new([order].into(), search).with_fetch(Some(k));
+        if searched.len() == wanted.len() {
+            return Ok(Arc::new(merged));
+        }
+        let schema = merged.schema();
+        let columns = (0..wanted.len()).map(|i| {
+            let column = Arc::new(Column::new(schema.field(i).name(), i)) as Arc<dyn PhysicalExpr>;
+            (column, schema.field(i).name().clone())
+        });
+        Ok(Arc::new(ProjectionExec::try_new(
+            columns,
+            Arc::new(merged),
         )?))
     }
 }

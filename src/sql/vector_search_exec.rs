@@ -1,9 +1,8 @@
-//! [`VectorSearchExec`]: one `vector_search` call, run over every shard
-//! of its table at `execute()`, nearest rows first.
+//! [`VectorSearchExec`]: one `vector_search` call over the snapshots it
+//! was planned with, nearest rows first in each partition.
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use datafusion::arrow::array::{Float32Array, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::compute::concat_batches;
@@ -23,11 +22,13 @@ use futures::StreamExt;
 
 use super::streams::observed;
 use super::vector::DISTANCE_COLUMN;
-use crate::read::{Neighbour, VectorQuery};
+use crate::read::{Neighbour, ShardSnapshot, VectorQuery};
 use crate::table::Table;
 
-/// Runs a vector search over every shard of a table and yields the
-/// nearest rows, nearest first (one partition).
+/// Runs a vector search over snapshots of a table's shards: each partition
+/// yields the `k` rows nearest to the query among its shards, nearest
+/// first (a merge with a fetch of `k` above several partitions gives the
+/// table's nearest).
 #[derive(Debug)]
 pub struct VectorSearchExec {
     name: String,
@@ -37,21 +38,24 @@ pub struct VectorSearchExec {
     full: SchemaRef,
     /// Indices into `full`.
     projection: Vec<usize>,
+    /// Per partition, the shards it searches (none: an empty partition).
+    partitions: Vec<Vec<(u32, ShardSnapshot)>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl VectorSearchExec {
     /// A search of `table` (named `name`) producing `projection` of the
-    /// table's columns plus `_distance` (`full`).
+    /// table's columns plus `_distance` (`full`), one partition per entry
+    /// of `partitions` searching the shard snapshots in it.
     pub(crate) fn new(
         name: String,
         table: Arc<Table>,
         query: VectorQuery,
         full: &SchemaRef,
-        projection: Option<Vec<usize>>,
+        projection: Vec<usize>,
+        partitions: Vec<Vec<(u32, ShardSnapshot)>>,
     ) -> Result<Self> {
-        let projection = projection.unwrap_or_else(|| (0..full.fields().len()).collect());
         let schema = Arc::new(full.project(&projection)?);
         let mut equivalence = EquivalenceProperties::new(Arc::clone(&schema));
         if let Ok(at) = schema.index_of(DISTANCE_COLUMN) {
@@ -60,7 +64,7 @@ impl VectorSearchExec {
         }
         let properties = Arc::new(PlanProperties::new(
             equivalence,
-            Partitioning::UnknownPartitioning(1),
+            Partitioning::UnknownPartitioning(partitions.len()),
             EmissionType::Final,
             Boundedness::Bounded,
         ));
@@ -70,22 +74,49 @@ impl VectorSearchExec {
             query,
             full: Arc::clone(full),
             projection,
+            partitions,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
         })
     }
-}
 
-impl VectorSearchExec {
     /// What it was made of: the table's name and handle, the query, the
-    /// full schema and the projection (see [`VectorSearchExec::new`]).
-    pub(crate) fn parts(&self) -> (&str, &Arc<Table>, &VectorQuery, &SchemaRef, &[usize]) {
+    /// full schema, the projection and the partitions (see
+    /// [`VectorSearchExec::new`]).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn parts(
+        &self,
+    ) -> (
+        &str,
+        &Arc<Table>,
+        &VectorQuery,
+        &SchemaRef,
+        &[usize],
+        &[Vec<(u32, ShardSnapshot)>],
+    ) {
         (
             &self.name,
             &self.table,
             &self.query,
             &self.full,
             &self.projection,
+            &self.partitions,
+        )
+    }
+
+    /// This search with other partitions (for a task of a distributed
+    /// query).
+    pub(crate) fn with_partitions(
+        &self,
+        partitions: Vec<Vec<(u32, ShardSnapshot)>>,
+    ) -> Result<Self> {
+        Self::new(
+            self.name.clone(),
+            Arc::clone(&self.table),
+            self.query.clone(),
+            &self.full,
+            self.projection.clone(),
+            partitions,
         )
     }
 }
@@ -116,7 +147,7 @@ impl DisplayAs for VectorSearchExec {
         if let Some(filter) = &self.query.filter {
             write!(f, ", filter={filter}")?;
         }
-        Ok(())
+        write!(f, ", partitions={}", self.partitions.len())
     }
 }
 
@@ -157,6 +188,9 @@ impl ExecutionPlan for VectorSearchExec {
     fn execute(&self, partition: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
         let table = Arc::clone(&self.table);
+        let shards = self.partitions.get(partition).cloned().ok_or_else(|| {
+            DataFusionError::Internal(format!("{}: no partition {partition}", self.name()))
+        })?;
         let query = self.query.clone();
         let projection = self.projection.clone();
         let schema = self.schema();
@@ -164,12 +198,9 @@ impl ExecutionPlan for VectorSearchExec {
         let rows = async move {
             // Each neighbour with the snapshot of its shard.
             let mut nearest: Vec<(Neighbour, usize)> = Vec::new();
-            let mut snapshots = Vec::with_capacity(table.shard_count());
-            for shard in 0..table.shard_count() {
-                let snapshot = table.snapshot(shard as u32, Duration::ZERO).await?;
+            for (at, (_, snapshot)) in shards.iter().enumerate() {
                 let found = snapshot.vector_search(&query).await?;
-                nearest.extend(found.into_iter().map(|n| (n, shard)));
-                snapshots.push(snapshot);
+                nearest.extend(found.into_iter().map(|n| (n, at)));
             }
             nearest.sort_by(|a, b| a.0.distance.total_cmp(&b.0.distance));
             nearest.truncate(query.k);
@@ -178,9 +209,9 @@ impl ExecutionPlan for VectorSearchExec {
             let blobs = &table.table_schema().blobs;
             let with_blobs = blobs.iter().any(|b| projection.contains(&b.index));
             let mut rows: Vec<RecordBatch> = Vec::with_capacity(nearest.len());
-            for (n, shard) in &nearest {
+            for (n, at) in &nearest {
                 rows.push(match with_blobs {
-                    true => snapshots[*shard].read_blobs(n.row.clone()).await?,
+                    true => shards[*at].1.read_blobs(n.row.clone()).await?,
                     false => n.row.clone(),
                 });
             }

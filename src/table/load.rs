@@ -4,7 +4,6 @@
 //! shard's runs are committed at once, shard by shard.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
@@ -241,7 +240,7 @@ impl Table {
         let mut split = futures::stream::iter(first.into_iter().map(Ok))
             .chain(rest)
             .map(|batch| {
-                let append_to = self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards;
+                let append_to = self.next_append_shard();
                 let schema = Arc::clone(&self.schema);
                 async move {
                     let batch = batch?;
@@ -252,6 +251,9 @@ impl Table {
             })
             .buffered(LOAD_CONCURRENCY);
         while let Some(parts) = split.try_next().await? {
+            for (shard, _) in &parts {
+                self.check_owned(*shard)?;
+            }
             load.add(parts);
             if load.bytes > self.options.load_memory_bytes / 2 {
                 self.spill(load).await?;

@@ -37,7 +37,7 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStore;
 
 mod load;
@@ -60,6 +60,10 @@ pub const TAKEOVER_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Manifest reads a snapshot retries when the WAL moved under it.
 const SNAPSHOT_ATTEMPTS: usize = 10;
+
+/// Shards whose snapshots [`Table::snapshots`] takes at once (each a few
+/// store requests when the shard is written by another process).
+const SNAPSHOTS_IN_FLIGHT: usize = 32;
 
 impl Part {
     /// The rows the shard will hold for the part: one per distinct key,
@@ -291,6 +295,7 @@ impl Table {
     /// another one takes a turn (see [`ShardWriter::open_as`]).
     async fn writer_as(&self, shard: u32, taking_back: bool) -> Result<Arc<ShardWriter>> {
         let slot = self.slot(shard)?;
+        self.check_owned(shard)?;
         if let Some(w) = self.live_writer(slot) {
             return Ok(w);
         }
@@ -329,6 +334,33 @@ impl Table {
                 self.shards.len() - 1
             ))
         })
+    }
+
+    /// An error unless this process writes `shard`
+    /// ([`WriterOptions::owned_shards`]).
+    pub(crate) fn check_owned(&self, shard: u32) -> Result<()> {
+        let owned = self.options.owned_shards;
+        match owned.contains(shard) {
+            true => Ok(()),
+            false => Err(Error::NotOwned(format!(
+                "shard {shard} of the table at '{}' is not written by this process \
+                 (owned_shards = {owned}); nothing was written",
+                self.location
+            ))),
+        }
+    }
+
+    /// The shard the next rows of an append-only table go to: this
+    /// process's shards in turn.
+    pub(crate) fn next_append_shard(&self) -> u32 {
+        let shards = self.shards.len() as u32;
+        let owned: Vec<u32> = (0..shards)
+            .filter(|&s| self.options.owned_shards.contains(s))
+            .collect();
+        let turn = self.next_append_shard.fetch_add(1, Ordering::Relaxed) as usize;
+        // A slice with no shard of this table: rows go to shard 0 and
+        // are refused there.
+        owned.get(turn % owned.len().max(1)).copied().unwrap_or(0)
     }
 
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
@@ -444,10 +476,9 @@ impl Table {
             .collect();
         // Where rows go that need no key to route: the only shard, or the
         // next one in turn for an append-only table.
-        let whole_shard = if self.schema.has_key() {
-            0
-        } else {
-            self.next_append_shard.fetch_add(1, Ordering::Relaxed) % shards
+        let whole_shard = match self.schema.has_key() {
+            true => 0,
+            false => self.next_append_shard(),
         };
         for batch in stored {
             let (batch, keys) = self.schema.keyed(batch)?;
@@ -478,6 +509,9 @@ impl Table {
             }
         }
         parts.retain(|p| !p.batches.is_empty());
+        for part in &parts {
+            self.check_owned(part.shard)?;
+        }
         Ok(parts)
     }
 
@@ -695,6 +729,21 @@ impl Table {
         Ok(self.snapshot_with(shard, reader.tail.layer(), sstables))
     }
 
+    /// What a reader sees now of each shard in `shards` (like
+    /// [`Table::snapshot`] with no staleness), in that order, taken up to
+    /// 32 at a time: a table of many shards costs a few request latencies,
+    /// not one per shard.
+    pub async fn snapshots(
+        &self,
+        shards: impl IntoIterator<Item = u32>,
+    ) -> Result<Vec<ShardSnapshot>> {
+        futures::stream::iter(shards)
+            .map(|shard| self.snapshot(shard, Duration::ZERO))
+            .buffered(SNAPSHOTS_IN_FLIGHT)
+            .try_collect()
+            .await
+    }
+
     /// Reads the shard manifest if it changed (one existence check when it
     /// did not), the WAL after its cursor, and checks the manifest did not
     /// move meanwhile.
@@ -765,10 +814,12 @@ impl Table {
     }
 
     /// Merges each shard's SSTables into one (opening the writers it
-    /// needs, taking back shards other processes took over), and deletes
+    /// needs, taking back shards other processes took over; only the
+    /// shards this process writes), and deletes
     /// the runs of crashed bulk loads in every shard.
     pub async fn compact(&self) -> Result<()> {
-        for shard in 0..self.shards.len() as u32 {
+        let shards = self.shards.len() as u32;
+        for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
             self.on_shard(shard, "a compaction", |w| async move { w.compact().await })
                 .await?;
         }

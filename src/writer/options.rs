@@ -105,6 +105,81 @@ pub struct WriterOptions {
     /// this size (a longer value gets a pack of its own), so it holds about
     /// twice this (default 16 MiB).
     pub blob_repack_bytes: usize,
+    /// The shards of every table this process writes (default: all). With
+    /// several writer processes on one table, give each its own slice
+    /// (`0/3`, `1/3`, `2/3`): a put, delete, load or compaction that would
+    /// write another shard fails with [`Error::NotOwned`] and writes
+    /// nothing, instead of taking the shard over from its writer (which
+    /// is safe, fenced, but makes the two trade the shard back and forth).
+    /// Rows of an append-only table go to this process's shards in turn.
+    pub owned_shards: ShardSlice,
+}
+
+/// A slice of every table's shards: see [`WriterOptions::owned_shards`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ShardSlice {
+    /// Every shard.
+    #[default]
+    All,
+    /// The shards whose number modulo `of` is `index` (`index < of`).
+    Slice {
+        /// Which slice.
+        index: u32,
+        /// Of how many.
+        of: u32,
+    },
+}
+
+impl ShardSlice {
+    /// The slice `index` of `of` (`index/of`); an error unless
+    /// `index < of`.
+    pub fn new(index: u32, of: u32) -> Result<Self> {
+        match index < of {
+            true => Ok(Self::Slice { index, of }),
+            false => Err(bad(
+                "owned_shards",
+                &format!("{index}/{of}"),
+                "i/n with i < n",
+            )),
+        }
+    }
+
+    /// Whether shard `shard` is in the slice.
+    pub fn contains(&self, shard: u32) -> bool {
+        match *self {
+            Self::All => true,
+            Self::Slice { index, of } => shard % of == index,
+        }
+    }
+}
+
+impl std::fmt::Display for ShardSlice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::All => f.write_str("all"),
+            Self::Slice { index, of } => write!(f, "{index}/{of}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ShardSlice {
+    type Err = Error;
+
+    /// `all` or `i/n`.
+    fn from_str(value: &str) -> Result<Self> {
+        let value = value.trim();
+        if value.eq_ignore_ascii_case("all") {
+            return Ok(Self::All);
+        }
+        let slice = value
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.trim().parse().ok()?, n.trim().parse().ok()?)));
+        match slice {
+            Some((index, of)) => Self::new(index, of),
+            None => Err(bad("owned_shards", value, "'all' or i/n (like 1/3)")),
+        }
+    }
 }
 
 impl Default for WriterOptions {
@@ -132,6 +207,7 @@ impl Default for WriterOptions {
             fence_grace: Duration::from_secs(120),
             load_memory_bytes: 256 << 20,
             load_grace: Duration::from_secs(3600),
+            owned_shards: ShardSlice::All,
         }
     }
 }
@@ -206,6 +282,7 @@ impl WriterOptions {
         "blob_inline_bytes",
         "blob_repack_below",
         "blob_repack_bytes",
+        "owned_shards",
     ];
 
     /// The value of option `name` as [`WriterOptions::set`] reads it
@@ -231,6 +308,7 @@ impl WriterOptions {
             "blob_inline_bytes" => self.blob_inline_bytes.to_string(),
             "blob_repack_below" => self.blob_repack_below.to_string(),
             "blob_repack_bytes" => self.blob_repack_bytes.to_string(),
+            "owned_shards" => self.owned_shards.to_string(),
             _ => return None,
         })
     }
@@ -255,6 +333,7 @@ impl WriterOptions {
             "blob_inline_bytes" => "longer blob values are stored out of line, in packs",
             "blob_repack_below" => "compaction moves the live values of packs less live than this",
             "blob_repack_bytes" => "the memory a repack holds: new packs of at most this size",
+            "owned_shards" => "the shards this process writes: all, or i/n (shard % n = i)",
             _ => "unknown option",
         }
     }
@@ -286,6 +365,7 @@ impl WriterOptions {
             "blob_inline_bytes" => self.blob_inline_bytes = parse_bytes(name, value)?,
             "blob_repack_below" => self.blob_repack_below = parse_share(name, value)?,
             "blob_repack_bytes" => self.blob_repack_bytes = parse_bytes(name, value)?,
+            "owned_shards" => self.owned_shards = value.parse()?,
             _ => {
                 return Err(Error::invalid(format!(
                     "unknown writer option '{name}'; the options are: {}",

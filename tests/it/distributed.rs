@@ -127,6 +127,7 @@ async fn worker_processes_answer_as_one_process_does() {
         "SELECT * FROM t WHERE id = 899",
         "SELECT id, v FROM t WHERE id BETWEEN 100 AND 120 ORDER BY id",
         "SELECT id, _distance FROM vector_search('t', 'emb', [0.25, 0.75, 1.0], 5)",
+        "SELECT id, tag FROM vector_search('t', 'emb', [0.9, 0.1, 1.0], 7) WHERE tag <> 'tag2'",
     ];
     for sql in queries {
         let expected = text(&local, sql).await.unwrap();
@@ -138,8 +139,14 @@ async fn worker_processes_answer_as_one_process_does() {
     let explained = plan(&cluster, scan).await;
     assert!(explained.contains("DistributedExec"), "{explained}");
     assert!(!plan(&local, scan).await.contains("DistributedExec"));
+    // A search runs per shard on the workers, merged on the coordinator.
+    let search = queries[4];
+    let explained = plan(&cluster, search).await;
+    assert!(explained.contains("DistributedExec"), "{explained}");
+    assert!(explained.contains("SortPreservingMergeExec"), "{explained}");
     drop(workers);
     assert!(text(&cluster, scan).await.is_err());
+    assert!(text(&cluster, search).await.is_err());
     assert!(text(&local, scan).await.is_ok());
 }
 

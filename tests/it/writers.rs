@@ -1,13 +1,17 @@
 //! Several `memwal` shell processes write one table at the same time: every
 //! statement of every process succeeds (a shard taken over by another
 //! writer is taken back and the statement's part put again), and nothing
-//! acknowledged is lost.
+//! acknowledged is lost. Writer processes that each own a slice of the
+//! shards (`owned_shards`) never trade shards, and a reader in another
+//! process sees every row they acknowledged, also after one was killed.
 
 use std::collections::HashMap;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 
-use datafusion::arrow::array::AsArray;
-use datafusion::arrow::datatypes::Int64Type;
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use memwal::MemwalSession;
 
 /// `processes` shells each run `statements` INSERTs of their own keys and
@@ -106,4 +110,140 @@ async fn eight_shells_writing_one_table_all_succeed() {
     // Long enough that writers taking the shard from each other at every
     // statement would thrash (thousands of takeovers, minutes).
     concurrent_shells(8, 30).await;
+}
+
+/// Keys `0..` in order, split by which of `slices` writers owns their
+/// shard (shard modulo `slices`), `per_slice` each.
+async fn keys_by_slice(table: &memwal::Table, slices: u32, per_slice: usize) -> Vec<Vec<i64>> {
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let mut keys = vec![Vec::new(); slices as usize];
+    for id in 0.. {
+        let key = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from(vec![id]))],
+        );
+        let slice = table.shard_of(&key.unwrap()).unwrap() % slices;
+        if keys[slice as usize].len() < per_slice {
+            keys[slice as usize].push(id);
+        }
+        if keys.iter().all(|k| k.len() == per_slice) {
+            return keys;
+        }
+    }
+    unreachable!()
+}
+
+/// A shell writing shards `slice/3` of `t`: one INSERT of 5 of `keys` per
+/// statement, `writer` and the statement's number in the other columns.
+fn writer_shell(root: &str, slice: usize, writer: i64, keys: &[i64]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_memwal"));
+    command.args(["--root", root, "-q", "--format", "csv"]);
+    command.args(["--option", &format!("owned_shards={slice}/3")]);
+    for (n, ids) in keys.chunks(5).enumerate() {
+        let rows: Vec<String> = ids
+            .iter()
+            .map(|id| format!("({id}, {writer}, {n})"))
+            .collect();
+        command.args(["-c", &format!("INSERT INTO t VALUES {}", rows.join(", "))]);
+    }
+    command
+}
+
+/// `id -> (writer, n)` of every row of `t`, read by `session`.
+async fn rows_of_t(session: &MemwalSession) -> HashMap<i64, (i64, i64)> {
+    let batches = session.sql("SELECT id, writer, n FROM t").await.unwrap();
+    let mut rows = HashMap::new();
+    for b in batches.collect().await.unwrap() {
+        let [id, writer, n] = [0, 1, 2].map(|c| b.column(c).as_primitive::<Int64Type>());
+        for i in 0..b.num_rows() {
+            let row = (writer.value(i), n.value(i));
+            assert!(rows.insert(id.value(i), row).is_none(), "key twice");
+        }
+    }
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writer_processes_owning_disjoint_shards_and_a_reader_sees_their_union() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let session = MemwalSession::open(&root).await.unwrap();
+    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, writer BIGINT, n BIGINT) \
+                  WITH ('shards' = '6')";
+    session.sql(create).await.unwrap();
+    let table = session.table("t").await.unwrap();
+    let statements = 40;
+    let keys = keys_by_slice(&table, 3, 5 * statements).await;
+
+    // A writer refuses rows of a shard it does not own, writing none.
+    let mixed = [keys[0][0], keys[1][0]];
+    let out = writer_shell(&root, 0, 9, &mixed).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not written by this process"), "{stderr}");
+    assert!(rows_of_t(&session).await.is_empty());
+
+    // Three writers, one per slice; the third is killed once 10 of its
+    // statements were acknowledged.
+    let survivors: Vec<_> = (0..2)
+        .map(|slice| {
+            let mut shell = writer_shell(&root, slice, slice as i64, &keys[slice]);
+            std::thread::spawn(move || shell.output().unwrap())
+        })
+        .collect();
+    let mut victim = writer_shell(&root, 2, 2, &keys[2])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut acknowledged = 0;
+    let mut lines = BufReader::new(victim.stdout.take().unwrap()).lines();
+    while acknowledged < 10 {
+        match lines.next() {
+            // Each statement prints its count, 5.
+            Some(Ok(line)) if line == "5" => acknowledged += 1,
+            Some(_) => {}
+            None => panic!("the writer ended early: {:?}", victim.wait()),
+        }
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    for (slice, survivor) in survivors.into_iter().enumerate() {
+        let out = survivor.join().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "writer {slice}: {stderr}");
+    }
+
+    // A reader in this process, and one whose scans run on workers, see
+    // every acknowledged row; each writer wrote only its own shards.
+    let (urls, _stop) = memwal::testing::start_workers(&root, 2).await;
+    let cluster = MemwalSession::builder(&root)
+        .workers(urls)
+        .open()
+        .await
+        .unwrap();
+    for reader in [&session, &cluster] {
+        let rows = rows_of_t(reader).await;
+        for (writer, keys) in keys.iter().enumerate() {
+            let acknowledged = match writer {
+                2 => 5 * acknowledged,
+                _ => keys.len(),
+            };
+            for (i, id) in keys[..acknowledged].iter().enumerate() {
+                assert_eq!(
+                    rows.get(id),
+                    Some(&(writer as i64, (i / 5) as i64)),
+                    "row {id}"
+                );
+            }
+        }
+        assert!(rows.values().all(|(writer, _)| *writer < 3));
+        assert!(rows.len() <= 3 * 5 * statements, "{}", rows.len());
+    }
+    // Another writer takes the killed one's shards over and finishes.
+    let out = writer_shell(&root, 2, 2, &keys[2]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rows_of_t(&cluster).await.len(), 3 * 5 * statements);
 }

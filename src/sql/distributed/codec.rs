@@ -8,8 +8,8 @@
 //! themselves, as Arrow IPC, only to the tasks whose parts read them).
 //! So every task reads the coordinator's snapshot, whatever was committed
 //! since, and a worker sees rows that live only in the coordinator's
-//! MemTables. A `vector_search` takes its snapshots where it runs, as it
-//! does on one machine.
+//! MemTables. A `vector_search` travels the same way, each partition with
+//! the snapshots of the shards it searches (with their MemTable rows).
 
 use std::collections::HashMap;
 use std::io::Cursor;
@@ -31,7 +31,7 @@ use prost::Message;
 
 use super::super::scan_exec::{ScanExec, ScanMode, ScanPlan};
 use super::super::vector_search_exec::VectorSearchExec;
-use crate::read::{ScanPart, VectorQuery};
+use crate::read::{ScanPart, ShardSnapshot, VectorQuery};
 use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
 
@@ -168,6 +168,15 @@ struct SearchProto {
     ef: u64,
     #[prost(message, optional, tag = "9")]
     filter: Option<protobuf::PhysicalExprNode>,
+    #[prost(message, repeated, tag = "10")]
+    partitions: Vec<SearchPartition>,
+}
+
+/// The shards one partition of a [`VectorSearchExec`] searches.
+#[derive(Clone, PartialEq, Message)]
+struct SearchPartition {
+    #[prost(message, repeated, tag = "1")]
+    shards: Vec<SnapshotProto>,
 }
 
 fn plan_error(message: String) -> DataFusionError {
@@ -212,6 +221,28 @@ fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     Ok(reader.collect::<std::result::Result<_, _>>()?)
 }
 
+/// Shard `shard`'s `snapshot`, with its MemTable rows if `rows`.
+fn snapshot_proto(shard: u32, snapshot: &ShardSnapshot, rows: bool) -> Result<SnapshotProto> {
+    Ok(SnapshotProto {
+        shard,
+        sstables: json(snapshot.sstables.as_ref())?,
+        memtable: match rows {
+            true => ipc(&snapshot.schema.stored, &snapshot.memtable_batches())?,
+            false => Vec::new(),
+        },
+    })
+}
+
+/// The snapshot `proto` describes, of a shard of `table`.
+fn snapshot(table: &Table, proto: &SnapshotProto) -> Result<ShardSnapshot> {
+    let sstables = from_json(&proto.sstables, "a snapshot's SSTables")?;
+    let rows = match proto.memtable.is_empty() {
+        true => Vec::new(),
+        false => from_ipc(&proto.memtable)?,
+    };
+    Ok(table.snapshot_of(proto.shard, sstables, rows)?)
+}
+
 fn indices(values: &[u64]) -> Vec<usize> {
     values.iter().map(|&v| v as usize).collect()
 }
@@ -226,30 +257,24 @@ impl MemwalCodec {
         scan: ScanPlan,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<ScanProto> {
-        let stored = &scan.table.table_schema().stored;
         // One snapshot per shard; its MemTable rows if a part reads them.
         let mut snapshots: Vec<SnapshotProto> = Vec::new();
         let mut at: HashMap<u32, usize> = HashMap::new();
-        let mut add =
-            |shard: u32, part: Option<&ScanPart>, snapshot: &crate::read::ShardSnapshot| {
-                let index = match at.get(&shard) {
-                    Some(&i) => i,
-                    None => {
-                        snapshots.push(SnapshotProto {
-                            shard,
-                            sstables: json(snapshot.sstables.as_ref())?,
-                            memtable: Vec::new(),
-                        });
-                        at.insert(shard, snapshots.len() - 1);
-                        snapshots.len() - 1
-                    }
-                };
-                let reads = part.is_none_or(ScanPart::reads_memtables);
-                if reads && snapshots[index].memtable.is_empty() {
-                    snapshots[index].memtable = ipc(stored, &snapshot.memtable_batches())?;
+        let mut add = |shard: u32, part: Option<&ScanPart>, snapshot: &ShardSnapshot| {
+            let index = match at.get(&shard) {
+                Some(&i) => i,
+                None => {
+                    snapshots.push(snapshot_proto(shard, snapshot, false)?);
+                    at.insert(shard, snapshots.len() - 1);
+                    snapshots.len() - 1
                 }
-                Ok::<_, DataFusionError>(index as u32)
             };
+            let reads = part.is_none_or(ScanPart::reads_memtables);
+            if reads && snapshots[index].memtable.is_empty() {
+                snapshots[index] = snapshot_proto(shard, snapshot, true)?;
+            }
+            Ok::<_, DataFusionError>(index as u32)
+        };
         let mut parts = Vec::with_capacity(scan.parts.len());
         for (shard, part) in &scan.parts {
             parts.push(PartProto {
@@ -297,12 +322,7 @@ impl MemwalCodec {
         let mut snapshots = Vec::with_capacity(proto.snapshots.len());
         let mut by_shard = vec![None; table.shard_count()];
         for s in &proto.snapshots {
-            let sstables = from_json(&s.sstables, "a snapshot's SSTables")?;
-            let rows = match s.memtable.is_empty() {
-                true => Vec::new(),
-                false => from_ipc(&s.memtable)?,
-            };
-            let snapshot = table.snapshot_of(s.shard, sstables, rows)?;
+            let snapshot = snapshot(&table, s)?;
             by_shard[s.shard as usize] = Some(snapshot.clone());
             snapshots.push((s.shard, snapshot));
         }
@@ -352,7 +372,7 @@ impl MemwalCodec {
         search: &VectorSearchExec,
         converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<SearchProto> {
-        let (name, table, query, full, projection) = search.parts();
+        let (name, table, query, full, projection, partitions) = search.parts();
         let filter = match &query.filter {
             Some(filter) => Some(converter.physical_expr_to_proto(filter, self)?),
             None => None,
@@ -367,6 +387,16 @@ impl MemwalCodec {
             k: query.k as u64,
             ef: query.ef as u64,
             filter,
+            partitions: (partitions.iter())
+                .map(|shards| {
+                    let shards = shards
+                        .iter()
+                        .map(|(shard, s)| snapshot_proto(*shard, s, true));
+                    Ok(SearchPartition {
+                        shards: shards.collect::<Result<_>>()?,
+                    })
+                })
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -393,12 +423,20 @@ impl MemwalCodec {
             ef: proto.ef as usize,
             filter,
         };
+        let partitions = (proto.partitions.iter())
+            .map(|p| {
+                (p.shards.iter())
+                    .map(|s| Ok((s.shard, snapshot(&table, s)?)))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<_>>()?;
         VectorSearchExec::new(
             proto.name,
             table,
             query,
             &Arc::new(full),
-            Some(indices(&proto.projection)),
+            indices(&proto.projection),
+            partitions,
         )
     }
 }

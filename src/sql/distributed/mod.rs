@@ -9,7 +9,12 @@
 //!   planned against (see [`MemwalCodec`]): SSTables by name, MemTable rows
 //!   shipped with the task, so a worker sees rows that live only in the
 //!   coordinator's MemTables, and nothing committed after planning.
-//! - Key lookups and `vector_search` run as one task.
+//! - A `vector_search` splits into tasks by shard, each searching its
+//!   shards (graphs of SSTables loaded on the worker; the coordinator's
+//!   MemTable rows, shipped, searched exactly); the coordinator merges
+//!   their nearest rows into the global top `k`. One that selects a blob
+//!   column runs as one task (see `vector.rs`).
+//! - Key lookups run as one task.
 //! - Statements that write (`INSERT`, `DELETE`, DDL) run on the
 //!   coordinator; the scans they read from may run on workers.
 
@@ -32,6 +37,7 @@ pub use codec::MemwalCodec;
 
 use super::scan_exec::{ScanExec, ScanMode, ScanPlan};
 use super::session::memwal_functions;
+use super::vector_search_exec::VectorSearchExec;
 use crate::read::ScanPart;
 use crate::store::ObjectRoot;
 use crate::table::TableCache;
@@ -59,11 +65,16 @@ pub(crate) fn coordinate(
         .with_distributed_planner()
         .with_distributed_user_codec(codec)
         .with_distributed_desired_task_count_handler(desired_tasks)
-        .with_distributed_scale_up_leaf_node_handler(split_scan)
+        .with_distributed_scale_up_leaf_node_handler(split_leaf)
 }
 
-/// A full scan wants a task per part; key lookups one.
+/// A full scan wants a task per part, a vector search one per partition;
+/// key lookups one.
 fn desired_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEventResponse>> {
+    if let Some(search) = ev.plan.downcast_ref::<VectorSearchExec>() {
+        let partitions = search.properties().partitioning.partition_count();
+        return Some(Ok(DesiredTaskCountEventResponse::desired(partitions)));
+    }
     let scan = ev.plan.downcast_ref::<ScanExec>()?;
     let plan = scan.plan();
     Some(Ok(match plan.mode {
@@ -72,26 +83,49 @@ fn desired_tasks(ev: DesiredTaskCountEvent) -> Option<Result<DesiredTaskCountEve
     }))
 }
 
-/// A scan split into `task_count` scans of consecutive parts, about as
-/// many each (padded with empty parts to the same partition count).
-fn split_scan(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
-    let scan = ev.plan.downcast_ref::<ScanExec>()?;
-    let plan = scan.plan();
+/// `items` split into `tasks` runs of consecutive items, about as many
+/// each, padded with `filler` to the same length.
+fn shares<T: Clone>(items: &[T], tasks: usize, filler: T) -> Vec<Vec<T>> {
+    let n = items.len();
+    let mut shares: Vec<Vec<T>> = (0..tasks)
+        .map(|t| items[t * n / tasks..(t + 1) * n / tasks].to_vec())
+        .collect();
+    let width = shares.iter().map(Vec::len).max().unwrap_or(0).max(1);
+    (shares.iter_mut()).for_each(|share| share.resize(width, filler.clone()));
+    shares
+}
+
+/// A scan split into `task_count` scans of consecutive parts (padded with
+/// empty parts to the same partition count); a vector search likewise by
+/// its partitions.
+fn split_leaf(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventResponse>> {
     let tasks = ev.task_count.max(1);
-    let shares: Vec<ScanPlan> = match &plan.mode {
+    let variants: Result<Vec<Arc<dyn ExecutionPlan>>> =
+        if let Some(search) = ev.plan.downcast_ref::<VectorSearchExec>() {
+            let partitions = search.parts().5;
+            (shares(partitions, tasks, Vec::new()).into_iter())
+                .map(|p| Ok(Arc::new(search.with_partitions(p)?) as Arc<dyn ExecutionPlan>))
+                .collect()
+        } else {
+            let scan = ev.plan.downcast_ref::<ScanExec>()?;
+            Ok(split_scan(scan.plan(), tasks)?
+                .into_iter()
+                .map(|share| Arc::new(ScanExec::assemble(share)) as Arc<dyn ExecutionPlan>)
+                .collect())
+        };
+    Some(variants.and_then(|variants| {
+        DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
+            .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf)))
+    }))
+}
+
+/// `plan` split into `tasks` scans.
+fn split_scan(plan: ScanPlan, tasks: usize) -> Option<Vec<ScanPlan>> {
+    Some(match &plan.mode {
         ScanMode::All => {
-            let n = plan.parts.len();
             let (shard, first) = plan.parts.first()?;
             let filler = (*shard, ScanPart::empty(first.snapshot().clone()));
-            let mut shares: Vec<Vec<_>> = (0..tasks)
-                .map(|t| plan.parts[t * n / tasks..(t + 1) * n / tasks].to_vec())
-                .collect();
-            let width = shares.iter().map(Vec::len).max().unwrap_or(0).max(1);
-            shares
-                .iter_mut()
-                .for_each(|share| share.resize(width, filler.clone()));
-            shares
-                .into_iter()
+            (shares(&plan.parts, tasks, filler).into_iter())
                 .map(|parts| ScanPlan {
                     parts,
                     ..plan.clone()
@@ -108,14 +142,7 @@ fn split_scan(ev: ScaleUpLeafNodeEvent) -> Option<Result<ScaleUpLeafNodeEventRes
                 ..plan.clone()
             })
             .collect(),
-    };
-    let variants = shares
-        .into_iter()
-        .map(|share| Arc::new(ScanExec::assemble(share)) as Arc<dyn ExecutionPlan>);
-    Some(
-        DistributedLeafExec::try_new(Arc::clone(ev.plan), variants)
-            .map(|leaf| ScaleUpLeafNodeEventResponse::new(Arc::new(leaf))),
-    )
+    })
 }
 
 /// Serves the tasks of distributed queries over `root` (the root their
