@@ -35,6 +35,7 @@ pub struct VectorSearchExec {
     table: Arc<Table>,
     query: VectorQuery,
     /// The table's columns and `_distance` (the last).
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     full: SchemaRef,
     /// Indices into `full`.
     projection: Vec<usize>,
@@ -84,6 +85,7 @@ impl VectorSearchExec {
     /// full schema, the projection and the partitions (see
     /// [`VectorSearchExec::new`]).
     #[allow(clippy::type_complexity)]
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn parts(
         &self,
     ) -> (
@@ -106,6 +108,7 @@ impl VectorSearchExec {
 
     /// This search with other partitions (for a task of a distributed
     /// query).
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn with_partitions(
         &self,
         partitions: Vec<Vec<(u32, ShardSnapshot)>>,

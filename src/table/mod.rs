@@ -108,6 +108,7 @@ struct ShardReader {
 pub struct Table {
     store: Arc<dyn ObjectStore>,
     location: String,
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     meta: TableMeta,
     schema: Arc<TableSchema>,
     options: WriterOptions,
@@ -201,11 +202,13 @@ impl Table {
     }
 
     /// Where the table's objects are, relative to the root.
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn location(&self) -> &str {
         &self.location
     }
 
     /// The catalog metadata the table was opened with.
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn meta(&self) -> &TableMeta {
         &self.meta
     }
@@ -214,6 +217,7 @@ impl Table {
     /// generations first) under `memtable_rows` (stored form, oldest
     /// first): one another process took and shipped here. Nothing is read
     /// yet; the SSTables must still exist when it is read.
+    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn snapshot_of(
         &self,
         shard: u32,

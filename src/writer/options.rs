@@ -509,4 +509,26 @@ mod tests {
         );
         assert!(unknown.contains("memtable_bytes"), "{unknown}");
     }
+
+    #[test]
+    fn owned_shards_reads_all_or_a_slice() {
+        let mut o = WriterOptions::default();
+        assert!((0..100).all(|s| o.owned_shards.contains(s)));
+        o.set("owned_shards", " 1 / 3 ").unwrap();
+        assert_eq!(o.owned_shards, ShardSlice::new(1, 3).unwrap());
+        assert_eq!(o.get("owned_shards").unwrap(), "1/3");
+        let owned: Vec<u32> = (0..8).filter(|&s| o.owned_shards.contains(s)).collect();
+        assert_eq!(owned, [1, 4, 7]);
+        for bad in ["3/3", "1/0", "-1/3", "1/", "half", "1/3/5"] {
+            let refused = o.set("owned_shards", bad).unwrap_err().to_string();
+            assert!(refused.contains("owned_shards"), "{bad}: {refused}");
+        }
+        assert_eq!(
+            o.owned_shards.to_string(),
+            "1/3",
+            "a refused value changes nothing"
+        );
+        o.set("owned_shards", "ALL").unwrap();
+        assert_eq!(o.owned_shards, ShardSlice::All);
+    }
 }

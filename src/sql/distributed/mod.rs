@@ -165,7 +165,9 @@ pub async fn serve_worker(
             Ok(state)
         }
     });
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    // Replies go out as they are written: Nagle's algorithm against the
+    // coordinator's delayed ACKs costs tens of milliseconds per exchange.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
