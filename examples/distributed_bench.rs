@@ -22,14 +22,12 @@
 //! cargo build --release --bin memwal && cargo run --release --example distributed_bench
 //! ```
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use clap::Parser;
 use memwal::MemwalSession;
-use url::Url;
+use memwal::testing::WorkerProcess;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -52,41 +50,6 @@ struct Args {
     /// Where the table is (a fresh temporary directory by default).
     #[arg(long)]
     dir: Option<String>,
-}
-
-/// A `memwal worker` process; killed on drop.
-struct Worker {
-    child: Child,
-    url: Url,
-}
-
-impl Worker {
-    fn start(memwal: &PathBuf, root: &str) -> Self {
-        let mut child = Command::new(memwal)
-            .args(["worker", "--listen", "127.0.0.1:0", "--root", root])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}", memwal.display()));
-        let mut line = String::new();
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        out.read_line(&mut line).unwrap();
-        // "memwal worker on http://127.0.0.1:PORT serving ROOT"
-        let url = line
-            .split_whitespace()
-            .nth(3)
-            .expect("the worker's address");
-        Self {
-            url: Url::parse(url).unwrap(),
-            child,
-        }
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn run(session: &MemwalSession, sql: &str) -> usize {
@@ -165,7 +128,9 @@ async fn main() {
     let load_s = started.elapsed().as_secs_f64();
 
     let most = args.workers.iter().copied().max().unwrap_or(0);
-    let workers: Vec<Worker> = (0..most).map(|_| Worker::start(&memwal, &root)).collect();
+    let workers: Vec<WorkerProcess> = (0..most)
+        .map(|_| WorkerProcess::start(&memwal, &root))
+        .collect();
     let mut modes = vec![("local".to_string(), local)];
     for &n in &args.workers {
         let urls = workers[..n].iter().map(|w| w.url.clone()).collect();

@@ -90,6 +90,48 @@ pub mod testing {
         (urls, stop)
     }
 
+    /// A `memwal worker` process (the binary at `memwal`) serving the
+    /// root at `root` on a free port of 127.0.0.1; killed on drop.
+    #[cfg(feature = "distributed")]
+    pub struct WorkerProcess {
+        child: std::process::Child,
+        /// Where it listens.
+        pub url: url::Url,
+    }
+
+    #[cfg(feature = "distributed")]
+    impl WorkerProcess {
+        /// Starts it and waits until it listens.
+        pub fn start(memwal: &std::path::Path, root: &str) -> Self {
+            use std::io::BufRead;
+            let mut child = std::process::Command::new(memwal)
+                .args(["worker", "--listen", "127.0.0.1:0", "--root", root])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting {}: {e}", memwal.display()));
+            let mut line = String::new();
+            let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+            out.read_line(&mut line).expect("the worker's first line");
+            // "memwal worker on http://127.0.0.1:PORT serving ROOT"
+            let url = line
+                .split_whitespace()
+                .nth(3)
+                .expect("the worker's address");
+            Self {
+                url: url::Url::parse(url).expect("the worker's URL"),
+                child,
+            }
+        }
+    }
+
+    #[cfg(feature = "distributed")]
+    impl Drop for WorkerProcess {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
     /// User plus system CPU time this process has used, from the kernel's
     /// per-process clock (nanoseconds, not the 10 ms scheduler tick).
     pub fn process_cpu_time() -> std::time::Duration {

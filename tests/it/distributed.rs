@@ -3,13 +3,13 @@
 //! MemTables included, and a query reads the snapshot it was planned
 //! against however the table changes meanwhile.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{AsArray, RecordBatch};
 use datafusion::arrow::datatypes::Int64Type;
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use memwal::testing::WorkerProcess;
 use memwal::{MemwalSession, WriterOptions};
 use url::Url;
 
@@ -19,43 +19,6 @@ fn small_memtables() -> WriterOptions {
     o.memtable_bytes = 8 * 1024;
     o.max_sstables = 4;
     o
-}
-
-/// A `memwal worker` process serving `root` on a free port of 127.0.0.1;
-/// killed on drop.
-struct WorkerProcess {
-    child: Child,
-    url: Url,
-}
-
-impl WorkerProcess {
-    fn start(root: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
-            .args(["worker", "--listen", "127.0.0.1:0", "--root", root])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        // "memwal worker on http://127.0.0.1:PORT serving ROOT"
-        let url = line
-            .split_whitespace()
-            .nth(3)
-            .expect("the worker's address");
-        Self {
-            url: Url::parse(url).unwrap(),
-            child,
-        }
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn text(session: &MemwalSession, sql: &str) -> Result<String, memwal::Error> {
@@ -77,7 +40,11 @@ async fn plan(session: &MemwalSession, sql: &str) -> String {
 async fn worker_processes_answer_as_one_process_does() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let workers = [WorkerProcess::start(&root), WorkerProcess::start(&root)];
+    let memwal = Path::new(env!("CARGO_BIN_EXE_memwal"));
+    let workers = [
+        WorkerProcess::start(memwal, &root),
+        WorkerProcess::start(memwal, &root),
+    ];
     let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
     // One process writes and coordinates; `local` shares its writers.
     let cluster = MemwalSession::builder(&root)
