@@ -65,6 +65,8 @@ pub struct ScanExec {
     snapshots: Vec<Option<ShardSnapshot>>,
     /// Whether each partition's rows come sorted by key.
     sorted: bool,
+    /// The keys the query keeps (a filter above drops the others).
+    bounds: KeyBounds,
     properties: Arc<PlanProperties>,
     /// The scan's metrics, and its merges' (reported as `merge_time` and
     /// `merged_rows`).
@@ -130,6 +132,7 @@ impl ScanExec {
             parts,
             snapshots,
             sorted,
+            bounds,
         }))
     }
 
@@ -145,6 +148,7 @@ impl ScanExec {
             parts,
             snapshots,
             sorted,
+            bounds,
         } = plan;
         let columns: Vec<usize> = match &projection {
             Some(p) => p.clone(),
@@ -188,6 +192,7 @@ impl ScanExec {
             parts,
             snapshots,
             sorted,
+            bounds,
             metrics: ExecutionPlanMetricsSet::new(),
             merge_metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -205,6 +210,7 @@ impl ScanExec {
             parts: self.parts.clone(),
             snapshots: self.snapshots.clone(),
             sorted: self.sorted,
+            bounds: self.bounds.clone(),
         }
     }
 }
@@ -233,6 +239,9 @@ pub(crate) struct ScanPlan {
     /// Whether each partition's rows come sorted by key (then every part's
     /// are).
     pub sorted: bool,
+    /// The keys the query keeps, of a one-column key: rows outside may be
+    /// left out (a filter above drops them).
+    pub bounds: KeyBounds,
 }
 
 impl DisplayAs for ScanExec {

@@ -93,6 +93,9 @@ async fn worker_processes_answer_as_one_process_does() {
         "SELECT tag, count(*), sum(v), max(id) FROM t GROUP BY tag ORDER BY tag",
         "SELECT * FROM t WHERE id = 899",
         "SELECT id, v FROM t WHERE id BETWEEN 100 AND 120 ORDER BY id",
+        // Bounded scans ship only the MemTable rows within the bounds.
+        "SELECT id, v, tag FROM t WHERE id > 890 AND v > 1 ORDER BY id",
+        "SELECT count(*), sum(v) FROM t WHERE id < 15 OR id >= 990",
         "SELECT id, _distance FROM vector_search('t', 'emb', [0.25, 0.75, 1.0], 5)",
         "SELECT id, tag FROM vector_search('t', 'emb', [0.9, 0.1, 1.0], 7) WHERE tag <> 'tag2'",
     ];
@@ -107,7 +110,7 @@ async fn worker_processes_answer_as_one_process_does() {
     assert!(explained.contains("DistributedExec"), "{explained}");
     assert!(!plan(&local, scan).await.contains("DistributedExec"));
     // A search runs per shard on the workers, merged on the coordinator.
-    let search = queries[4];
+    let search = queries[6];
     let explained = plan(&cluster, search).await;
     assert!(explained.contains("DistributedExec"), "{explained}");
     assert!(explained.contains("SortPreservingMergeExec"), "{explained}");

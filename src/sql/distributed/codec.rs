@@ -15,7 +15,10 @@ use std::collections::HashMap;
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::{BooleanArray, RecordBatch};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::compute::kernels::boolean::and;
+use datafusion::arrow::compute::kernels::cmp;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
@@ -31,7 +34,7 @@ use prost::Message;
 
 use super::super::scan_exec::{ScanExec, ScanMode, ScanPlan};
 use super::super::vector_search_exec::VectorSearchExec;
-use crate::read::{ScanPart, ShardSnapshot, VectorQuery};
+use crate::read::{KeyBounds, ScanPart, ShardSnapshot, VectorQuery};
 use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
 
@@ -221,16 +224,60 @@ fn from_ipc(bytes: &[u8]) -> Result<Vec<RecordBatch>> {
     Ok(reader.collect::<std::result::Result<_, _>>()?)
 }
 
-/// Shard `shard`'s `snapshot`, with its MemTable rows if `rows`.
-fn snapshot_proto(shard: u32, snapshot: &ShardSnapshot, rows: bool) -> Result<SnapshotProto> {
+/// Shard `shard`'s `snapshot`, with `rows` as its MemTable rows.
+fn snapshot_proto(
+    shard: u32,
+    snapshot: &ShardSnapshot,
+    rows: Option<Vec<RecordBatch>>,
+) -> Result<SnapshotProto> {
     Ok(SnapshotProto {
         shard,
         sstables: json(snapshot.sstables.as_ref())?,
         memtable: match rows {
-            true => ipc(&snapshot.schema.stored, &snapshot.memtable_batches())?,
-            false => Vec::new(),
+            Some(rows) => ipc(&snapshot.schema.stored, &rows)?,
+            None => Vec::new(),
         },
     })
+}
+
+/// The MemTable rows of `snapshot` that a scan keeping the keys `bounds`
+/// needs: those within them (every row for a key of several columns, or
+/// when a bound does not compare with the key column). A row left out
+/// only unmasks older versions of its key, outside the bounds too, which
+/// the filter above the scan drops.
+fn memtable_rows(snapshot: &ShardSnapshot, bounds: &KeyBounds) -> Vec<RecordBatch> {
+    let batches = snapshot.memtable_batches();
+    let [key] = snapshot.schema.key[..] else {
+        return batches;
+    };
+    if *bounds == KeyBounds::all() {
+        return batches;
+    }
+    let within = |batch: &RecordBatch| -> Result<RecordBatch> {
+        let column = batch.column(key);
+        let mut keep = BooleanArray::from(vec![true; batch.num_rows()]);
+        if let Some((value, inclusive)) = &bounds.lower {
+            let value = value.to_scalar()?;
+            let above = match inclusive {
+                true => cmp::gt_eq(column, &value)?,
+                false => cmp::gt(column, &value)?,
+            };
+            keep = and(&keep, &above)?;
+        }
+        if let Some((value, inclusive)) = &bounds.upper {
+            let value = value.to_scalar()?;
+            let below = match inclusive {
+                true => cmp::lt_eq(column, &value)?,
+                false => cmp::lt(column, &value)?,
+            };
+            keep = and(&keep, &below)?;
+        }
+        Ok(filter_record_batch(batch, &keep)?)
+    };
+    (batches.into_iter())
+        .map(|batch| within(&batch).unwrap_or(batch))
+        .filter(|batch| batch.num_rows() > 0)
+        .collect()
 }
 
 /// The snapshot `proto` describes, of a shard of `table`.
@@ -264,14 +311,15 @@ impl MemwalCodec {
             let index = match at.get(&shard) {
                 Some(&i) => i,
                 None => {
-                    snapshots.push(snapshot_proto(shard, snapshot, false)?);
+                    snapshots.push(snapshot_proto(shard, snapshot, None)?);
                     at.insert(shard, snapshots.len() - 1);
                     snapshots.len() - 1
                 }
             };
             let reads = part.is_none_or(ScanPart::reads_memtables);
             if reads && snapshots[index].memtable.is_empty() {
-                snapshots[index] = snapshot_proto(shard, snapshot, true)?;
+                let rows = memtable_rows(snapshot, &scan.bounds);
+                snapshots[index] = snapshot_proto(shard, snapshot, Some(rows))?;
             }
             Ok::<_, DataFusionError>(index as u32)
         };
@@ -364,6 +412,8 @@ impl MemwalCodec {
                 None => Vec::new(),
             },
             sorted: proto.sorted,
+            // Only the coordinator leaves rows out by them.
+            bounds: KeyBounds::all(),
         }))
     }
 
@@ -389,9 +439,8 @@ impl MemwalCodec {
             filter,
             partitions: (partitions.iter())
                 .map(|shards| {
-                    let shards = shards
-                        .iter()
-                        .map(|(shard, s)| snapshot_proto(*shard, s, true));
+                    let shards = (shards.iter())
+                        .map(|(shard, s)| snapshot_proto(*shard, s, Some(s.memtable_batches())));
                     Ok(SearchPartition {
                         shards: shards.collect::<Result<_>>()?,
                     })
