@@ -358,13 +358,12 @@ impl Table {
     /// process's shards in turn.
     pub(crate) fn next_append_shard(&self) -> u32 {
         let shards = self.shards.len() as u32;
-        let owned: Vec<u32> = (0..shards)
-            .filter(|&s| self.options.owned_shards.contains(s))
-            .collect();
+        let mut owned = (0..shards).filter(|&s| self.options.owned_shards.contains(s));
+        let count = owned.clone().count().max(1);
         let turn = self.next_append_shard.fetch_add(1, Ordering::Relaxed) as usize;
         // A slice with no shard of this table: rows go to shard 0 and
         // are refused there.
-        owned.get(turn % owned.len().max(1)).copied().unwrap_or(0)
+        owned.nth(turn % count).unwrap_or(0)
     }
 
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {

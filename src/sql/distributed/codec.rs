@@ -15,11 +15,12 @@ use std::collections::HashMap;
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{BooleanArray, RecordBatch};
+use datafusion::arrow::array::{BooleanArray, Datum, RecordBatch};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::compute::kernels::boolean::and;
 use datafusion::arrow::compute::kernels::cmp;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::error::{DataFusionError, Result};
@@ -240,6 +241,9 @@ fn snapshot_proto(
     })
 }
 
+/// An Arrow comparison kernel.
+type Compare = fn(&dyn Datum, &dyn Datum) -> std::result::Result<BooleanArray, ArrowError>;
+
 /// The MemTable rows of `snapshot` that a scan keeping the keys `bounds`
 /// needs: those within them (every row for a key of several columns, or
 /// when a bound does not compare with the key column). A row left out
@@ -256,21 +260,17 @@ fn memtable_rows(snapshot: &ShardSnapshot, bounds: &KeyBounds) -> Vec<RecordBatc
     let within = |batch: &RecordBatch| -> Result<RecordBatch> {
         let column = batch.column(key);
         let mut keep = BooleanArray::from(vec![true; batch.num_rows()]);
-        if let Some((value, inclusive)) = &bounds.lower {
-            let value = value.to_scalar()?;
-            let above = match inclusive {
-                true => cmp::gt_eq(column, &value)?,
-                false => cmp::gt(column, &value)?,
-            };
-            keep = and(&keep, &above)?;
-        }
-        if let Some((value, inclusive)) = &bounds.upper {
-            let value = value.to_scalar()?;
-            let below = match inclusive {
-                true => cmp::lt_eq(column, &value)?,
-                false => cmp::lt(column, &value)?,
-            };
-            keep = and(&keep, &below)?;
+        // Each bound with its comparison when it is included, and not.
+        let tests: [(_, Compare, Compare); 2] = [
+            (&bounds.lower, cmp::gt_eq, cmp::gt),
+            (&bounds.upper, cmp::lt_eq, cmp::lt),
+        ];
+        for (bound, included, excluded) in tests {
+            if let Some((value, inclusive)) = bound {
+                let value = value.to_scalar()?;
+                let test = if *inclusive { included } else { excluded };
+                keep = and(&keep, &test(column, &value)?)?;
+            }
         }
         Ok(filter_record_batch(batch, &keep)?)
     };
@@ -319,7 +319,7 @@ impl MemwalCodec {
             let reads = part.is_none_or(ScanPart::reads_memtables);
             if reads && snapshots[index].memtable.is_empty() {
                 let rows = memtable_rows(snapshot, &scan.bounds);
-                snapshots[index] = snapshot_proto(shard, snapshot, Some(rows))?;
+                snapshots[index].memtable = ipc(&snapshot.schema.stored, &rows)?;
             }
             Ok::<_, DataFusionError>(index as u32)
         };
