@@ -9,7 +9,7 @@
 //! for a soak).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +50,7 @@ async fn crash_child() {
     let options = {
         let mut o = WriterOptions::default();
         o.wal_flush_interval = Duration::from_millis(5);
-        o.memtable_bytes = 1 << 20;
+        o.memtable_bytes = 64 << 10;
         o
     };
     let session = MemwalSession::open_with(&root, options).await.unwrap();
@@ -234,14 +234,26 @@ async fn sigkill_never_loses_an_acknowledged_row() {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (first_ack, acked) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut all = String::new();
-            let _ = BufReader::new(stdout).read_to_string(&mut all);
+            let mut stdout = BufReader::new(stdout);
             // Only whole lines count.
+            while let Ok(n) = stdout.read_line(&mut all)
+                && n > 0
+                && all.ends_with('\n')
+            {
+                if all[all.len() - n..].starts_with("ack ") {
+                    let _ = first_ack.send(());
+                }
+            }
             all.truncate(all.rfind('\n').map_or(0, |end| end + 1));
             all
         });
-        tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
+        // The kill instant counts from the child's first acknowledgement, so
+        // a slow start on a loaded machine does not shrink what it writes.
+        let _ = acked.recv_timeout(Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         child.kill().unwrap(); // SIGKILL
         child.wait().unwrap();
         let out = reader.join().unwrap();
