@@ -3,10 +3,13 @@
 //! ```text
 //! cargo run --release --example manifest_bench -- seed-large --root DIR --entries 10000
 //! cargo run --release --example manifest_bench -- run --root DIR --workers 8 [--processes] \
-//!     (--ops-per-worker N | --duration-secs S)
+//!     (--ops-per-worker N | --duration-secs S) [--store local|s3-standard|s3-express]
 //! ```
 //!
-//! `seed-large` brings the catalog to N namespaces (bulk commits of 1,000).
+//! `seed-large` brings the catalog to N namespaces (bulk commits of 10,000)
+//! and writes a checkpoint. `--store` puts the directory behind the latency
+//! model of an S3 class (`src/store/latency.rs`; each process its own model,
+//! seeded by its worker number).
 //! `run` has C workers each commit changes in a loop, either as tasks of
 //! one process (sharing one catalog handle, so group commit applies) or, with
 //! `--processes`, as C worker processes of this same program (each its own
@@ -26,18 +29,24 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memwal::catalog::{Mutation, Outcome};
-use memwal::{Catalog, CatalogOptions, Error, ObjectPath, ObjectRoot};
+use memwal::testing::bench_root;
+use memwal::{Catalog, CatalogOptions, Error, ObjectPath};
 
 fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
     let at = args.iter().position(|a| a == name)?;
     args.get(at + 1)?.parse().ok()
 }
 
-async fn open(root: &str) -> Arc<Catalog> {
-    let root = ObjectRoot::open(root).expect("open root");
+async fn open(root: &str, store: &str, seed: u64) -> Arc<Catalog> {
+    let (root, _) = bench_root(store, std::path::Path::new(root), seed).expect("open root");
     Catalog::open(root, CatalogOptions::default())
         .await
         .expect("open catalog")
+}
+
+/// The `--store` argument (default `local`).
+fn store(args: &[String]) -> String {
+    arg(args, "--store").unwrap_or_else(|| "local".to_string())
 }
 
 #[tokio::main]
@@ -56,11 +65,11 @@ async fn main() {
 }
 
 async fn seed(root: &str, entries: usize) {
-    let catalog = open(root).await;
+    let catalog = open(root, "local", 0).await;
     let start = Instant::now();
-    let mut have = catalog.snapshot().entries().len();
+    let mut have = catalog.snapshot().len();
     while have < entries {
-        let batch: Vec<Mutation> = (have..entries.min(have + 1000))
+        let batch: Vec<Mutation> = (have..entries.min(have + 10_000))
             .map(|i| Mutation::CreateNamespace {
                 path: ObjectPath::new([format!("seed{i:08}")]).unwrap(),
                 if_not_exists: true,
@@ -69,10 +78,11 @@ async fn seed(root: &str, entries: usize) {
         for r in catalog.mutate_all(batch).await {
             r.expect("seed commit");
         }
-        have = catalog.snapshot().entries().len();
+        have = catalog.snapshot().len();
         eprint!("\rseeded {have}/{entries}");
     }
     eprintln!();
+    catalog.checkpoint().await.expect("checkpoint");
     println!(
         "{{\"seeded\":{have},\"version\":{},\"secs\":{:.2}}}",
         catalog.version(),
@@ -152,7 +162,8 @@ fn limits(args: &[String]) -> (Option<u64>, Instant) {
 /// field, for the parent.
 async fn worker(root: &str, args: &[String]) {
     let id: String = arg(args, "--id").expect("--id");
-    let catalog = open(root).await;
+    let seed = arg(args, "--seed").unwrap_or(0);
+    let catalog = open(root, &store(args), seed).await;
     // Start together: say we are ready, wait for the parent's release.
     println!("ready");
     std::io::stdout().flush().unwrap();
@@ -172,8 +183,8 @@ async fn worker(root: &str, args: &[String]) {
 async fn run(root: &str, args: &[String]) {
     let workers: usize = arg(args, "--workers").unwrap_or(1);
     let processes = args.iter().any(|a| a == "--processes");
-    let before = open(root).await;
-    let (entries_before, version_before) = (before.snapshot().entries().len(), before.version());
+    let before = open(root, &store(args), 1_000).await;
+    let (entries_before, version_before) = (before.snapshot().len(), before.version());
 
     let (start, tallies): (Instant, Vec<Tally>) = if processes {
         let exe = std::env::current_exe().unwrap();
@@ -182,7 +193,8 @@ async fn run(root: &str, args: &[String]) {
                 let mut cmd = Command::new(&exe);
                 let id = format!("p{w}_{:x}", rand::random::<u32>());
                 cmd.args(["worker", "--root", root, "--id", &id]);
-                for flag in ["--ops-per-worker", "--duration-secs"] {
+                cmd.args(["--seed", &w.to_string()]);
+                for flag in ["--ops-per-worker", "--duration-secs", "--store"] {
                     if let Some(v) = arg::<String>(args, flag) {
                         cmd.args([flag, &v]);
                     }
@@ -266,6 +278,7 @@ async fn run(root: &str, args: &[String]) {
     };
     report(
         root,
+        &store(args),
         workers,
         processes,
         entries_before,
@@ -279,6 +292,7 @@ async fn run(root: &str, args: &[String]) {
 #[allow(clippy::too_many_arguments)]
 async fn report(
     root: &str,
+    store: &str,
     workers: usize,
     processes: bool,
     entries_before: usize,
@@ -304,13 +318,9 @@ async fn report(
     };
 
     // Every acknowledged change must hold.
-    let after = open(root).await;
+    let after = open(root, "local", 0).await;
     let snapshot = after.snapshot();
-    let present: BTreeSet<&str> = snapshot
-        .entries()
-        .iter()
-        .map(|e| e.object_id.as_str())
-        .collect();
+    let present: BTreeSet<&str> = snapshot.iter().map(|e| e.object_id.as_str()).collect();
     let lost = tallies
         .iter()
         .map(|t| {
@@ -325,29 +335,37 @@ async fn report(
         })
         .sum::<usize>();
 
-    let dir = std::path::Path::new(root).join("__manifest");
-    let mut dir_bytes = 0;
-    let mut newest = (String::new(), 0);
-    if let Ok(read) = std::fs::read_dir(&dir) {
-        for e in read.flatten() {
-            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
-            dir_bytes += len;
+    // Bytes of the versions (and tombstones) and of the checkpoints.
+    let bytes_in = |dir: &std::path::Path| -> (u64, u64) {
+        let (mut all, mut newest) = (0, (String::new(), 0));
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let Ok(meta) = e.metadata() else { continue };
+            if meta.is_dir() {
+                continue;
+            }
+            all += meta.len();
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('v') && name > newest.0 {
-                newest = (name, len);
+                newest = (name, meta.len());
             }
         }
-    }
+        (all, newest.1)
+    };
+    let dir = std::path::Path::new(root).join("__manifest");
+    let (version_bytes, _) = bytes_in(&dir);
+    let (checkpoint_dir_bytes, checkpoint_bytes) = bytes_in(&dir.join("checkpoints"));
+    let dir_bytes = version_bytes + checkpoint_dir_bytes;
     let attempts = ops as u64 + conflicts + other_errors;
     println!(
-        "{{\"debug_assertions\":{},\"mode\":\"{}\",\"workers\":{workers},\"entries_before\":{entries_before},\"entries_after\":{},\
+        "{{\"debug_assertions\":{},\"store\":\"{}\",\"mode\":\"{}\",\"workers\":{workers},\"entries_before\":{entries_before},\"entries_after\":{},\
 \"ops\":{ops},\"secs\":{secs:.3},\"ops_per_s\":{:.1},\"versions\":{},\"versions_per_s\":{:.1},\
 \"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"retry_budget_errors\":{conflicts},\
 \"retry_budget_error_pct\":{:.3},\"other_errors\":{other_errors},\"lost\":{lost},\
-\"manifest_dir_bytes\":{dir_bytes},\"version_bytes\":{},\"dir_over_version\":{:.2}}}",
+\"manifest_dir_bytes\":{dir_bytes},\"checkpoint_bytes\":{checkpoint_bytes},\"dir_over_checkpoint\":{:.2}}}",
         cfg!(debug_assertions),
+        store,
         if processes { "processes" } else { "tasks" },
-        snapshot.entries().len(),
+        snapshot.len(),
         ops as f64 / secs,
         after.version() - version_before,
         (after.version() - version_before) as f64 / secs,
@@ -355,8 +373,7 @@ async fn report(
         pct(0.90),
         pct(0.99),
         100.0 * conflicts as f64 / attempts.max(1) as f64,
-        newest.1,
-        dir_bytes as f64 / newest.1.max(1) as f64,
+        dir_bytes as f64 / checkpoint_bytes.max(1) as f64,
     );
     assert_eq!(lost, 0, "acknowledged changes were lost");
     assert_eq!(other_errors, 0, "commits failed");

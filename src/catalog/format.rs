@@ -1,7 +1,14 @@
-//! The stored form of a catalog version: one Arrow IPC file, one row per
-//! entry, sorted by `object_id`. Schema metadata carries the format version
-//! and a random commit id that makes every written version's bytes unique
-//! (the commit protocol needs that to resolve ambiguous writes).
+//! The stored forms of the catalog, one Arrow IPC file each, told apart by
+//! the format version in the schema metadata:
+//! - `1`, a **full** state: one row per entry, sorted by `object_id` (every
+//!   version of a catalog written before delta versions, and every
+//!   checkpoint);
+//! - `2`, a **delta**: the changes of one version, in order, one row each
+//!   (`change` is `put` with the entry, or `remove` with its id).
+//!
+//! Schema metadata also carries a random commit id that makes every written
+//! version's bytes unique (the commit protocol needs that to resolve
+//! ambiguous writes).
 
 use std::collections::HashMap;
 use std::io::Cursor;
@@ -9,74 +16,106 @@ use std::sync::{Arc, LazyLock};
 
 use bytes::Bytes;
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, ListBuilder, RecordBatch, StringArray, StringBuilder,
+    Array, ArrayRef, AsArray, ListArray, ListBuilder, RecordBatch, StringArray, StringBuilder,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 
 use super::entry::{Entry, ObjectType};
+use super::state::Change;
 use crate::error::{Error, Result};
 
 const FORMAT_KEY: &str = "memwal.catalog.format";
-const FORMAT_VERSION: &str = "1";
+const FULL: &str = "1";
+const DELTA: &str = "2";
 const COMMIT_ID_KEY: &str = "memwal.commit_id";
 
-static FIELDS: LazyLock<Vec<Field>> = LazyLock::new(|| {
+/// The columns of an entry; in a delta all but `object_id` are NULL in a
+/// `remove` row.
+fn entry_fields(nullable: bool) -> Vec<Field> {
     vec![
         Field::new("object_id", DataType::Utf8, false),
-        Field::new("object_type", DataType::Utf8, false),
+        Field::new("object_type", DataType::Utf8, nullable),
         Field::new("location", DataType::Utf8, true),
-        Field::new("metadata", DataType::Utf8, false),
+        Field::new("metadata", DataType::Utf8, nullable),
         Field::new(
             "base_objects",
             DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
-            false,
+            nullable,
         ),
     ]
+}
+
+static FULL_FIELDS: LazyLock<Vec<Field>> = LazyLock::new(|| entry_fields(false));
+static DELTA_FIELDS: LazyLock<Vec<Field>> = LazyLock::new(|| {
+    let mut fields = vec![Field::new("change", DataType::Utf8, false)];
+    fields.extend(entry_fields(true));
+    fields
 });
 
-fn schema_with_commit_id() -> SchemaRef {
+/// One stored catalog object, decoded.
+#[derive(Debug, PartialEq)]
+pub enum Stored {
+    /// Every entry, sorted by `object_id`.
+    Full(Vec<Arc<Entry>>),
+    /// The changes of one version onto the one before, in order.
+    Delta(Vec<Change>),
+}
+
+fn schema(format: &str, fields: &[Field]) -> SchemaRef {
     let metadata = HashMap::from([
-        (FORMAT_KEY.to_string(), FORMAT_VERSION.to_string()),
+        (FORMAT_KEY.to_string(), format.to_string()),
         (
             COMMIT_ID_KEY.to_string(),
             format!("{:032x}", rand::random::<u128>()),
         ),
     ]);
-    Arc::new(Schema::new_with_metadata(FIELDS.clone(), metadata))
+    Arc::new(Schema::new_with_metadata(fields.to_vec(), metadata))
 }
 
-/// Encodes entries (already sorted by `object_id`) as one IPC file.
-pub fn encode(entries: &[Arc<Entry>]) -> Result<Bytes> {
-    let n = entries.len();
-    let text_bytes = |f: fn(&Entry) -> usize| entries.iter().map(|e| f(e)).sum::<usize>();
-    let mut ids = StringBuilder::with_capacity(n, text_bytes(|e| e.object_id.len()));
-    let mut types = StringBuilder::with_capacity(n, n * 9);
-    let mut locations = StringBuilder::with_capacity(
-        n,
-        text_bytes(|e| e.location.as_ref().map_or(0, String::len)),
-    );
-    let mut metadata = StringBuilder::with_capacity(n, text_bytes(|e| e.metadata.len()));
-    let mut bases = ListBuilder::new(StringBuilder::new());
-    for e in entries {
-        ids.append_value(&e.object_id);
-        types.append_value(e.object_type.as_str());
-        locations.append_option(e.location.as_deref());
-        metadata.append_value(&e.metadata);
-        for b in &e.base_objects {
-            bases.values().append_value(b);
+/// Builds the entry columns, one row per item (`None`: a removal of the id).
+#[derive(Default)]
+struct EntryColumns {
+    ids: StringBuilder,
+    types: StringBuilder,
+    locations: StringBuilder,
+    metadata: StringBuilder,
+    bases: ListBuilder<StringBuilder>,
+}
+
+impl EntryColumns {
+    fn push(&mut self, id: &str, entry: Option<&Entry>) {
+        self.ids.append_value(id);
+        self.types
+            .append_option(entry.map(|e| e.object_type.as_str()));
+        self.locations
+            .append_option(entry.and_then(|e| e.location.as_deref()));
+        self.metadata
+            .append_option(entry.map(|e| e.metadata.as_str()));
+        match entry {
+            Some(e) => {
+                for b in &e.base_objects {
+                    self.bases.values().append_value(b);
+                }
+                self.bases.append(true);
+            }
+            None => self.bases.append(false),
         }
-        bases.append(true);
     }
-    let schema = schema_with_commit_id();
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(ids.finish()),
-        Arc::new(types.finish()),
-        Arc::new(locations.finish()),
-        Arc::new(metadata.finish()),
-        Arc::new(bases.finish()),
-    ];
+
+    fn finish(mut self) -> Vec<ArrayRef> {
+        vec![
+            Arc::new(self.ids.finish()),
+            Arc::new(self.types.finish()),
+            Arc::new(self.locations.finish()),
+            Arc::new(self.metadata.finish()),
+            Arc::new(self.bases.finish()),
+        ]
+    }
+}
+
+fn write(schema: SchemaRef, columns: Vec<ArrayRef>) -> Result<Bytes> {
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     let mut out = Vec::with_capacity(batch.get_array_memory_size() + 1024);
     let mut writer = FileWriter::try_new(&mut out, &schema)?;
@@ -86,8 +125,37 @@ pub fn encode(entries: &[Arc<Entry>]) -> Result<Bytes> {
     Ok(Bytes::from(out))
 }
 
-/// Decodes one catalog version; `path` names it in errors.
-pub fn decode(path: &str, bytes: Bytes) -> Result<Vec<Arc<Entry>>> {
+/// Encodes a full state: `entries` sorted by `object_id`.
+pub fn encode_full<'a>(entries: impl Iterator<Item = &'a Arc<Entry>>) -> Result<Bytes> {
+    let mut columns = EntryColumns::default();
+    for e in entries {
+        columns.push(&e.object_id, Some(e));
+    }
+    write(schema(FULL, &FULL_FIELDS), columns.finish())
+}
+
+/// Encodes the changes of one version.
+pub fn encode_delta(changes: &[Change]) -> Result<Bytes> {
+    let (mut kinds, mut columns) = (StringBuilder::new(), EntryColumns::default());
+    for change in changes {
+        match change {
+            Change::Put(e) => {
+                kinds.append_value("put");
+                columns.push(&e.object_id, Some(e));
+            }
+            Change::Remove(id) => {
+                kinds.append_value("remove");
+                columns.push(id, None);
+            }
+        }
+    }
+    let mut all: Vec<ArrayRef> = vec![Arc::new(kinds.finish())];
+    all.extend(columns.finish());
+    write(schema(DELTA, &DELTA_FIELDS), all)
+}
+
+/// Decodes one stored catalog object; `path` names it in errors.
+pub fn decode(path: &str, bytes: Bytes) -> Result<Stored> {
     let corrupt = |reason: String| Error::Corrupt {
         path: path.to_string(),
         reason,
@@ -95,11 +163,12 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Vec<Arc<Entry>>> {
     let reader = FileReader::try_new(Cursor::new(bytes), None)
         .map_err(|e| corrupt(format!("not an Arrow IPC file: {e}")))?;
     let schema = reader.schema();
-    match schema.metadata().get(FORMAT_KEY) {
-        Some(v) if v == FORMAT_VERSION => {}
+    let (delta, fields) = match schema.metadata().get(FORMAT_KEY).map(String::as_str) {
+        Some(FULL) => (false, &*FULL_FIELDS),
+        Some(DELTA) => (true, &*DELTA_FIELDS),
         other => return Err(corrupt(format!("unsupported catalog format {other:?}"))),
-    }
-    for (i, f) in FIELDS.iter().enumerate() {
+    };
+    for (i, f) in fields.iter().enumerate() {
         let got = schema.fields().get(i);
         if got.map(|g| (g.name(), g.data_type())) != Some((f.name(), f.data_type())) {
             return Err(corrupt(format!(
@@ -109,42 +178,66 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Vec<Arc<Entry>>> {
             )));
         }
     }
-    let mut entries = Vec::new();
+    let (mut entries, mut changes) = (Vec::new(), Vec::new());
     for batch in reader {
         let batch = batch.map_err(|e| corrupt(e.to_string()))?;
-        let strings = |i: usize| -> &StringArray { batch.column(i).as_string::<i32>() };
+        let skip = usize::from(delta);
+        let strings = |i: usize| -> &StringArray { batch.column(skip + i).as_string::<i32>() };
         let (ids, types, locations, metadata) = (strings(0), strings(1), strings(2), strings(3));
-        let bases = batch.column(4).as_list::<i32>();
-        entries.reserve(batch.num_rows());
-        for row in 0..batch.num_rows() {
+        let bases: &ListArray = batch.column(skip + 4).as_list::<i32>();
+        let entry = |row: usize| -> Result<Arc<Entry>> {
+            if types.is_null(row) || metadata.is_null(row) || bases.is_null(row) {
+                return Err(corrupt(format!("entry '{}' is incomplete", ids.value(row))));
+            }
             let object_type = ObjectType::parse(types.value(row))
                 .ok_or_else(|| corrupt(format!("unknown object_type '{}'", types.value(row))))?;
             let base_list = bases.value(row);
-            let base_list = base_list.as_string::<i32>();
-            entries.push(Arc::new(Entry {
+            Ok(Arc::new(Entry {
                 object_id: ids.value(row).to_string(),
                 object_type,
                 location: (!locations.is_null(row)).then(|| locations.value(row).to_string()),
                 metadata: metadata.value(row).to_string(),
-                base_objects: base_list.iter().flatten().map(str::to_string).collect(),
-            }));
+                base_objects: base_list
+                    .as_string::<i32>()
+                    .iter()
+                    .flatten()
+                    .map(str::to_string)
+                    .collect(),
+            }))
+        };
+        if !delta {
+            entries.reserve(batch.num_rows());
+            for row in 0..batch.num_rows() {
+                entries.push(entry(row)?);
+            }
+            continue;
         }
+        let kinds = batch.column(0).as_string::<i32>();
+        for row in 0..batch.num_rows() {
+            changes.push(match kinds.value(row) {
+                "put" => Change::Put(entry(row)?),
+                "remove" => Change::Remove(ids.value(row).to_string()),
+                other => return Err(corrupt(format!("unknown change '{other}'"))),
+            });
+        }
+    }
+    if delta {
+        return Ok(Stored::Delta(changes));
     }
     if !entries.windows(2).all(|w| w[0].object_id < w[1].object_id) {
         return Err(corrupt(
             "entries are not sorted by object_id or repeat one".into(),
         ));
     }
-    Ok(entries)
+    Ok(Stored::Full(entries))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trips_and_every_encoding_is_unique() {
-        let entries = vec![
+    fn entries() -> Vec<Arc<Entry>> {
+        vec![
             Arc::new(Entry {
                 object_id: "a".into(),
                 object_type: ObjectType::Namespace,
@@ -159,12 +252,27 @@ mod tests {
                 metadata: "{\"x\":1}".into(),
                 base_objects: vec!["b".into()],
             }),
-        ];
-        let one = encode(&entries).unwrap();
-        let two = encode(&entries).unwrap();
+        ]
+    }
+
+    #[test]
+    fn round_trips_and_every_encoding_is_unique() {
+        let entries = entries();
+        let one = encode_full(entries.iter()).unwrap();
+        let two = encode_full(entries.iter()).unwrap();
         assert_ne!(one, two, "two commits of the same state must differ");
-        assert_eq!(decode("v1", one).unwrap(), entries);
-        assert_eq!(decode("v2", encode(&[]).unwrap()).unwrap(), vec![]);
+        assert_eq!(decode("v1", one).unwrap(), Stored::Full(entries.clone()));
+        let empty = encode_full(std::iter::empty()).unwrap();
+        assert_eq!(decode("v2", empty).unwrap(), Stored::Full(vec![]));
+
+        let changes = vec![
+            Change::Put(Arc::clone(&entries[1])),
+            Change::Remove("a$u".into()),
+            Change::Put(Arc::clone(&entries[0])),
+        ];
+        let one = encode_delta(&changes).unwrap();
+        assert_ne!(one, encode_delta(&changes).unwrap());
+        assert_eq!(decode("v3", one).unwrap(), Stored::Delta(changes));
     }
 
     #[test]

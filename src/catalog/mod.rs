@@ -1,42 +1,64 @@
 //! The `__manifest` catalog (DESIGN.md §5): namespaces and tables as rows of
-//! a copy-on-write Arrow table, one immutable version per change.
+//! an Arrow table, one immutable version per change, each version a delta
+//! of the one before over periodic checkpoints (see the `delta_log` module).
 //!
 //! Invariants:
 //! - every change is a new version committed through
-//!   `VersionedObjects::commit` (the one commit primitive), so two racing creators of one id never
-//!   both win and no change is lost or applied twice;
+//!   `VersionedObjects::commit_with` (the one commit primitive), so two
+//!   racing creators of one id never both win and no change is lost or
+//!   applied twice; a commit costs the same whatever the catalog's size;
 //! - mutations from one process that arrive while a commit is in flight are
 //!   committed together as one version (group commit); each keeps its own
 //!   result, and one rejected mutation does not affect the others;
 //! - reads answer from the in-memory snapshot; a miss refreshes it first
 //!   ("not found" is never cached).
 
+mod delta_log;
 mod entry;
 mod format;
 mod state;
 
 use std::sync::{Arc, Mutex, RwLock};
 
-use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use object_store::path::Path;
 use tokio::sync::oneshot;
 
 pub use entry::{Entry, ObjectPath, ObjectType};
-pub use state::{CatalogState, Mutation, Outcome};
+pub use state::{CatalogState, Change, Mutation, Outcome};
 
 use crate::error::{Error, Result};
 use crate::schema::TableMeta;
-use crate::store::{
-    CommitOptions, ObjectRoot, Versioned, VersionedObjects, delete_if_present, paths,
-};
+use crate::store::{CommitOptions, ObjectRoot, Versioned, delete_if_present, paths};
+use delta_log::DeltaLog;
 
 /// Options of a [`Catalog`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct CatalogOptions {
-    /// Commit protocol knobs; `keep_versions` bounds the catalog's storage.
+    /// Commit protocol knobs (`keep_versions` does not apply: checkpoints
+    /// decide which versions the catalog keeps).
     pub commit: CommitOptions,
+    /// A handle writes a checkpoint in the background after a commit once
+    /// this many versions followed the newest checkpoint it knows, or their
+    /// deltas hold half its bytes (default 2,048; 0: only
+    /// [`Catalog::checkpoint`] writes them). A reader opening the catalog
+    /// reads about this many versions after the checkpoint at most.
+    pub checkpoint_every: u64,
+    /// Versions a checkpoint leaves uncollected behind it, so that handles
+    /// a little behind catch up by reading them rather than the checkpoint
+    /// (default 256).
+    pub keep_behind: u64,
+}
+
+impl Default for CatalogOptions {
+    fn default() -> Self {
+        Self {
+            commit: CommitOptions::default(),
+            checkpoint_every: 2048,
+            keep_behind: 256,
+        }
+    }
 }
 
 struct Pending {
@@ -48,10 +70,12 @@ struct Pending {
 /// safe to call concurrently.
 pub struct Catalog {
     root: ObjectRoot,
-    versions: VersionedObjects,
+    log: Arc<DeltaLog>,
     current: RwLock<Versioned<CatalogState>>,
     queue: Mutex<Vec<Pending>>,
     committer: tokio::sync::Mutex<()>,
+    /// Held while this handle writes a checkpoint.
+    checkpointing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for Catalog {
@@ -63,27 +87,19 @@ impl std::fmt::Debug for Catalog {
     }
 }
 
-fn decode(path: &Path, bytes: Bytes) -> Result<CatalogState> {
-    format::decode(path.as_ref(), bytes).map(CatalogState::from_sorted)
-}
-
 impl Catalog {
     /// Opens the catalog of `root` and loads its newest version (an empty
     /// catalog if there is none yet; nothing is written until a change).
     pub async fn open(root: ObjectRoot, options: CatalogOptions) -> Result<Arc<Self>> {
-        let versions = VersionedObjects::new(
-            Arc::clone(root.store()),
-            Path::from(paths::CATALOG_DIR),
-            paths::CATALOG_EXT,
-            options.commit,
-        );
-        let current = versions.load_latest(0, decode).await?;
+        let log = Arc::new(DeltaLog::new(Arc::clone(root.store()), &options));
+        let current = log.load().await?;
         Ok(Arc::new(Self {
             root,
-            versions,
+            log,
             current: RwLock::new(current),
             queue: Mutex::new(Vec::new()),
             committer: tokio::sync::Mutex::new(()),
+            checkpointing: Arc::default(),
         }))
     }
 
@@ -106,26 +122,21 @@ impl Catalog {
         self.current.read().expect("catalog lock poisoned").clone()
     }
 
-    /// Installs `next` unless the snapshot is already as new.
+    /// Installs `next` unless the snapshot is newer.
     fn install(&self, next: Versioned<CatalogState>) {
         let mut current = self.current.write().expect("catalog lock poisoned");
-        if next.version > current.version {
+        if next.version >= current.version {
             *current = next;
         }
     }
 
-    /// Catches up with versions committed elsewhere. Costs one existence
-    /// check when nothing changed (a full tip resolution after long idling).
+    /// Catches up with versions committed elsewhere: reads the versions
+    /// after the snapshot's, one request when nothing changed (the newest
+    /// checkpoint and what follows it after long idling).
     pub async fn refresh(&self) -> Result<()> {
         let base = self.read_current();
-        if !self.versions.has_newer(&base).await? {
-            let mut current = self.current.write().expect("catalog lock poisoned");
-            if current.version == base.version {
-                *current = base.confirmed();
-            }
-            return Ok(());
-        }
-        let next = self.versions.load_latest(base.version, decode).await?;
+        let stale = self.log.versions().is_stale(&base);
+        let next = self.log.reload(base, stale).await?;
         self.install(next);
         Ok(())
     }
@@ -158,6 +169,16 @@ impl Catalog {
     /// The direct children of namespace `path` in the snapshot.
     pub fn list(&self, path: &ObjectPath) -> Vec<Arc<Entry>> {
         self.snapshot().children(path)
+    }
+
+    /// One page of [`Catalog::list`]: see [`CatalogState::children_page`].
+    pub fn list_page(
+        &self,
+        path: &ObjectPath,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<Arc<Entry>>, Option<String>) {
+        self.snapshot().children_page(path, after, limit)
     }
 
     /// Creates a namespace; its parent must exist.
@@ -235,16 +256,11 @@ impl Catalog {
         // files can only be younger than this sweep.
         self.refresh().await?;
         let tip = self.read_current();
-        let live: std::collections::HashSet<&str> = tip
-            .state
-            .entries()
-            .iter()
-            .filter_map(|e| e.location.as_deref())
-            .collect();
+        let live = |location: &str| tip.state.holds_location(location);
         let store = self.root.store();
         // Ages by the store's clock: the newest object seen (the catalog's
         // tip included) is no later than the store's now.
-        let mut now_ms = match store.head(&self.versions.path_of(tip.version)).await {
+        let mut now_ms = match store.head(&self.log.versions().path_of(tip.version)).await {
             Ok(meta) => meta.last_modified.timestamp_millis(),
             Err(_) => 0,
         };
@@ -256,7 +272,7 @@ impl Catalog {
             let location = dir.as_ref();
             // Only names memwal makes, so a directory is never mistaken
             // for another one encoded differently.
-            if live.contains(location) || !paths::is_table_location(location) {
+            if live(location) || !paths::is_table_location(location) {
                 continue;
             }
             let objects: Vec<object_store::ObjectMeta> =
@@ -288,7 +304,7 @@ impl Catalog {
             for result in gone {
                 match result {
                     Ok(()) => deleted += 1,
-                    Err(e) => log::warn!("deleting data of dropped table {location}: {e}"),
+                    Err(e) => ::log::warn!("deleting data of dropped table {location}: {e}"),
                 }
             }
         }
@@ -342,21 +358,32 @@ impl Catalog {
     /// Commits `batch` as one version and answers every waiter.
     async fn commit_batch(&self, batch: Vec<Pending>) {
         let mut results: Vec<Result<Outcome>> = Vec::new();
+        let mut written = 0;
         let mut refreshed = false;
         let committed = loop {
             let base = self.read_current();
             let base_version = base.version;
-            let committed = self
-                .versions
-                .commit(base, decode, |state| {
-                    let mut next = state.clone();
-                    results = batch.iter().map(|p| next.apply(&p.mutation)).collect();
-                    if !results.iter().any(|r| matches!(r, Ok(o) if o.changed())) {
-                        return Ok(None);
-                    }
-                    let bytes = format::encode(next.entries())?;
-                    Ok(Some((next, bytes)))
-                })
+            let log = &self.log;
+            let committed = log
+                .versions()
+                .commit_with(
+                    base,
+                    |base, stale| log.reload(base, stale),
+                    |state| {
+                        let mut next = state.clone();
+                        let mut changes = Vec::new();
+                        results = batch
+                            .iter()
+                            .map(|p| next.apply(&p.mutation, &mut changes))
+                            .collect();
+                        if changes.is_empty() {
+                            return Ok(None);
+                        }
+                        let bytes = format::encode_delta(&changes)?;
+                        written = bytes.len();
+                        Ok(Some((next, bytes)))
+                    },
+                )
                 .await;
             // Nothing to write was decided on our snapshot: make sure it was
             // not stale ("exists"/"not found" must be true at the tip).
@@ -375,10 +402,15 @@ impl Catalog {
         };
         match committed {
             Ok(version) => {
+                let (at, state) = (version.version, Arc::clone(&version.state));
+                if written > 0 {
+                    self.log.counted(at, written);
+                }
                 self.install(version);
                 for (p, r) in batch.into_iter().zip(results) {
                     let _ = p.done.send(r);
                 }
+                self.checkpoint_if_due(at, state);
             }
             Err(e) => {
                 let e = SharedError(e);
@@ -387,6 +419,39 @@ impl Catalog {
                 }
             }
         }
+    }
+
+    /// Writes a checkpoint of `state` (the catalog at `version`) in the
+    /// background when one is due and this handle is not writing one.
+    fn checkpoint_if_due(&self, version: u64, state: Arc<CatalogState>) {
+        if !self.log.checkpoint_due(version) {
+            return;
+        }
+        let Ok(busy) = Arc::clone(&self.checkpointing).try_lock_owned() else {
+            return;
+        };
+        let log = Arc::clone(&self.log);
+        tokio::spawn(async move {
+            if let Err(e) = log.checkpoint(version, state).await {
+                ::log::warn!("writing the catalog checkpoint of version {version} failed: {e}");
+            }
+            drop(busy);
+        });
+    }
+
+    /// Writes a checkpoint of the newest version now (they are written in
+    /// the background as commits go, see
+    /// [`CatalogOptions::checkpoint_every`]), after one being written by
+    /// this handle; returns its version (0, and nothing written, for a
+    /// catalog without versions).
+    pub async fn checkpoint(&self) -> Result<u64> {
+        let _busy = self.checkpointing.lock().await;
+        self.refresh().await?;
+        let tip = self.read_current();
+        if tip.version > 0 {
+            self.log.checkpoint(tip.version, tip.state).await?;
+        }
+        Ok(tip.version)
     }
 }
 

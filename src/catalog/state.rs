@@ -1,19 +1,35 @@
 //! One catalog version in memory and the mutations that make the next one.
 //! Every mutation is all-or-nothing: it validates completely before it
 //! changes anything, so a rejected mutation in a group commit leaves the
-//! others untouched.
+//! others untouched. A state is a persistent map: cloning it and applying a
+//! mutation cost O(log entries), not O(entries).
 
+use std::ops::Bound;
 use std::sync::Arc;
+
+use imbl::{HashSet, OrdMap};
 
 use super::entry::{Entry, ObjectPath, ObjectType};
 use crate::error::{Error, Result};
 use crate::schema::TableMeta;
 
-/// The entries of one catalog version, sorted by `object_id`; lookups are
-/// binary searches.
+/// The entries of one catalog version by `object_id`, and the data
+/// locations of its tables.
 #[derive(Debug, Clone, Default)]
 pub struct CatalogState {
-    entries: Vec<Arc<Entry>>,
+    entries: OrdMap<String, Arc<Entry>>,
+    locations: HashSet<String>,
+}
+
+/// One change of the entries, as a delta version stores it: mutations are
+/// recorded as the changes they made, and a version's changes replay in
+/// order onto the version before.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// An entry that did not exist.
+    Put(Arc<Entry>),
+    /// The `object_id` of an entry that existed.
+    Remove(String),
 }
 
 /// A change to the catalog.
@@ -85,14 +101,29 @@ impl Outcome {
 }
 
 impl CatalogState {
-    /// A state from entries sorted by `object_id`.
-    pub fn from_sorted(entries: Vec<Arc<Entry>>) -> Self {
-        Self { entries }
+    /// A state from entries (in any order; an id given twice keeps the
+    /// last).
+    pub fn from_entries(entries: impl IntoIterator<Item = Arc<Entry>>) -> Self {
+        let mut state = Self::default();
+        for e in entries {
+            state.put(e);
+        }
+        state
     }
 
-    /// All entries, sorted by `object_id`.
-    pub fn entries(&self) -> &[Arc<Entry>] {
-        &self.entries
+    /// The number of entries.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the catalog holds no entry.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// All entries, by `object_id`.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Entry>> {
+        self.entries.values()
     }
 
     /// The entry at `path` (never the root, which has no row).
@@ -100,11 +131,12 @@ impl CatalogState {
         if path.is_root() {
             return None;
         }
-        let id = path.object_id();
-        self.entries
-            .binary_search_by(|e| e.object_id.as_str().cmp(&id))
-            .ok()
-            .map(|i| &self.entries[i])
+        self.entries.get(path.object_id().as_str())
+    }
+
+    /// Whether a table of this catalog keeps its data at `location`.
+    pub fn holds_location(&self, location: &str) -> bool {
+        self.locations.contains(location)
     }
 
     /// Whether `path` is an existing namespace (the root always is).
@@ -115,34 +147,109 @@ impl CatalogState {
                 .is_some_and(|e| e.object_type == ObjectType::Namespace)
     }
 
-    /// The index range of every entry strictly below `path`.
-    fn descendants(&self, path: &ObjectPath) -> std::ops::Range<usize> {
-        if path.is_root() {
-            return 0..self.entries.len();
-        }
-        let prefix = format!("{}$", path.object_id());
-        let start = self
-            .entries
-            .partition_point(|e| e.object_id.as_str() < prefix.as_str());
-        let len = self.entries[start..]
-            .iter()
-            .take_while(|e| e.object_id.starts_with(&prefix))
-            .count();
-        start..start + len
+    /// Every entry strictly below `path`, by `object_id`, from `from`
+    /// (an id below `path`) on, or from the first.
+    fn descendants<'a>(
+        &'a self,
+        path: &ObjectPath,
+        from: Option<Bound<&str>>,
+    ) -> impl Iterator<Item = &'a Arc<Entry>> + 'a {
+        let prefix = match path.is_root() {
+            true => String::new(),
+            false => format!("{}$", path.object_id()),
+        };
+        self.entries
+            .range::<_, str>((from.unwrap_or(Bound::Included(&prefix)), Bound::Unbounded))
+            .map(|(_, e)| e)
+            .take_while(move |e| e.object_id.starts_with(&prefix))
     }
 
     /// The direct children of namespace `path`.
     pub fn children(&self, path: &ObjectPath) -> Vec<Arc<Entry>> {
-        let depth = path.levels().len() + 1;
-        self.entries[self.descendants(path)]
-            .iter()
-            .filter(|e| e.object_id.split('$').count() == depth)
-            .cloned()
-            .collect()
+        self.children_page(path, None, usize::MAX).0
     }
 
-    /// Applies one mutation in place, or changes nothing and fails.
-    pub fn apply(&mut self, mutation: &Mutation) -> Result<Outcome> {
+    /// Up to `limit` direct children of namespace `path` by `object_id`,
+    /// those after the child named `after` (the last of the page before);
+    /// and the name to pass as `after` for the next page, if there may be
+    /// one. Costs O(page × log entries), whatever lies below the children.
+    pub fn children_page(
+        &self,
+        path: &ObjectPath,
+        after: Option<&str>,
+        limit: usize,
+    ) -> (Vec<Arc<Entry>>, Option<String>) {
+        let depth = path.levels().len() + 1;
+        // Ids sort a child `c`, then ids such as `c!` (other children),
+        // then `c$...` (below `c`), then ids from `c%` on: after a child the
+        // next one is searched right after it, and past a grandchild the
+        // search jumps to its ancestor child's `c%`.
+        let mut from = after.map(|name| match path.is_root() {
+            true => Bound::Excluded(name.to_string()),
+            false => Bound::Excluded(format!("{}${name}", path.object_id())),
+        });
+        let mut page = Vec::new();
+        'search: while page.len() < limit {
+            let start = from.as_ref().map(|b| b.as_ref().map(String::as_str));
+            for e in self.descendants(path, start) {
+                if e.object_id.split('$').count() == depth {
+                    page.push(Arc::clone(e));
+                    if page.len() == limit {
+                        break 'search;
+                    }
+                    continue;
+                }
+                let child: Vec<&str> = e.object_id.split('$').take(depth).collect();
+                from = Some(Bound::Included(format!("{}%", child.join("$"))));
+                continue 'search;
+            }
+            break;
+        }
+        let next = match page.len() == limit {
+            true => page.last().map(|e| e.path().name().to_string()),
+            false => None,
+        };
+        (page, next)
+    }
+
+    fn put(&mut self, entry: Arc<Entry>) {
+        if let Some(location) = &entry.location {
+            self.locations.insert(location.clone());
+        }
+        self.entries.insert(entry.object_id.clone(), entry);
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Arc<Entry>> {
+        let entry = self.entries.remove(id)?;
+        if let Some(location) = &entry.location {
+            self.locations.remove(location);
+        }
+        Some(entry)
+    }
+
+    /// Replays a delta version's changes; on a change that does not fit
+    /// (a put of an existing id, a removal of a missing one) the reason,
+    /// and the state is then partly changed (the caller drops it).
+    pub fn replay(&mut self, changes: &[Change]) -> std::result::Result<(), String> {
+        for change in changes {
+            match change {
+                Change::Put(entry) if self.entries.contains_key(entry.object_id.as_str()) => {
+                    return Err(format!("puts '{}', which exists", entry.object_id));
+                }
+                Change::Put(entry) => self.put(Arc::clone(entry)),
+                Change::Remove(id) => {
+                    if self.remove(id).is_none() {
+                        return Err(format!("removes '{id}', which does not exist"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies one mutation in place, appending what it changed to
+    /// `changes`, or changes nothing and fails.
+    pub fn apply(&mut self, mutation: &Mutation, changes: &mut Vec<Change>) -> Result<Outcome> {
         match mutation {
             Mutation::CreateNamespace {
                 path,
@@ -153,6 +260,7 @@ impl CatalogState {
                 None,
                 "{}".into(),
                 *if_not_exists,
+                changes,
             ),
             Mutation::CreateTable {
                 path,
@@ -165,6 +273,7 @@ impl CatalogState {
                 Some(location.clone()),
                 meta.to_json(),
                 *if_not_exists,
+                changes,
             ),
             Mutation::DropNamespace {
                 path,
@@ -174,62 +283,59 @@ impl CatalogState {
                 if path.is_root() {
                     return Err(Error::invalid("the root namespace cannot be dropped"));
                 }
-                let Some(index) = self.index_of(path, ObjectType::Namespace, *if_exists)? else {
+                if self
+                    .check(path, ObjectType::Namespace, *if_exists)?
+                    .is_none()
+                {
                     return Ok(Outcome::NotThere);
-                };
-                let below = self.descendants(path);
+                }
+                let below: Vec<String> = self
+                    .descendants(path, None)
+                    .map(|e| e.object_id.clone())
+                    .collect();
                 if !below.is_empty() && !cascade {
                     return Err(Error::NamespaceNotEmpty(path.to_string()));
                 }
-                let entries = below.len() + 1;
-                // Other ids (`a!`) may sort between `a` and `a$...`.
-                let tables = self
-                    .entries
-                    .drain(below)
-                    .filter_map(|e| e.location.clone())
-                    .collect();
-                self.entries.remove(index);
+                let (entries, mut tables) = (below.len() + 1, Vec::new());
+                for id in below.into_iter().chain([path.object_id()]) {
+                    let removed = self.remove(&id).expect("listed just before");
+                    tables.extend(removed.location.clone());
+                    changes.push(Change::Remove(id));
+                }
                 Ok(Outcome::Dropped { entries, tables })
             }
             Mutation::DropTable { path, if_exists } => {
-                match self.index_of(path, ObjectType::Table, *if_exists)? {
-                    Some(index) => Ok(Outcome::Dropped {
-                        entries: 1,
-                        tables: self
-                            .entries
-                            .remove(index)
-                            .location
-                            .clone()
-                            .into_iter()
-                            .collect(),
-                    }),
-                    None => Ok(Outcome::NotThere),
+                if self.check(path, ObjectType::Table, *if_exists)?.is_none() {
+                    return Ok(Outcome::NotThere);
                 }
+                let id = path.object_id();
+                let removed = self.remove(&id).expect("checked just before");
+                changes.push(Change::Remove(id));
+                Ok(Outcome::Dropped {
+                    entries: 1,
+                    tables: removed.location.clone().into_iter().collect(),
+                })
             }
         }
     }
 
-    /// The index of the entry at `path` of type `want`; `None` if absent and
+    /// The entry at `path` if it is of type `want`; `None` if absent and
     /// `if_exists`; an error if absent otherwise or of the other type.
-    fn index_of(
+    fn check(
         &self,
         path: &ObjectPath,
         want: ObjectType,
         if_exists: bool,
-    ) -> Result<Option<usize>> {
-        let id = path.object_id();
-        match self
-            .entries
-            .binary_search_by(|e| e.object_id.as_str().cmp(&id))
-        {
-            Ok(i) if self.entries[i].object_type == want => Ok(Some(i)),
-            Ok(i) => Err(Error::invalid(format!(
+    ) -> Result<Option<&Arc<Entry>>> {
+        match self.get(path) {
+            Some(e) if e.object_type == want => Ok(Some(e)),
+            Some(e) => Err(Error::invalid(format!(
                 "'{path}' is a {}, not a {}",
-                self.entries[i].object_type.as_str(),
+                e.object_type.as_str(),
                 want.as_str()
             ))),
-            Err(_) if if_exists => Ok(None),
-            Err(_) => Err(Error::NotFound(format!("{} '{path}'", want.as_str()))),
+            None if if_exists => Ok(None),
+            None => Err(Error::NotFound(format!("{} '{path}'", want.as_str()))),
         }
     }
 
@@ -240,6 +346,7 @@ impl CatalogState {
         location: Option<String>,
         metadata: String,
         if_not_exists: bool,
+        changes: &mut Vec<Change>,
     ) -> Result<Outcome> {
         if path.is_root() {
             return Err(Error::invalid("the root namespace cannot be created"));
@@ -250,36 +357,27 @@ impl CatalogState {
                 "parent namespace '{parent}' of '{path}'"
             )));
         }
-        let id = path.object_id();
-        match self
-            .entries
-            .binary_search_by(|e| e.object_id.as_str().cmp(&id))
-        {
-            Ok(i) => {
-                let existing = self.entries[i].object_type;
-                if existing == object_type && if_not_exists {
-                    Ok(Outcome::AlreadyThere)
-                } else {
-                    Err(Error::AlreadyExists(format!(
-                        "{} '{path}'",
-                        existing.as_str()
-                    )))
-                }
-            }
-            Err(i) => {
-                self.entries.insert(
-                    i,
-                    Arc::new(Entry {
-                        object_id: id,
-                        object_type,
-                        location,
-                        metadata,
-                        base_objects: Vec::new(),
-                    }),
-                );
-                Ok(Outcome::Created)
-            }
+        if let Some(existing) = self.get(path) {
+            let existing = existing.object_type;
+            return if existing == object_type && if_not_exists {
+                Ok(Outcome::AlreadyThere)
+            } else {
+                Err(Error::AlreadyExists(format!(
+                    "{} '{path}'",
+                    existing.as_str()
+                )))
+            };
         }
+        let entry = Arc::new(Entry {
+            object_id: path.object_id(),
+            object_type,
+            location,
+            metadata,
+            base_objects: Vec::new(),
+        });
+        self.put(Arc::clone(&entry));
+        changes.push(Change::Put(entry));
+        Ok(Outcome::Created)
     }
 }
 
@@ -302,23 +400,38 @@ mod tests {
     fn namespace_rules() {
         let mut s = CatalogState::default();
         assert!(matches!(
-            s.apply(&create_ns("a.b")),
+            s.apply(&create_ns("a.b"), &mut vec![]),
             Err(Error::NotFound(_))
         ));
-        assert_eq!(s.apply(&create_ns("a")).unwrap(), Outcome::Created);
-        assert_eq!(s.apply(&create_ns("a.b")).unwrap(), Outcome::Created);
-        assert_eq!(s.apply(&create_ns("a.b.c")).unwrap(), Outcome::Created);
-        assert_eq!(s.apply(&create_ns("a0")).unwrap(), Outcome::Created);
-        assert_eq!(s.apply(&create_ns("a!")).unwrap(), Outcome::Created);
+        assert_eq!(
+            s.apply(&create_ns("a"), &mut vec![]).unwrap(),
+            Outcome::Created
+        );
+        assert_eq!(
+            s.apply(&create_ns("a.b"), &mut vec![]).unwrap(),
+            Outcome::Created
+        );
+        assert_eq!(
+            s.apply(&create_ns("a.b.c"), &mut vec![]).unwrap(),
+            Outcome::Created
+        );
+        assert_eq!(
+            s.apply(&create_ns("a0"), &mut vec![]).unwrap(),
+            Outcome::Created
+        );
+        assert_eq!(
+            s.apply(&create_ns("a!"), &mut vec![]).unwrap(),
+            Outcome::Created
+        );
         assert!(matches!(
-            s.apply(&create_ns("a")),
+            s.apply(&create_ns("a"), &mut vec![]),
             Err(Error::AlreadyExists(_))
         ));
         let again = Mutation::CreateNamespace {
             path: ns("a"),
             if_not_exists: true,
         };
-        assert_eq!(s.apply(&again).unwrap(), Outcome::AlreadyThere);
+        assert_eq!(s.apply(&again, &mut vec![]).unwrap(), Outcome::AlreadyThere);
         assert_eq!(s.children(&ns("a")).len(), 1);
         assert_eq!(s.children(&ObjectPath::root()).len(), 3);
 
@@ -328,32 +441,35 @@ mod tests {
             cascade,
         };
         assert!(matches!(
-            s.apply(&drop(false)),
+            s.apply(&drop(false), &mut vec![]),
             Err(Error::NamespaceNotEmpty(_))
         ));
-        assert_eq!(s.entries().len(), 5, "a failed drop changed the state");
+        assert_eq!(s.len(), 5, "a failed drop changed the state");
         assert_eq!(
-            s.apply(&drop(true)).unwrap(),
+            s.apply(&drop(true), &mut vec![]).unwrap(),
             Outcome::Dropped {
                 entries: 3,
                 tables: vec![]
             }
         );
-        let ids: Vec<_> = s.entries().iter().map(|e| e.object_id.clone()).collect();
+        let ids: Vec<_> = s.iter().map(|e| e.object_id.clone()).collect();
         assert_eq!(ids, vec!["a!", "a0"]);
-        assert!(matches!(s.apply(&drop(true)), Err(Error::NotFound(_))));
+        assert!(matches!(
+            s.apply(&drop(true), &mut vec![]),
+            Err(Error::NotFound(_))
+        ));
         let if_exists = Mutation::DropNamespace {
             path: ns("a"),
             if_exists: true,
             cascade: false,
         };
-        assert_eq!(s.apply(&if_exists).unwrap(), Outcome::NotThere);
+        assert_eq!(s.apply(&if_exists, &mut vec![]).unwrap(), Outcome::NotThere);
     }
 
     #[test]
     fn tables_and_namespaces_do_not_mix() {
         let mut s = CatalogState::default();
-        s.apply(&create_ns("a")).unwrap();
+        s.apply(&create_ns("a"), &mut vec![]).unwrap();
         let schema = datafusion::arrow::datatypes::Schema::new(vec![
             datafusion::arrow::datatypes::Field::new(
                 "id",
@@ -367,10 +483,10 @@ mod tests {
             location: "tables/t-0".into(),
             if_not_exists: true,
         };
-        assert_eq!(s.apply(&table).unwrap(), Outcome::Created);
-        assert_eq!(s.apply(&table).unwrap(), Outcome::AlreadyThere);
+        assert_eq!(s.apply(&table, &mut vec![]).unwrap(), Outcome::Created);
+        assert_eq!(s.apply(&table, &mut vec![]).unwrap(), Outcome::AlreadyThere);
         assert!(matches!(
-            s.apply(&create_ns("a.t")),
+            s.apply(&create_ns("a.t"), &mut vec![]),
             Err(Error::AlreadyExists(_))
         ));
         let drop_as_ns = Mutation::DropNamespace {
@@ -379,7 +495,7 @@ mod tests {
             cascade: false,
         };
         assert!(
-            s.apply(&drop_as_ns)
+            s.apply(&drop_as_ns, &mut vec![])
                 .unwrap_err()
                 .to_string()
                 .contains("is a table")
@@ -389,11 +505,78 @@ mod tests {
             if_exists: false,
         };
         assert_eq!(
-            s.apply(&drop).unwrap(),
+            s.apply(&drop, &mut vec![]).unwrap(),
             Outcome::Dropped {
                 entries: 1,
                 tables: vec!["tables/t-0".into()]
             }
+        );
+    }
+
+    #[test]
+    fn pages_of_children_skip_what_lies_below_them() {
+        let mut s = CatalogState::default();
+        // `a!` sorts between `a` and `a$...`; `a%` after all of `a$...`.
+        for ns in [
+            "a", "a!", "a!.x", "a.b", "a.b.c", "a.b.c.d", "a.c", "a%", "b", "b.z",
+        ] {
+            s.apply(&create_ns(ns), &mut vec![]).unwrap();
+        }
+        let names = |page: &[Arc<Entry>]| -> Vec<String> {
+            page.iter().map(|e| e.path().name().to_string()).collect()
+        };
+        let root = ObjectPath::root();
+        assert_eq!(names(&s.children(&root)), ["a", "a!", "a%", "b"]);
+        // Page by page, two at a time.
+        let (first, next) = s.children_page(&root, None, 2);
+        assert_eq!(
+            (names(&first), next.as_deref()),
+            (vec!["a".into(), "a!".into()], Some("a!"))
+        );
+        let (second, next) = s.children_page(&root, next.as_deref(), 2);
+        assert_eq!(
+            (names(&second), next.as_deref()),
+            (vec!["a%".into(), "b".into()], Some("b"))
+        );
+        let (third, next) = s.children_page(&root, next.as_deref(), 2);
+        assert!(third.is_empty() && next.is_none());
+        assert_eq!(names(&s.children(&ns("a"))), ["b", "c"]);
+        assert_eq!(names(&s.children_page(&ns("a"), Some("b"), 5).0), ["c"]);
+        assert_eq!(names(&s.children(&ns("a.b.c"))), ["d"]);
+        assert!(s.children(&ns("b.z")).is_empty());
+    }
+
+    #[test]
+    fn changes_replay_to_the_same_state_and_misfits_are_refused() {
+        let mut s = CatalogState::default();
+        let mut changes = Vec::new();
+        for ns in ["a", "a.b", "c"] {
+            s.apply(&create_ns(ns), &mut changes).unwrap();
+        }
+        let cascade = Mutation::DropNamespace {
+            path: ns("a"),
+            if_exists: false,
+            cascade: true,
+        };
+        s.apply(&cascade, &mut changes).unwrap();
+        assert_eq!(changes.len(), 5);
+        let mut replayed = CatalogState::default();
+        replayed.replay(&changes).unwrap();
+        let ids = |s: &CatalogState| s.iter().map(|e| e.object_id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&replayed), ids(&s));
+        assert_eq!(ids(&s), ["c"]);
+        assert!(
+            replayed
+                .replay(&changes[2..3])
+                .unwrap_err()
+                .contains("exists")
+        );
+        let missing = [Change::Remove("zz".into())];
+        assert!(
+            replayed
+                .replay(&missing)
+                .unwrap_err()
+                .contains("does not exist")
         );
     }
 }

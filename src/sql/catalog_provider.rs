@@ -39,7 +39,6 @@ impl CatalogProvider for MemwalCatalogProvider {
         std::iter::once(ROOT_SCHEMA.to_string())
             .chain(
                 snapshot
-                    .entries()
                     .iter()
                     .filter(|e| e.object_type == ObjectType::Namespace)
                     .map(|e| namespace_to_schema(&e.path())),

@@ -393,12 +393,7 @@ impl MemwalSession {
             let snapshot = catalog.snapshot();
             let dropped: Vec<String> = written
                 .into_iter()
-                .filter(|l| {
-                    !snapshot
-                        .entries()
-                        .iter()
-                        .any(|e| e.location.as_ref() == Some(l))
-                })
+                .filter(|l| !snapshot.holds_location(l))
                 .collect();
             if !dropped.is_empty()
                 && let Err(e) = catalog
@@ -458,12 +453,7 @@ impl MemwalSession {
                 // data is deleted (failures there are no failure of the
                 // committed statement: a later sweep finds the data).
                 let snapshot = catalog.snapshot();
-                let live = |location: &str| {
-                    snapshot
-                        .entries()
-                        .iter()
-                        .any(|e| e.location.as_deref() == Some(location))
-                };
+                let live = |location: &str| snapshot.holds_location(location);
                 if let Err(e) = self.tables.close_unless(live).await {
                     log::warn!("closing the writers of dropped tables failed: {e}");
                 }

@@ -15,7 +15,7 @@ pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
 #[cfg(any(test, feature = "testing"))]
 pub use latency::{Delay, LatencyProfile, LatencyStore, RequestCount, bench_root};
 pub use root::ObjectRoot;
-pub use versioned::{CommitOptions, Versioned, VersionedObjects};
+pub use versioned::{CommitOptions, Slot, Versioned, VersionedObjects};
 
 /// Deletes the object at `path`; an object that is already gone is no
 /// error (a delete repeated after a crash, or raced by another cleaner).

@@ -13,8 +13,12 @@ use crate::error::{Error, Result};
 /// Directory of the catalog's versions: `<root>/__manifest/`.
 pub const CATALOG_DIR: &str = "__manifest";
 
-/// Extension of a catalog version (an Arrow IPC file).
+/// Extension of a catalog version or checkpoint (an Arrow IPC file).
 pub const CATALOG_EXT: &str = "arrow";
+
+/// Directory of the catalog's checkpoints: `<root>/__manifest/checkpoints/`,
+/// `v<20-digit version>.arrow` each (the full catalog as of that version).
+pub const CATALOG_CHECKPOINTS_DIR: &str = "__manifest/checkpoints";
 
 /// Name of the best-effort "latest version" hint inside a versioned directory.
 pub const HINT_FILE: &str = "_hint";

@@ -172,6 +172,17 @@ pub enum PutOutcome {
     Taken,
 }
 
+/// What a version's name holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Slot {
+    /// Nothing: never written (past the tip), or collected long ago.
+    Absent,
+    /// A tombstone: the version was collected.
+    Collected,
+    /// The version's body.
+    Version(Bytes),
+}
+
 /// A decoded state together with the version it was read from (0: the
 /// object has no version yet) and when that version was last known to be
 /// the tip.
@@ -218,6 +229,9 @@ pub struct VersionedObjects {
     options: CommitOptions,
     /// Tombstones this handle made, oldest first, to delete once expired.
     tombstones: Arc<std::sync::Mutex<std::collections::VecDeque<(u64, Instant)>>>,
+    /// Whether a commit writes the hint and collects old versions (see
+    /// [`VersionedObjects::as_log`]).
+    collects: bool,
 }
 
 /// How often a reader re-resolves the tip when versions vanish under it.
@@ -237,7 +251,16 @@ impl VersionedObjects {
             ext,
             options,
             tombstones: Default::default(),
+            collects: true,
         }
+    }
+
+    /// The same versions kept as a log whose owner reads them in order and
+    /// collects them itself ([`VersionedObjects::collect`]): a commit writes
+    /// one object, no hint, and collects nothing.
+    pub fn as_log(mut self) -> Self {
+        self.collects = false;
+        self
     }
 
     /// The directory of the versions.
@@ -258,12 +281,19 @@ impl VersionedObjects {
         }
     }
 
+    /// Whether `base` was confirmed as the tip more than half the tombstone
+    /// TTL ago: too long to trust that its successor, if collected, still
+    /// has its tombstone (see the module doc).
+    pub fn is_stale<S>(&self, base: &Versioned<S>) -> bool {
+        base.checked_at.elapsed() > self.options.tombstone_ttl / 2
+    }
+
     /// Whether a version after `base` exists. While `base` was confirmed as
     /// the tip less than half the tombstone TTL ago this is one existence
     /// check (a successor made since cannot have lost its tombstone yet);
     /// after that the tip is resolved in full, since N+1 may be gone.
     pub async fn has_newer<S>(&self, base: &Versioned<S>) -> Result<bool> {
-        if base.checked_at.elapsed() <= self.options.tombstone_ttl / 2 {
+        if !self.is_stale(base) {
             self.exists(base.version + 1).await
         } else {
             Ok(self.latest_version(base.version).await? > base.version)
@@ -282,6 +312,17 @@ impl VersionedObjects {
             )?)),
             _ => Ok(None),
         }
+    }
+
+    /// What is stored at a version's name, its body checked (see [`seal`]).
+    pub async fn slot(&self, version: u64) -> Result<Slot> {
+        Ok(match self.read_slot(version).await? {
+            None => Slot::Absent,
+            Some(bytes) if bytes.is_empty() => Slot::Collected,
+            Some(bytes) => {
+                Slot::Version(unseal(&self.dir, version, &self.path_of(version), bytes)?)
+            }
+        })
     }
 
     /// The object at a version's name: `None` if absent, empty if a tombstone.
@@ -306,11 +347,14 @@ impl VersionedObjects {
             .store
             .list(Some(&self.dir))
             .map_ok(|meta| {
+                // Not what lies in directories below.
+                let here = meta.location.as_ref().rsplit_once('/').map(|(dir, _)| dir)
+                    == Some(self.dir.as_ref());
                 let version = meta
                     .location
                     .filename()
                     .and_then(|name| paths::parse_version_file(name, self.ext));
-                version.map(|v| (v, meta))
+                version.filter(|_| here).map(|v| (v, meta))
             })
             .try_filter_map(|v| async move { Ok(v) })
             .try_collect()
@@ -439,19 +483,38 @@ impl VersionedObjects {
     /// to write).
     pub async fn commit<S: Default>(
         &self,
-        mut base: Versioned<S>,
+        base: Versioned<S>,
         decode: impl Fn(&Path, Bytes) -> Result<S>,
-        mut next: impl FnMut(&S) -> Result<Option<(S, Bytes)>>,
+        next: impl FnMut(&S) -> Result<Option<(S, Bytes)>>,
     ) -> Result<Versioned<S>> {
+        let decode = &decode;
+        let reload = |base: Versioned<S>, stale: bool| async move {
+            // Too old to trust that N+1's tombstone (if any) still exists.
+            if stale && !self.has_newer(&base).await? {
+                return Ok(base.confirmed());
+            }
+            self.load_latest(base.version + 1, decode).await
+        };
+        self.commit_with(base, reload, next).await
+    }
+
+    /// [`VersionedObjects::commit`] for a state that is not read from one
+    /// version alone: `reload(base, stale)` returns the tip, `base` being
+    /// too old to trust (`stale`: more than half the tombstone TTL since it
+    /// was confirmed) or its successor taken.
+    pub async fn commit_with<S, F>(
+        &self,
+        mut base: Versioned<S>,
+        mut reload: impl FnMut(Versioned<S>, bool) -> F,
+        mut next: impl FnMut(&S) -> Result<Option<(S, Bytes)>>,
+    ) -> Result<Versioned<S>>
+    where
+        F: std::future::Future<Output = Result<Versioned<S>>>,
+    {
         let mut attempt = 0;
         loop {
-            if base.checked_at.elapsed() > self.options.tombstone_ttl / 2 {
-                // Too old to trust that N+1's tombstone (if any) still exists.
-                base = if self.has_newer(&base).await? {
-                    self.load_latest(base.version, &decode).await?
-                } else {
-                    base.confirmed()
-                };
+            if self.is_stale(&base) {
+                base = reload(base, true).await?;
             }
             let Some((state, bytes)) = next(&base.state)? else {
                 return Ok(base);
@@ -488,7 +551,7 @@ impl VersionedObjects {
                         });
                     }
                     tokio::time::sleep(self.options.backoff(attempt)).await;
-                    base = self.load_latest(version, &decode).await?;
+                    base = reload(base, false).await?;
                 }
             }
         }
@@ -498,16 +561,32 @@ impl VersionedObjects {
     /// (see the module doc). Failures are logged, never returned: the commit
     /// already happened.
     async fn after_commit(&self, version: u64) {
+        if !self.collects {
+            return;
+        }
         let hint = PutPayload::from(version.to_string());
         if let Err(e) = self.store.put(&paths::hint_file(&self.dir), hint).await {
             log::debug!("hint write in {} failed: {e}", self.dir);
         }
         let keep = self.options.keep_versions.max(1);
-        if version <= keep {
-            return;
+        if version > keep {
+            let oldest_kept = version + 1 - keep;
+            self.collect(oldest_kept - 1..=oldest_kept - 1).await;
         }
-        let oldest_kept = version + 1 - keep;
-        self.tombstone(oldest_kept - 1).await;
+    }
+
+    /// Collects `versions` (each must have newer versions after it): empties
+    /// them into tombstones, deletes this handle's expired tombstones, and,
+    /// when the range reaches a multiple of
+    /// [`CommitOptions::sweep_every`], lists the directory to empty older
+    /// versions left with content and delete expired tombstones. Failures
+    /// are logged and left to a later collection.
+    pub async fn collect(&self, versions: std::ops::RangeInclusive<u64>) {
+        use futures::StreamExt;
+        let (first, last) = (*versions.start(), *versions.end());
+        futures::stream::iter(versions)
+            .for_each_concurrent(16, |v| self.tombstone(v))
+            .await;
         loop {
             let expired = {
                 let mut own = self.tombstones.lock().expect("tombstone list poisoned");
@@ -523,7 +602,8 @@ impl VersionedObjects {
             let Some(v) = expired else { break };
             self.delete_quietly(&self.path_of(v)).await;
         }
-        if !version.is_multiple_of(self.options.sweep_every.max(1)) {
+        let every = self.options.sweep_every.max(1);
+        if first > last || last / every == (first - 1) / every {
             return;
         }
         let metas = match self.list_metas().await {
@@ -541,13 +621,19 @@ impl VersionedObjects {
             return;
         };
         let ttl_ms = self.options.tombstone_ttl.as_millis() as i64;
-        for (v, meta) in metas.into_iter().take_while(|(v, _)| *v < oldest_kept) {
+        for (v, meta) in metas.into_iter().take_while(|(v, _)| *v <= last) {
             if meta.size > 0 {
                 self.tombstone(v).await;
             } else if now_ms - meta.last_modified.timestamp_millis() > ttl_ms {
                 self.delete_quietly(&meta.location).await;
             }
         }
+    }
+
+    /// Deletes `version` (for objects that are not a chain: see
+    /// [`VersionedObjects::as_log`]); a failure is logged.
+    pub async fn delete(&self, version: u64) {
+        self.delete_quietly(&self.path_of(version)).await;
     }
 
     /// Empties a collected version, keeping its number taken.

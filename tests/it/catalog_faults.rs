@@ -38,7 +38,6 @@ async fn reopen(store: &Arc<FaultyStore>) -> Arc<Catalog> {
 fn ids(catalog: &Catalog) -> Vec<String> {
     catalog
         .snapshot()
-        .entries()
         .iter()
         .map(|e| e.object_id.clone())
         .collect()

@@ -42,11 +42,7 @@ async fn eight_processes_create_400_namespaces() {
         .await
         .unwrap();
     let snapshot = catalog.snapshot();
-    let ids: Vec<&str> = snapshot
-        .entries()
-        .iter()
-        .map(|e| e.object_id.as_str())
-        .collect();
+    let ids: Vec<&str> = snapshot.iter().map(|e| e.object_id.as_str()).collect();
     let unique: BTreeSet<&str> = ids.iter().copied().collect();
     assert_eq!(ids.len(), PROCESSES * PER_PROCESS, "entries lost or added");
     assert_eq!(unique.len(), ids.len(), "an entry appears twice");
@@ -60,20 +56,16 @@ async fn eight_processes_create_400_namespaces() {
     }
     assert!(
         snapshot
-            .entries()
             .iter()
             .all(|e| e.object_type == ObjectType::Namespace)
     );
-    // Collection kept the directory small: only the newest versions (and the
-    // hint) have content, the older ones are empty tombstones.
-    let with_content = std::fs::read_dir(dir.path().join("__manifest"))
+    // A checkpoint now leaves itself alone: those the shells wrote are gone.
+    let at = catalog.checkpoint().await.unwrap();
+    let checkpoints: Vec<_> = std::fs::read_dir(dir.path().join("__manifest/checkpoints"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().metadata().unwrap().len() > 0)
-        .count();
-    assert!(
-        with_content <= 6,
-        "{with_content} non-empty objects in __manifest"
-    );
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(checkpoints, [format!("v{at:020}.arrow")]);
 }
 
 /// Concurrent mutations in one process share versions (group commit), and
@@ -118,7 +110,7 @@ async fn group_commit_shares_versions_and_keeps_results() {
         }
     }
     assert_eq!((created, duplicates), (56, 8));
-    assert_eq!(catalog.snapshot().entries().len(), 57);
+    assert_eq!(catalog.snapshot().len(), 57);
     assert!(
         catalog.version() < 57,
         "64 concurrent mutations took {} versions: no group commit",
@@ -159,5 +151,5 @@ async fn racing_creators_exactly_one_wins() {
             .count();
         assert_eq!((wins, told), (1, 1), "round {round}: {results:?}");
     }
-    assert_eq!(open().await.snapshot().entries().len(), 20);
+    assert_eq!(open().await.snapshot().len(), 20);
 }

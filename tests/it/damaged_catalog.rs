@@ -6,15 +6,25 @@ use std::path::{Path, PathBuf};
 
 use memwal::{Error, MemwalSession};
 
-/// Writes garbage over the newest catalog version; returns its path and
-/// its good bytes.
+/// Writes garbage over what a reader of the catalog needs most recently:
+/// the newest version, or the newest checkpoint if it is that version's;
+/// returns its path and its good bytes.
 fn corrupt_newest(root: &Path) -> (PathBuf, Vec<u8>) {
-    let newest = std::fs::read_dir(root.join("__manifest"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
-        .max()
-        .unwrap();
+    let newest = |dir: PathBuf| {
+        std::fs::read_dir(dir)
+            .map(|read| {
+                read.map(|e| e.unwrap().path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "arrow"))
+                    .max()
+            })
+            .ok()
+            .flatten()
+    };
+    let version = newest(root.join("__manifest")).unwrap();
+    let newest = match newest(root.join("__manifest/checkpoints")) {
+        Some(checkpoint) if checkpoint.file_name() == version.file_name() => checkpoint,
+        _ => version,
+    };
     let good = std::fs::read(&newest).unwrap();
     std::fs::write(&newest, b"garbage, not an Arrow file").unwrap();
     (newest, good)

@@ -5,6 +5,7 @@ mod atomic;
 mod blob;
 mod bulk;
 mod catalog_faults;
+mod catalog_log;
 mod catalog_processes;
 mod crash;
 mod damage;

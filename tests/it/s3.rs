@@ -33,7 +33,7 @@ async fn catalog_commits_and_survives_reopen_on_s3() {
     }
     // b's commits rebased onto a's (and back): nothing lost.
     let again = open().await;
-    assert_eq!(again.snapshot().entries().len(), 12);
+    assert_eq!(again.snapshot().len(), 12);
     assert_eq!(again.version(), 12);
     let err = again
         .create_namespace(ObjectPath::new(["n3"]).unwrap(), false)

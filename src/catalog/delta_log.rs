@@ -1,0 +1,353 @@
+//! The catalog's versions as a log of deltas over checkpoints.
+//!
+//! Version N+1 is committed through `VersionedObjects::commit_with` (the one
+//! commit primitive) and holds only the changes it made to version N (a
+//! delta, [`format::Stored::Delta`]). Now and then, in the background, a
+//! process writes a checkpoint: the full state as of a version it
+//! committed, under `__manifest/checkpoints/`. So:
+//! - a commit writes one small object, whatever the catalog's size, and a
+//!   lost race reads only the versions committed since its base;
+//! - a reader with no state loads the newest checkpoint and the deltas
+//!   after it; a reader with a state reads the deltas after it (one request
+//!   when nothing changed);
+//! - writing a checkpoint collects what it makes unneeded: older
+//!   checkpoints, and versions more than
+//!   [`CatalogOptions::keep_behind`] behind it (as tombstones, so that no
+//!   version number is ever used twice). A reader that finds a version
+//!   collected loads the newest checkpoint instead.
+//!
+//! Catalogs written before deltas (every version a full state) open as
+//! they are: a version read in full replaces the state, and the first
+//! commit on such a catalog writes its first checkpoint.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use object_store::ObjectStore;
+use object_store::path::Path;
+
+use super::CatalogOptions;
+use super::format::{self, Stored};
+use super::state::CatalogState;
+use crate::error::{Error, Result};
+use crate::store::{CommitOptions, Slot, Versioned, VersionedObjects, paths};
+
+/// A checkpoint is due once the deltas after the newest one hold half its
+/// bytes (and at least this many), or are
+/// [`CatalogOptions::checkpoint_every`] many.
+const CHECKPOINT_MIN_DELTA_BYTES: u64 = 256 << 10;
+/// Versions read at once when catching up (the window doubles from one up
+/// to this while versions keep coming).
+const READ_AHEAD: u64 = 32;
+/// Attempts at a full load when versions are collected under it.
+const LOAD_ATTEMPTS: u32 = 50;
+
+/// A state read to the tip and its version, or the first version found
+/// collected on the way.
+type Loaded = std::result::Result<(u64, Arc<CatalogState>), u64>;
+
+/// What a process knows of the log, to decide when a checkpoint is due.
+#[derive(Debug, Default)]
+struct Progress {
+    /// The newest checkpoint known and its size (`None`: none is known;
+    /// the next commit writes one).
+    checkpoint: Option<(u64, u64)>,
+    /// The newest version whose delta is counted below.
+    counted: u64,
+    /// Deltas read or written after the checkpoint, and their bytes.
+    deltas: u64,
+    delta_bytes: u64,
+}
+
+/// The versions and checkpoints of one catalog.
+#[derive(Debug)]
+pub struct DeltaLog {
+    versions: VersionedObjects,
+    checkpoints: VersionedObjects,
+    /// See [`CatalogOptions::checkpoint_every`] and
+    /// [`CatalogOptions::keep_behind`].
+    checkpoint_every: u64,
+    keep_behind: u64,
+    progress: Mutex<Progress>,
+}
+
+fn corrupt(path: &Path, reason: impl Into<String>) -> Error {
+    Error::Corrupt {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
+}
+
+impl DeltaLog {
+    /// The log of the catalog in `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, options: &CatalogOptions) -> Self {
+        let dir = |d: &str| Path::from(d);
+        let commit: &CommitOptions = &options.commit;
+        Self {
+            checkpoint_every: options.checkpoint_every,
+            keep_behind: options.keep_behind,
+            versions: VersionedObjects::new(
+                Arc::clone(&store),
+                dir(paths::CATALOG_DIR),
+                paths::CATALOG_EXT,
+                commit.clone(),
+            )
+            .as_log(),
+            checkpoints: VersionedObjects::new(
+                store,
+                dir(paths::CATALOG_CHECKPOINTS_DIR),
+                paths::CATALOG_EXT,
+                commit.clone(),
+            )
+            .as_log(),
+            progress: Mutex::default(),
+        }
+    }
+
+    /// The catalog's versions.
+    pub fn versions(&self) -> &VersionedObjects {
+        &self.versions
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().expect("catalog log progress poisoned")
+    }
+
+    /// Counts the delta of `version` (`bytes` long), read or written.
+    pub fn counted(&self, version: u64, bytes: usize) {
+        let mut p = self.progress();
+        if version > p.counted {
+            p.counted = version;
+            p.deltas += 1;
+            p.delta_bytes += bytes as u64;
+        }
+    }
+
+    /// Whether a checkpoint of the state at `version` is due (never with
+    /// [`CatalogOptions::checkpoint_every`] 0).
+    pub fn checkpoint_due(&self, version: u64) -> bool {
+        let p = self.progress();
+        if self.checkpoint_every == 0 {
+            return false;
+        }
+        match p.checkpoint {
+            None => version > 0,
+            Some((at, bytes)) => {
+                version > at
+                    && (p.deltas >= self.checkpoint_every
+                        || p.delta_bytes >= (bytes / 2).max(CHECKPOINT_MIN_DELTA_BYTES))
+            }
+        }
+    }
+
+    /// The tip: from `base` when it can be trusted (not `stale`), else
+    /// from the newest checkpoint (see [`DeltaLog::catch_up`], [`DeltaLog::load`]).
+    pub async fn reload(
+        &self,
+        base: Versioned<CatalogState>,
+        stale: bool,
+    ) -> Result<Versioned<CatalogState>> {
+        if stale {
+            return self.load().await;
+        }
+        self.catch_up(base).await
+    }
+
+    /// The tip from `base` on: the versions after it, read in order (a
+    /// window of them at a time) until one is missing. One request when
+    /// none is newer. Loads the newest checkpoint when one was collected.
+    pub async fn catch_up(&self, base: Versioned<CatalogState>) -> Result<Versioned<CatalogState>> {
+        match self.read_after(base.version, &base.state).await? {
+            Ok((version, state)) => Ok(Versioned::new(version, state)),
+            Err(_) => self.load().await,
+        }
+    }
+
+    /// The versions after `version` (whose state is `state`) up to the tip
+    /// applied; or the first of them found collected.
+    async fn read_after(&self, mut version: u64, state: &Arc<CatalogState>) -> Result<Loaded> {
+        let mut state = Arc::clone(state);
+        let mut window = 1;
+        loop {
+            let slots = futures::future::try_join_all(
+                (version + 1..=version + window).map(|v| self.versions.slot(v)),
+            )
+            .await?;
+            for slot in slots {
+                let next = version + 1;
+                let bytes = match slot {
+                    Slot::Absent => return Ok(Ok((version, state))),
+                    Slot::Collected => return Ok(Err(next)),
+                    Slot::Version(bytes) => bytes,
+                };
+                state = self.apply(next, &state, bytes)?;
+                version = next;
+            }
+            window = (window * 2).min(READ_AHEAD);
+        }
+    }
+
+    /// The state of version `version` (`bytes`) made from the state before.
+    fn apply(
+        &self,
+        version: u64,
+        before: &Arc<CatalogState>,
+        bytes: Bytes,
+    ) -> Result<Arc<CatalogState>> {
+        let path = self.versions.path_of(version);
+        let len = bytes.len();
+        match format::decode(path.as_ref(), bytes)? {
+            // A catalog written before deltas.
+            Stored::Full(entries) => Ok(Arc::new(CatalogState::from_entries(entries))),
+            Stored::Delta(changes) => {
+                let mut state = (**before).clone();
+                state.replay(&changes).map_err(|reason| {
+                    corrupt(
+                        &path,
+                        format!("does not follow its version before: {reason}"),
+                    )
+                })?;
+                self.counted(version, len);
+                Ok(Arc::new(state))
+            }
+        }
+    }
+
+    /// The tip read afresh: the newest checkpoint and the versions after
+    /// it, or, before the first checkpoint, the versions from the newest
+    /// full one (or the first).
+    pub async fn load(&self) -> Result<Versioned<CatalogState>> {
+        for _ in 0..LOAD_ATTEMPTS {
+            let newest = self.checkpoints.list_versions().await?.last().copied();
+            let loaded = match newest {
+                Some(at) => self.load_checkpoint(at).await?,
+                None => self.load_versions().await?,
+            };
+            let collected = match loaded {
+                Ok((version, state)) => return Ok(Versioned::new(version, state)),
+                Err(collected) => collected,
+            };
+            // Collection empties only versions behind a checkpoint newer
+            // than what was read: with none, the version is damaged.
+            if self.checkpoints.list_versions().await?.last().copied() == newest {
+                return Err(corrupt(
+                    &self.versions.path_of(collected),
+                    "the version is empty, and no checkpoint covers it \
+                     (damaged: collection empties only versions a checkpoint covers)",
+                ));
+            }
+        }
+        Err(Error::CommitConflict {
+            what: format!(
+                "loading the catalog in {} (versions kept being collected)",
+                self.versions.dir()
+            ),
+            attempts: LOAD_ATTEMPTS,
+        })
+    }
+
+    /// The tip from the checkpoint at `at`; or the first version found
+    /// collected (0: the checkpoint itself was deleted meanwhile).
+    async fn load_checkpoint(&self, at: u64) -> Result<Loaded> {
+        let path = self.checkpoints.path_of(at);
+        let bytes = match self.checkpoints.slot(at).await? {
+            Slot::Absent => return Ok(Err(0)),
+            Slot::Collected => return Err(corrupt(&path, "the checkpoint is empty (damaged)")),
+            Slot::Version(bytes) => bytes,
+        };
+        let len = bytes.len() as u64;
+        let Stored::Full(entries) = format::decode(path.as_ref(), bytes)? else {
+            return Err(corrupt(&path, "a checkpoint holds a delta"));
+        };
+        {
+            let mut p = self.progress();
+            if p.checkpoint.is_none_or(|(known, _)| known <= at) {
+                *p = Progress {
+                    checkpoint: Some((at, len)),
+                    counted: p.counted.max(at),
+                    ..Progress::default()
+                };
+            }
+        }
+        let state = Arc::new(CatalogState::from_entries(entries));
+        self.read_after(at, &state).await
+    }
+
+    /// The tip without a checkpoint: back from the newest version to a full
+    /// one (or the first), then forward; or the first version found
+    /// collected (a checkpoint was written meanwhile, or damage).
+    async fn load_versions(&self) -> Result<Loaded> {
+        let tip = self.versions.latest_version(0).await?;
+        // Versions read, newest first, down to a full one.
+        let mut bodies = Vec::new();
+        let mut state = Arc::new(CatalogState::default());
+        let mut below = tip;
+        'back: while below > 0 {
+            let from = below.saturating_sub(READ_AHEAD) + 1;
+            let slots =
+                futures::future::try_join_all((from..=below).rev().map(|v| self.versions.slot(v)))
+                    .await?;
+            for slot in slots {
+                let Slot::Version(bytes) = slot else {
+                    return Ok(Err(below));
+                };
+                let path = self.versions.path_of(below);
+                match format::decode(path.as_ref(), bytes.clone())? {
+                    Stored::Full(entries) => {
+                        state = Arc::new(CatalogState::from_entries(entries));
+                        break 'back;
+                    }
+                    Stored::Delta(_) => bodies.push((below, bytes)),
+                }
+                below -= 1;
+            }
+        }
+        for (version, bytes) in bodies.into_iter().rev() {
+            state = self.apply(version, &state, bytes)?;
+        }
+        self.read_after(tip, &state).await
+    }
+
+    /// Writes the checkpoint of `state`, the catalog at `version`, unless
+    /// one is there already; then deletes older checkpoints and collects
+    /// the versions more than [`CatalogOptions::keep_behind`] behind it
+    /// that the checkpoint before did not (failures there are logged and
+    /// left to the next checkpoint). A checkpoint is never needed for
+    /// correctness, only for speed.
+    pub async fn checkpoint(&self, version: u64, state: Arc<CatalogState>) -> Result<()> {
+        let bytes = tokio::task::spawn_blocking(move || format::encode_full(state.iter()))
+            .await
+            .map_err(|e| Error::Poisoned(format!("encoding a catalog checkpoint: {e}")))??;
+        let len = bytes.len() as u64;
+        // Taken: another process wrote the same version's.
+        self.checkpoints.put_version(version, bytes).await?;
+        let known = {
+            let mut p = self.progress();
+            let known = p.checkpoint.map(|(at, _)| at);
+            if known.is_none_or(|known| known < version) {
+                p.deltas = p.counted.saturating_sub(version).min(p.deltas);
+                p.delta_bytes = 0;
+                p.checkpoint = Some((version, len));
+            }
+            known
+        };
+        for old in self.checkpoints.list_versions().await? {
+            if old < version {
+                self.checkpoints.delete(old).await;
+            }
+        }
+        // The versions from where the writer of the checkpoint known before
+        // stopped (older ones are left to the periodic sweep, as are those
+        // of a writer that stopped before collecting).
+        let keep = self.keep_behind;
+        let last = version.saturating_sub(keep);
+        let reach = 4 * (self.checkpoint_every.max(1) + keep);
+        let first = known
+            .map_or(1, |at| at.saturating_sub(keep) + 1)
+            .max(last.saturating_sub(reach) + 1);
+        if first <= last {
+            self.versions.collect(first..=last).await;
+        }
+        Ok(())
+    }
+}
