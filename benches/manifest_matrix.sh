@@ -3,7 +3,8 @@
 # examples/manifest_bench.rs at 1K, 10K, 100K and 1M entries with C = 1 and
 # 32 tasks of one process and 8 and 32 worker processes, on the local
 # directory and behind the s3-standard latency model; 32 processes at 100K
-# entries for 30 s; 100K commits at 100K entries for the directory's size.
+# entries for 30 s; 100K commits (one version each) at 100K entries for the
+# directory's size.
 # One JSON object per line, after a label. The comparison with Lance's
 # DirectoryNamespace is `bash benches/run_peers.sh --only catalog`.
 #
@@ -41,4 +42,4 @@ done
 settle; label "memwal store=local entries=100000 processes=32 30s"
 "$bench" run --root "$work/m100000" --workers 32 --processes --duration-secs 30
 settle; label "memwal store=local entries=100000 100000-commits"
-"$bench" run --root "$work/m100000" --workers 32 --ops-per-worker 3125
+"$bench" run --root "$work/m100000" --workers 1 --ops-per-worker 100000

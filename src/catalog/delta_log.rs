@@ -11,10 +11,12 @@
 //!   after it; a reader with a state reads the deltas after it (one request
 //!   when nothing changed);
 //! - writing a checkpoint collects what it makes unneeded: older
-//!   checkpoints, and versions more than
-//!   [`CatalogOptions::keep_behind`] behind it (as tombstones, so that no
-//!   version number is ever used twice). A reader that finds a version
-//!   collected loads the newest checkpoint instead.
+//!   checkpoints, and versions more than [`CatalogOptions::keep_behind`]
+//!   behind the checkpoint before it (as tombstones, so that no version
+//!   number is ever used twice), so that a handle behind by up to an
+//!   interval between checkpoints still catches up by reading versions. A
+//!   reader that finds a version collected loads the newest checkpoint
+//!   instead.
 //!
 //! Catalogs written before deltas (every version a full state) open as
 //! they are: a version read in full replaces the state, and the first
@@ -52,11 +54,30 @@ struct Progress {
     /// The newest checkpoint known and its size (`None`: none is known;
     /// the next commit writes one).
     checkpoint: Option<(u64, u64)>,
+    /// The checkpoint known before it.
+    before: Option<u64>,
     /// The newest version whose delta is counted below.
     counted: u64,
     /// Deltas read or written after the checkpoint, and their bytes.
     deltas: u64,
     delta_bytes: u64,
+}
+
+impl Progress {
+    /// Takes the checkpoint at `at` (`len` bytes) as the newest known, if
+    /// it is newer than the one known; whether it was.
+    fn advance(&mut self, at: u64, len: u64) -> bool {
+        let known = self.checkpoint.map(|(known, _)| known);
+        if known.is_some_and(|known| known >= at) {
+            return false;
+        }
+        self.before = known;
+        self.checkpoint = Some((at, len));
+        self.deltas = self.counted.saturating_sub(at).min(self.deltas);
+        self.delta_bytes = 0;
+        self.counted = self.counted.max(at);
+        true
+    }
 }
 
 /// The versions and checkpoints of one catalog.
@@ -68,6 +89,10 @@ pub struct DeltaLog {
     /// [`CatalogOptions::keep_behind`].
     checkpoint_every: u64,
     keep_behind: u64,
+    /// How much later than due (1 to 2 times) this handle writes a
+    /// checkpoint: the handles of one catalog spread theirs, and the first
+    /// one written spares the others theirs (see [`DeltaLog::adopt_newer`]).
+    patience: f64,
     progress: Mutex<Progress>,
 }
 
@@ -86,20 +111,21 @@ impl DeltaLog {
         Self {
             checkpoint_every: options.checkpoint_every,
             keep_behind: options.keep_behind,
+            patience: 1.0 + rand::random::<f64>(),
             versions: VersionedObjects::new(
                 Arc::clone(&store),
                 dir(paths::CATALOG_DIR),
                 paths::CATALOG_EXT,
                 commit.clone(),
             )
-            .as_log(),
+            .into_log(),
             checkpoints: VersionedObjects::new(
                 store,
                 dir(paths::CATALOG_CHECKPOINTS_DIR),
                 paths::CATALOG_EXT,
                 commit.clone(),
             )
-            .as_log(),
+            .into_log(),
             progress: Mutex::default(),
         }
     }
@@ -133,11 +159,21 @@ impl DeltaLog {
         match p.checkpoint {
             None => version > 0,
             Some((at, bytes)) => {
+                let later = |n: u64| (n as f64 * self.patience) as u64;
                 version > at
-                    && (p.deltas >= self.checkpoint_every
-                        || p.delta_bytes >= (bytes / 2).max(CHECKPOINT_MIN_DELTA_BYTES))
+                    && (p.deltas >= later(self.checkpoint_every)
+                        || p.delta_bytes >= later((bytes / 2).max(CHECKPOINT_MIN_DELTA_BYTES)))
             }
         }
+    }
+
+    /// Takes a checkpoint newer than the one known, if one was written
+    /// (by another handle) since, as the newest known; whether there was.
+    pub async fn adopt_newer(&self) -> Result<bool> {
+        let Some(&(at, len)) = self.checkpoints.list_sizes().await?.last() else {
+            return Ok(false);
+        };
+        Ok(self.progress().advance(at, len))
     }
 
     /// The tip: from `base` when it can be trusted (not `stale`), else
@@ -259,16 +295,7 @@ impl DeltaLog {
         let Stored::Full(entries) = format::decode(path.as_ref(), bytes)? else {
             return Err(corrupt(&path, "a checkpoint holds a delta"));
         };
-        {
-            let mut p = self.progress();
-            if p.checkpoint.is_none_or(|(known, _)| known <= at) {
-                *p = Progress {
-                    checkpoint: Some((at, len)),
-                    counted: p.counted.max(at),
-                    ..Progress::default()
-                };
-            }
-        }
+        self.progress().advance(at, len);
         let state = Arc::new(CatalogState::from_entries(entries));
         self.read_after(at, &state).await
     }
@@ -310,10 +337,10 @@ impl DeltaLog {
 
     /// Writes the checkpoint of `state`, the catalog at `version`, unless
     /// one is there already; then deletes older checkpoints and collects
-    /// the versions more than [`CatalogOptions::keep_behind`] behind it
-    /// that the checkpoint before did not (failures there are logged and
-    /// left to the next checkpoint). A checkpoint is never needed for
-    /// correctness, only for speed.
+    /// the versions more than [`CatalogOptions::keep_behind`] behind the
+    /// checkpoint known before (failures there are logged and left to a
+    /// later collection). A checkpoint is never needed for correctness,
+    /// only for speed.
     pub async fn checkpoint(&self, version: u64, state: Arc<CatalogState>) -> Result<()> {
         let bytes = tokio::task::spawn_blocking(move || format::encode_full(state.iter()))
             .await
@@ -321,28 +348,31 @@ impl DeltaLog {
         let len = bytes.len() as u64;
         // Taken: another process wrote the same version's.
         self.checkpoints.put_version(version, bytes).await?;
-        let known = {
+        // Versions the checkpoint known before this one covers, from where
+        // the one before it stopped: handles behind this checkpoint by up to
+        // an interval still catch up by reading versions. (Older ones are
+        // left to the periodic sweep, as are those of a writer that stopped
+        // before collecting.)
+        let (before, known) = {
             let mut p = self.progress();
-            let known = p.checkpoint.map(|(at, _)| at);
-            if known.is_none_or(|known| known < version) {
-                p.deltas = p.counted.saturating_sub(version).min(p.deltas);
-                p.delta_bytes = 0;
-                p.checkpoint = Some((version, len));
-            }
-            known
+            let (before, known) = (p.before, p.checkpoint.map(|(at, _)| at));
+            p.advance(version, len);
+            (before, known)
         };
         for old in self.checkpoints.list_versions().await? {
             if old < version {
                 self.checkpoints.delete(old).await;
             }
         }
-        // The versions from where the writer of the checkpoint known before
-        // stopped (older ones are left to the periodic sweep, as are those
-        // of a writer that stopped before collecting).
         let keep = self.keep_behind;
-        let last = version.saturating_sub(keep);
+        let Some(last) = known
+            .filter(|&k| k <= version)
+            .map(|k| k.saturating_sub(keep))
+        else {
+            return Ok(());
+        };
         let reach = 4 * (self.checkpoint_every.max(1) + keep);
-        let first = known
+        let first = before
             .map_or(1, |at| at.saturating_sub(keep) + 1)
             .max(last.saturating_sub(reach) + 1);
         if first <= last {

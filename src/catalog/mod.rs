@@ -45,9 +45,9 @@ pub struct CatalogOptions {
     /// [`Catalog::checkpoint`] writes them). A reader opening the catalog
     /// reads about this many versions after the checkpoint at most.
     pub checkpoint_every: u64,
-    /// Versions a checkpoint leaves uncollected behind it, so that handles
-    /// a little behind catch up by reading them rather than the checkpoint
-    /// (default 256).
+    /// Versions a checkpoint leaves uncollected behind the checkpoint before
+    /// it, so that handles a little behind catch up by reading them rather
+    /// than a checkpoint (default 256).
     pub keep_behind: u64,
 }
 
@@ -422,7 +422,8 @@ impl Catalog {
     }
 
     /// Writes a checkpoint of `state` (the catalog at `version`) in the
-    /// background when one is due and this handle is not writing one.
+    /// background when one is due, this handle is not writing one, and no
+    /// other handle wrote a newer one since the one it knows.
     fn checkpoint_if_due(&self, version: u64, state: Arc<CatalogState>) {
         if !self.log.checkpoint_due(version) {
             return;
@@ -432,7 +433,8 @@ impl Catalog {
         };
         let log = Arc::clone(&self.log);
         tokio::spawn(async move {
-            if let Err(e) = log.checkpoint(version, state).await {
+            let spared = log.adopt_newer().await.unwrap_or(false);
+            if !spared && let Err(e) = log.checkpoint(version, state).await {
                 ::log::warn!("writing the catalog checkpoint of version {version} failed: {e}");
             }
             drop(busy);
@@ -442,8 +444,9 @@ impl Catalog {
     /// Writes a checkpoint of the newest version now (they are written in
     /// the background as commits go, see
     /// [`CatalogOptions::checkpoint_every`]), after one being written by
-    /// this handle; returns its version (0, and nothing written, for a
-    /// catalog without versions).
+    /// this handle, and collects what the checkpoint before it covers;
+    /// returns its version (0, and nothing written, for a catalog without
+    /// versions).
     pub async fn checkpoint(&self) -> Result<u64> {
         let _busy = self.checkpointing.lock().await;
         self.refresh().await?;

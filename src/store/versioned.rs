@@ -22,7 +22,9 @@
 //!   hint that is stale, missing, garbage or points at a collected version
 //!   falls back to a listing. A failed hint write is never an error.
 //! - **A version number is never used twice.** Garbage collection keeps the
-//!   newest [`CommitOptions::keep_versions`] and empties older ones into
+//!   newest [`CommitOptions::keep_versions`] (or, for versions kept as a
+//!   log, [`VersionedObjects::into_log`], what their owner asks to
+//!   [`VersionedObjects::collect`]) and empties older ones into
 //!   0-byte tombstones instead of deleting them, so a stale writer's
 //!   put-if-absent of a collected number still fails and it rebases. (With
 //!   plain deletes, a writer that loaded version N long ago could create a
@@ -230,7 +232,7 @@ pub struct VersionedObjects {
     /// Tombstones this handle made, oldest first, to delete once expired.
     tombstones: Arc<std::sync::Mutex<std::collections::VecDeque<(u64, Instant)>>>,
     /// Whether a commit writes the hint and collects old versions (see
-    /// [`VersionedObjects::as_log`]).
+    /// [`VersionedObjects::into_log`]).
     collects: bool,
 }
 
@@ -258,7 +260,7 @@ impl VersionedObjects {
     /// The same versions kept as a log whose owner reads them in order and
     /// collects them itself ([`VersionedObjects::collect`]): a commit writes
     /// one object, no hint, and collects nothing.
-    pub fn as_log(mut self) -> Self {
+    pub fn into_log(mut self) -> Self {
         self.collects = false;
         self
     }
@@ -361,6 +363,17 @@ impl VersionedObjects {
             .await?;
         versions.sort_unstable_by_key(|(v, _)| *v);
         Ok(versions)
+    }
+
+    /// Every version present (tombstones included), ascending, with its
+    /// size in bytes.
+    pub async fn list_sizes(&self) -> Result<Vec<(u64, u64)>> {
+        Ok(self
+            .list_metas()
+            .await?
+            .into_iter()
+            .map(|(v, meta)| (v, meta.size))
+            .collect())
     }
 
     /// Every version number present (tombstones included), ascending.
@@ -603,7 +616,7 @@ impl VersionedObjects {
             self.delete_quietly(&self.path_of(v)).await;
         }
         let every = self.options.sweep_every.max(1);
-        if first > last || last / every == (first - 1) / every {
+        if first > last || last / every == first.saturating_sub(1) / every {
             return;
         }
         let metas = match self.list_metas().await {
@@ -631,7 +644,7 @@ impl VersionedObjects {
     }
 
     /// Deletes `version` (for objects that are not a chain: see
-    /// [`VersionedObjects::as_log`]); a failure is logged.
+    /// [`VersionedObjects::into_log`]); a failure is logged.
     pub async fn delete(&self, version: u64) {
         self.delete_quietly(&self.path_of(version)).await;
     }
