@@ -57,7 +57,7 @@ pub mod testing {
     pub use crate::sstable::{SstableFile, deletions_complete};
     pub use crate::store::{
         Delay, Fault, FaultMode, FaultyStore, Gate, LatencyProfile, LatencyStore, OpKind,
-        RequestCount, VersionedObjects, bench_root, paths,
+        RequestCount, Slot, VersionedObjects, bench_root, paths,
     };
     pub use crate::wal::{EntryKind, WalLog};
     pub use crate::writer::{Durability, ShardManifest, ShardWriter};

@@ -34,8 +34,8 @@ use super::state::CatalogState;
 use crate::error::{Error, Result};
 use crate::store::{CommitOptions, Slot, Versioned, VersionedObjects, paths};
 
-/// A checkpoint is due once the deltas after the newest one hold half its
-/// bytes (and at least this many), or are
+/// A checkpoint is due once the deltas after the newest one hold a quarter
+/// of its bytes (and at least this many), or are
 /// [`CatalogOptions::checkpoint_every`] many.
 const CHECKPOINT_MIN_DELTA_BYTES: u64 = 256 << 10;
 /// Versions read at once when catching up (the window doubles from one up
@@ -162,7 +162,7 @@ impl DeltaLog {
                 let later = |n: u64| (n as f64 * self.patience) as u64;
                 version > at
                     && (p.deltas >= later(self.checkpoint_every)
-                        || p.delta_bytes >= later((bytes / 2).max(CHECKPOINT_MIN_DELTA_BYTES)))
+                        || p.delta_bytes >= later((bytes / 4).max(CHECKPOINT_MIN_DELTA_BYTES)))
             }
         }
     }

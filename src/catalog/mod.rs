@@ -41,7 +41,7 @@ pub struct CatalogOptions {
     pub commit: CommitOptions,
     /// A handle writes a checkpoint in the background after a commit once
     /// this many versions followed the newest checkpoint it knows, or their
-    /// deltas hold half its bytes (default 2,048; 0: only
+    /// deltas hold a quarter of its bytes (default 2,048; 0: only
     /// [`Catalog::checkpoint`] writes them). A reader opening the catalog
     /// reads about this many versions after the checkpoint at most.
     pub checkpoint_every: u64,

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::helpers::catalog_ids as ids;
 use memwal::catalog::Outcome;
 use memwal::testing::{Fault, FaultyStore, OpKind};
 use memwal::{Catalog, CatalogOptions, Error, ObjectPath, ObjectRoot};
@@ -33,14 +34,6 @@ async fn reopen(store: &Arc<FaultyStore>) -> Arc<Catalog> {
     )
     .await
     .unwrap()
-}
-
-fn ids(catalog: &Catalog) -> Vec<String> {
-    catalog
-        .snapshot()
-        .iter()
-        .map(|e| e.object_id.clone())
-        .collect()
 }
 
 #[tokio::test]

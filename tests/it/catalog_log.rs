@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::helpers::catalog_ids as ids;
 use datafusion::arrow::array::AsArray;
 use datafusion::arrow::datatypes::Int64Type;
 use memwal::catalog::Outcome;
@@ -17,14 +18,6 @@ use object_store::memory::InMemory;
 
 fn ns(name: &str) -> ObjectPath {
     ObjectPath::parse_dotted(name).unwrap()
-}
-
-fn ids(catalog: &Catalog) -> Vec<String> {
-    catalog
-        .snapshot()
-        .iter()
-        .map(|e| e.object_id.clone())
-        .collect()
 }
 
 async fn open(store: Arc<dyn ObjectStore>, options: &CatalogOptions) -> Arc<Catalog> {

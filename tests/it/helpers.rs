@@ -30,3 +30,12 @@ pub async fn scanned_rows(table: &memwal::Table) -> usize {
     let batches = table.scan().await.unwrap();
     batches.iter().map(|b| b.num_rows()).sum()
 }
+
+/// The ids of a catalog's entries in its snapshot, in order.
+pub fn catalog_ids(catalog: &memwal::Catalog) -> Vec<String> {
+    catalog
+        .snapshot()
+        .iter()
+        .map(|e| e.object_id.clone())
+        .collect()
+}
