@@ -30,7 +30,7 @@ use object_store::path::Path;
 
 use super::CatalogOptions;
 use super::format::{self, Stored};
-use super::state::CatalogState;
+use super::state::{CatalogState, Change};
 use crate::error::{Error, Result};
 use crate::store::{CommitOptions, Slot, Versioned, VersionedObjects, paths};
 
@@ -235,18 +235,28 @@ impl DeltaLog {
         match format::decode(path.as_ref(), bytes)? {
             // A catalog written before deltas.
             Stored::Full(entries) => Ok(Arc::new(CatalogState::from_entries(entries))),
-            Stored::Delta(changes) => {
-                let mut state = (**before).clone();
-                state.replay(&changes).map_err(|reason| {
-                    corrupt(
-                        &path,
-                        format!("does not follow its version before: {reason}"),
-                    )
-                })?;
-                self.counted(version, len);
-                Ok(Arc::new(state))
-            }
+            Stored::Delta(changes) => self.replay(version, before, &changes, len),
         }
+    }
+
+    /// The state of version `version`, whose delta (`len` bytes) holds
+    /// `changes`, made from the state before.
+    fn replay(
+        &self,
+        version: u64,
+        before: &Arc<CatalogState>,
+        changes: &[Change],
+        len: usize,
+    ) -> Result<Arc<CatalogState>> {
+        let mut state = (**before).clone();
+        state.replay(changes).map_err(|reason| {
+            corrupt(
+                &self.versions.path_of(version),
+                format!("does not follow its version before: {reason}"),
+            )
+        })?;
+        self.counted(version, len);
+        Ok(Arc::new(state))
     }
 
     /// The tip read afresh: the newest checkpoint and the versions after
@@ -305,8 +315,8 @@ impl DeltaLog {
     /// collected (a checkpoint was written meanwhile, or damage).
     async fn load_versions(&self) -> Result<Loaded> {
         let tip = self.versions.latest_version(0).await?;
-        // Versions read, newest first, down to a full one.
-        let mut bodies = Vec::new();
+        // Deltas read, newest first, down to a full version.
+        let mut deltas = Vec::new();
         let mut state = Arc::new(CatalogState::default());
         let mut below = tip;
         'back: while below > 0 {
@@ -318,19 +328,19 @@ impl DeltaLog {
                 let Slot::Version(bytes) = slot else {
                     return Ok(Err(below));
                 };
-                let path = self.versions.path_of(below);
-                match format::decode(path.as_ref(), bytes.clone())? {
+                let (path, len) = (self.versions.path_of(below), bytes.len());
+                match format::decode(path.as_ref(), bytes)? {
                     Stored::Full(entries) => {
                         state = Arc::new(CatalogState::from_entries(entries));
                         break 'back;
                     }
-                    Stored::Delta(_) => bodies.push((below, bytes)),
+                    Stored::Delta(changes) => deltas.push((below, changes, len)),
                 }
                 below -= 1;
             }
         }
-        for (version, bytes) in bodies.into_iter().rev() {
-            state = self.apply(version, &state, bytes)?;
+        for (version, changes, len) in deltas.into_iter().rev() {
+            state = self.replay(version, &state, &changes, len)?;
         }
         self.read_after(tip, &state).await
     }
