@@ -349,9 +349,15 @@ impl DeltaLog {
     /// one is there already; then deletes older checkpoints and collects
     /// the versions more than [`CatalogOptions::keep_behind`] behind the
     /// checkpoint known before (failures there are logged and left to a
-    /// later collection). A checkpoint is never needed for correctness,
-    /// only for speed.
-    pub async fn checkpoint(&self, version: u64, state: Arc<CatalogState>) -> Result<()> {
+    /// later collection); with `sweep`, also lists the versions to collect
+    /// what earlier collections left (see [`VersionedObjects::sweep`]). A
+    /// checkpoint is never needed for correctness, only for speed.
+    pub async fn checkpoint(
+        &self,
+        version: u64,
+        state: Arc<CatalogState>,
+        sweep: bool,
+    ) -> Result<()> {
         let bytes = tokio::task::spawn_blocking(move || format::encode_full(state.iter()))
             .await
             .map_err(|e| Error::Poisoned(format!("encoding a catalog checkpoint: {e}")))??;
@@ -359,10 +365,10 @@ impl DeltaLog {
         // Taken: another process wrote the same version's.
         self.checkpoints.put_version(version, bytes).await?;
         // Versions the checkpoint known before this one covers, from where
-        // the one before it stopped: handles behind this checkpoint by up to
-        // an interval still catch up by reading versions. (Older ones are
-        // left to the periodic sweep, as are those of a writer that stopped
-        // before collecting.)
+        // the one before it stopped (and below, those an earlier collection
+        // skipped): handles behind this checkpoint by up to an interval
+        // still catch up by reading versions. (Those of a writer that
+        // stopped while collecting are left to the periodic sweep.)
         let (before, known) = {
             let mut p = self.progress();
             let (before, known) = (p.before, p.checkpoint.map(|(at, _)| at));
@@ -381,13 +387,38 @@ impl DeltaLog {
         else {
             return Ok(());
         };
-        let reach = 4 * (self.checkpoint_every.max(1) + keep);
+        let reach = last.saturating_sub(4 * (self.checkpoint_every.max(1) + keep)) + 1;
         let first = before
             .map_or(1, |at| at.saturating_sub(keep) + 1)
-            .max(last.saturating_sub(reach) + 1);
+            .max(reach);
         if first <= last {
+            let first = self.content_below(first, reach).await;
             self.versions.collect(first..=last).await;
         }
+        if sweep {
+            self.versions.sweep(last).await;
+        }
         Ok(())
+    }
+
+    /// How far below `first` (down to `floor`) versions next to it keep
+    /// their content: those no collection took (the handle collecting
+    /// before this one had missed a checkpoint, and collected less). Probes
+    /// one version, then windows that double; a failed probe ends the walk.
+    async fn content_below(&self, mut first: u64, floor: u64) -> u64 {
+        let mut window = 1;
+        while first > floor {
+            let from = first.saturating_sub(window).max(floor);
+            let sizes =
+                futures::future::join_all((from..first).rev().map(|v| self.versions.size(v))).await;
+            for size in sizes {
+                match size {
+                    Ok(Some(len)) if len > 0 => first -= 1,
+                    _ => return first,
+                }
+            }
+            window = (window * 2).min(READ_AHEAD);
+        }
+        first
     }
 }

@@ -434,7 +434,7 @@ impl Catalog {
         let log = Arc::clone(&self.log);
         tokio::spawn(async move {
             let spared = log.adopt_newer().await.unwrap_or(false);
-            if !spared && let Err(e) = log.checkpoint(version, state).await {
+            if !spared && let Err(e) = log.checkpoint(version, state, false).await {
                 ::log::warn!("writing the catalog checkpoint of version {version} failed: {e}");
             }
             drop(busy);
@@ -444,15 +444,15 @@ impl Catalog {
     /// Writes a checkpoint of the newest version now (they are written in
     /// the background as commits go, see
     /// [`CatalogOptions::checkpoint_every`]), after one being written by
-    /// this handle, and collects what the checkpoint before it covers;
-    /// returns its version (0, and nothing written, for a catalog without
-    /// versions).
+    /// this handle, and collects what the checkpoint before it covers,
+    /// listing the versions for what earlier collections left; returns its
+    /// version (0, and nothing written, for a catalog without versions).
     pub async fn checkpoint(&self) -> Result<u64> {
         let _busy = self.checkpointing.lock().await;
         self.refresh().await?;
         let tip = self.read_current();
         if tip.version > 0 {
-            self.log.checkpoint(tip.version, tip.state).await?;
+            self.log.checkpoint(tip.version, tip.state, true).await?;
         }
         Ok(tip.version)
     }

@@ -49,7 +49,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
@@ -327,6 +327,16 @@ impl VersionedObjects {
         })
     }
 
+    /// The size of what is stored at a version's name (0: collected), or
+    /// `None` if nothing is.
+    pub async fn size(&self, version: u64) -> Result<Option<u64>> {
+        match self.store.head(&self.path_of(version)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The object at a version's name: `None` if absent, empty if a tombstone.
     async fn read_slot(&self, version: u64) -> Result<Option<Bytes>> {
         match self.store.get(&self.path_of(version)).await {
@@ -595,30 +605,32 @@ impl VersionedObjects {
     /// versions left with content and delete expired tombstones. Failures
     /// are logged and left to a later collection.
     pub async fn collect(&self, versions: std::ops::RangeInclusive<u64>) {
-        use futures::StreamExt;
         let (first, last) = (*versions.start(), *versions.end());
         futures::stream::iter(versions)
             .for_each_concurrent(16, |v| self.tombstone(v))
             .await;
-        loop {
-            let expired = {
-                let mut own = self.tombstones.lock().expect("tombstone list poisoned");
-                match own.front() {
-                    Some((v, at)) if at.elapsed() > self.options.tombstone_ttl => {
-                        let v = *v;
-                        own.pop_front();
-                        Some(v)
-                    }
-                    _ => None,
-                }
-            };
-            let Some(v) = expired else { break };
-            self.delete_quietly(&self.path_of(v)).await;
+        let mut expired = Vec::new();
+        {
+            let mut own = self.tombstones.lock().expect("tombstone list poisoned");
+            while let Some(&(v, at)) = own.front()
+                && at.elapsed() > self.options.tombstone_ttl
+            {
+                expired.push(self.path_of(v));
+                own.pop_front();
+            }
         }
+        self.delete_all(expired).await;
         let every = self.options.sweep_every.max(1);
-        if first > last || last / every == first.saturating_sub(1) / every {
-            return;
+        if first <= last && last / every != first.saturating_sub(1) / every {
+            self.sweep(last).await;
         }
+    }
+
+    /// Lists the directory to empty the versions up to `last` left with
+    /// content (those a collection skipped or did not finish) and to delete
+    /// expired tombstones, whoever made them. Failures are logged and left
+    /// to a later sweep.
+    pub async fn sweep(&self, last: u64) {
         let metas = match self.list_metas().await {
             Ok(metas) => metas,
             Err(e) => {
@@ -634,13 +646,36 @@ impl VersionedObjects {
             return;
         };
         let ttl_ms = self.options.tombstone_ttl.as_millis() as i64;
+        let (mut full, mut expired) = (Vec::new(), Vec::new());
         for (v, meta) in metas.into_iter().take_while(|(v, _)| *v <= last) {
             if meta.size > 0 {
-                self.tombstone(v).await;
+                full.push(v);
             } else if now_ms - meta.last_modified.timestamp_millis() > ttl_ms {
-                self.delete_quietly(&meta.location).await;
+                expired.push(meta.location);
             }
         }
+        futures::stream::iter(full)
+            .for_each_concurrent(16, |v| self.tombstone(v))
+            .await;
+        self.delete_all(expired).await;
+    }
+
+    /// Deletes `paths` (in batches where the store takes them: a thousand
+    /// a request on S3); failures are logged.
+    async fn delete_all(&self, paths: Vec<Path>) {
+        if paths.is_empty() {
+            return;
+        }
+        let locations = futures::stream::iter(paths.into_iter().map(Ok)).boxed();
+        self.store
+            .delete_stream(locations)
+            .for_each(|done| async move {
+                match done {
+                    Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => log::debug!("deleting a collected version failed: {e}"),
+                }
+            })
+            .await;
     }
 
     /// Deletes `version` (for objects that are not a chain: see
