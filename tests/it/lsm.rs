@@ -386,7 +386,26 @@ async fn overlapping_sstables_are_read_unmerged_through_their_deletion_vectors()
     reopened.close().await.unwrap();
 
     // One damaged byte of a vector is an error naming it, never another
-    // answer.
+    // answer. On a shard of its own, so that no compaction merges the
+    // marked file away first: one SSTable of three keys, then one of the
+    // first again, which marks a third of the first (not enough for a
+    // merge, with room for 64 SSTables).
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let mut options = tiny(64);
+    options.memtable_bytes = WriterOptions::default().memtable_bytes;
+    for ops in [
+        &[Op::Put(1, 1), Op::Put(2, 1), Op::Put(3, 1)][..],
+        &[Op::Put(1, 2)],
+    ] {
+        let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options.clone())
+            .await
+            .unwrap();
+        for &op in ops {
+            apply(&writer, op).await.unwrap();
+        }
+        writer.close().await.unwrap();
+    }
     let m = manifest(&store).await;
     let vector = m
         .sstables
@@ -397,7 +416,7 @@ async fn overlapping_sstables_are_read_unmerged_through_their_deletion_vectors()
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[12] ^= 1;
     std::fs::write(&path, bytes).unwrap();
-    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(6))
+    let reopened = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options)
         .await
         .unwrap();
     let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
