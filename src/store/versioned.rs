@@ -276,11 +276,7 @@ impl VersionedObjects {
     }
 
     async fn exists(&self, version: u64) -> Result<bool> {
-        match self.store.head(&self.path_of(version)).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+        Ok(self.size(version).await?.is_some())
     }
 
     /// Whether `base` was confirmed as the tip more than half the tombstone
@@ -672,7 +668,7 @@ impl VersionedObjects {
             .for_each(|done| async move {
                 match done {
                     Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => log::debug!("deleting a collected version failed: {e}"),
+                    Err(e) => log::debug!("deleting in {} failed: {e}", self.dir),
                 }
             })
             .await;
@@ -681,7 +677,7 @@ impl VersionedObjects {
     /// Deletes `version` (for objects that are not a chain: see
     /// [`VersionedObjects::into_log`]); a failure is logged.
     pub async fn delete(&self, version: u64) {
-        self.delete_quietly(&self.path_of(version)).await;
+        self.delete_all(vec![self.path_of(version)]).await;
     }
 
     /// Empties a collected version, keeping its number taken.
@@ -694,13 +690,6 @@ impl VersionedObjects {
                 .expect("tombstone list poisoned")
                 .push_back((version, Instant::now())),
             Err(e) => log::debug!("collecting {path} failed: {e}"),
-        }
-    }
-
-    async fn delete_quietly(&self, path: &Path) {
-        match self.store.delete(path).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => log::debug!("deleting {path} failed: {e}"),
         }
     }
 }
