@@ -15,7 +15,10 @@
 //! `--processes`, as C worker processes of this same program (each its own
 //! handle: every commit races through put-if-absent). It prints one JSON
 //! object: ops/s, latency percentiles, retry-budget errors, versions used,
-//! and the catalog directory's size against one version's size. Each op is
+//! and the catalog directory's size against one checkpoint's, measured once
+//! each worker's handle finished its background checkpoint
+//! (`Catalog::close`), with how many versions and checkpoints hold bytes.
+//! Each op is
 //! one committed change: by default a worker creates a namespace and drops it
 //! again, alternately, so the catalog stays at its seeded size; with
 //! `--grow` it only creates. After the run it checks that every acknowledged
@@ -170,7 +173,9 @@ async fn worker(root: &str, args: &[String]) {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).unwrap();
     let (ops, until) = limits(args);
-    let tally = work(catalog, id, args.iter().any(|a| a == "--grow"), ops, until).await;
+    let grow = args.iter().any(|a| a == "--grow");
+    let tally = work(Arc::clone(&catalog), id, grow, ops, until).await;
+    catalog.close().await;
     let mut out = std::io::stdout().lock();
     let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     writeln!(out, "{}", join(&tally.latencies_us)).unwrap();
@@ -274,6 +279,7 @@ async fn run(root: &str, args: &[String]) {
         for t in tasks {
             tallies.push(t.await.unwrap());
         }
+        before.close().await;
         (start, tallies)
     };
     report(
@@ -335,25 +341,28 @@ async fn report(
         })
         .sum::<usize>();
 
-    // Bytes of the versions (and tombstones) and of the checkpoints.
-    let bytes_in = |dir: &std::path::Path| -> (u64, u64) {
-        let (mut all, mut newest) = (0, (String::new(), 0));
+    // Bytes of the versions (and tombstones) and of the checkpoints, and
+    // how many files hold bytes, once the writers' background work ended.
+    let bytes_in = |dir: &std::path::Path| -> (u64, u64, u64) {
+        let (mut all, mut full, mut newest) = (0, 0, (String::new(), 0));
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let Ok(meta) = e.metadata() else { continue };
             if meta.is_dir() {
                 continue;
             }
             all += meta.len();
+            full += u64::from(meta.len() > 0);
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('v') && name > newest.0 {
                 newest = (name, meta.len());
             }
         }
-        (all, newest.1)
+        (all, full, newest.1)
     };
     let dir = std::path::Path::new(root).join("__manifest");
-    let (version_bytes, _) = bytes_in(&dir);
-    let (checkpoint_dir_bytes, checkpoint_bytes) = bytes_in(&dir.join("checkpoints"));
+    let (version_bytes, full_versions, _) = bytes_in(&dir);
+    let (checkpoint_dir_bytes, checkpoint_files, checkpoint_bytes) =
+        bytes_in(&dir.join("checkpoints"));
     let dir_bytes = version_bytes + checkpoint_dir_bytes;
     let attempts = ops as u64 + conflicts + other_errors;
     println!(
@@ -361,7 +370,7 @@ async fn report(
 \"ops\":{ops},\"secs\":{secs:.3},\"ops_per_s\":{:.1},\"versions\":{},\"versions_per_s\":{:.1},\
 \"p50_ms\":{:.3},\"p90_ms\":{:.3},\"p99_ms\":{:.3},\"retry_budget_errors\":{conflicts},\
 \"retry_budget_error_pct\":{:.3},\"other_errors\":{other_errors},\"lost\":{lost},\
-\"manifest_dir_bytes\":{dir_bytes},\"checkpoint_bytes\":{checkpoint_bytes},\"dir_over_checkpoint\":{:.2}}}",
+\"manifest_dir_bytes\":{dir_bytes},\"versions_with_content\":{full_versions},\"checkpoint_files\":{checkpoint_files},\"checkpoint_bytes\":{checkpoint_bytes},\"dir_over_checkpoint\":{:.2}}}",
         cfg!(debug_assertions),
         store,
         if processes { "processes" } else { "tasks" },

@@ -407,10 +407,12 @@ impl Catalog {
                     self.log.counted(at, written);
                 }
                 self.install(version);
+                // Before answering: a caller that then waits in
+                // `Catalog::close` waits for this checkpoint too.
+                self.checkpoint_if_due(at, state);
                 for (p, r) in batch.into_iter().zip(results) {
                     let _ = p.done.send(r);
                 }
-                self.checkpoint_if_due(at, state);
             }
             Err(e) => {
                 let e = SharedError(e);
@@ -439,6 +441,15 @@ impl Catalog {
             }
             drop(busy);
         });
+    }
+
+    /// Waits for the checkpoint this handle is writing in the background,
+    /// and its collection, to end (it has begun by the time the commit
+    /// that made it due returned). The handle stays usable. A process that
+    /// exits without it may leave two checkpoints, or versions left to
+    /// collect, for the next checkpoint to clear.
+    pub async fn close(&self) {
+        let _idle = self.checkpointing.lock().await;
     }
 
     /// Writes a checkpoint of the newest version now (they are written in

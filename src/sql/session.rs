@@ -382,14 +382,15 @@ impl MemwalSession {
     /// its writers (those of every session sharing its table handles: see
     /// [`SessionBuilder::open`]); reports the first error. The data of a
     /// table written through them that another process dropped meanwhile
-    /// (closing may just have flushed some) is deleted.
+    /// (closing may just have flushed some) is deleted. Last, waits for a
+    /// catalog checkpoint being written in the background (see
+    /// [`Catalog::close`]).
     pub async fn close(&self) -> Result<()> {
         let written = self.tables.locations();
         let closed = self.tables.close().await;
-        if written.is_empty() {
-            return closed;
-        }
-        if let Ok(catalog) = self.fresh_catalog().await {
+        if !written.is_empty()
+            && let Ok(catalog) = self.fresh_catalog().await
+        {
             let snapshot = catalog.snapshot();
             let dropped: Vec<String> = written
                 .into_iter()
@@ -402,6 +403,9 @@ impl MemwalSession {
             {
                 log::warn!("deleting the data of dropped tables failed: {e}");
             }
+        }
+        if let Some(catalog) = self.catalog.get() {
+            catalog.close().await;
         }
         closed
     }

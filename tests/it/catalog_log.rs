@@ -265,3 +265,32 @@ async fn handles_committing_while_checkpoints_are_written_agree() {
         "{versions} versions of {last} keep their content"
     );
 }
+
+#[tokio::test]
+async fn close_waits_for_the_checkpoint_the_last_commit_began() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let catalog = open(Arc::clone(&store), &CatalogOptions::default()).await;
+    // The first commit on a catalog makes a checkpoint due; its write is
+    // held.
+    let held = faulty.gate(OpKind::Put, "__manifest/checkpoints/");
+    catalog.create_namespace(ns("first"), false).await.unwrap();
+    // It began before the commit returned: closing waits for it.
+    use futures::FutureExt;
+    assert!(catalog.close().now_or_never().is_none());
+    let closing = tokio::spawn({
+        let catalog = Arc::clone(&catalog);
+        async move { catalog.close().await }
+    });
+    held.arrived(1).await;
+    assert!(!closing.is_finished());
+    held.open();
+    closing.await.unwrap();
+    assert_eq!(
+        with_content(&store, "__manifest/checkpoints").await,
+        [format!("__manifest/checkpoints/v{:020}.arrow", 1)]
+    );
+    // The handle stays usable.
+    catalog.create_namespace(ns("second"), false).await.unwrap();
+    assert_eq!(ids(&catalog), ["first", "second"]);
+}
