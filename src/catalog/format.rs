@@ -1,14 +1,18 @@
-//! The stored forms of the catalog, one Arrow IPC file each, told apart by
-//! the format version in the schema metadata:
-//! - `1`, a **full** state: one row per entry, sorted by `object_id` (every
-//!   version of a catalog written before delta versions, and every
-//!   checkpoint);
-//! - `2`, a **delta**: the changes of one version, in order, one row each
-//!   (`change` is `put` with the entry, or `remove` with its id).
+//! The stored forms of the catalog, told apart by their format version:
+//! - `1`, a **full** state, an Arrow IPC file with one row per entry,
+//!   sorted by `object_id` (every version of a catalog written before delta
+//!   versions, and every checkpoint);
+//! - `2`, a **delta** as an Arrow IPC file: the changes of one version, in
+//!   order, one row each (`change` is `put` with the entry, or `remove`
+//!   with its id). Read, no longer written: a one-row Arrow file is
+//!   2.7 KB, mostly its schema;
+//! - `3`, a **delta** as a JSON object (`{"format": "3", "commit_id": ...,
+//!   "changes": [{"put": {entry}}, {"remove": "id"}]}`), written by every
+//!   commit: about 200 bytes for one change.
 //!
-//! Schema metadata also carries a random commit id that makes every written
-//! version's bytes unique (the commit protocol needs that to resolve
-//! ambiguous writes).
+//! The Arrow forms carry the format in their schema metadata. Every form
+//! carries a random commit id that makes every written version's bytes
+//! unique (the commit protocol needs that to resolve ambiguous writes).
 
 use std::collections::HashMap;
 use std::io::Cursor;
@@ -21,6 +25,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
+use serde::{Deserialize, Serialize};
 
 use super::entry::{Entry, ObjectType};
 use super::state::Change;
@@ -29,6 +34,7 @@ use crate::error::{Error, Result};
 const FORMAT_KEY: &str = "memwal.catalog.format";
 const FULL: &str = "1";
 const DELTA: &str = "2";
+const JSON_DELTA: &str = "3";
 const COMMIT_ID_KEY: &str = "memwal.commit_id";
 
 /// The columns of an entry; in a delta all but `object_id` are NULL in a
@@ -134,24 +140,86 @@ pub fn encode_full<'a>(entries: impl Iterator<Item = &'a Arc<Entry>>) -> Result<
     write(schema(FULL, &FULL_FIELDS), columns.finish())
 }
 
-/// Encodes the changes of one version.
+/// A format-3 delta as stored.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDelta {
+    format: String,
+    commit_id: String,
+    changes: Vec<JsonChange>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+enum JsonChange {
+    Put(JsonEntry),
+    Remove(String),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    object_id: String,
+    object_type: String,
+    location: Option<String>,
+    metadata: String,
+    base_objects: Vec<String>,
+}
+
+/// Encodes the changes of one version (format 3).
 pub fn encode_delta(changes: &[Change]) -> Result<Bytes> {
-    let (mut kinds, mut columns) = (StringBuilder::new(), EntryColumns::default());
-    for change in changes {
-        match change {
-            Change::Put(e) => {
-                kinds.append_value("put");
-                columns.push(&e.object_id, Some(e));
-            }
-            Change::Remove(id) => {
-                kinds.append_value("remove");
-                columns.push(id, None);
-            }
-        }
+    let changes = changes
+        .iter()
+        .map(|change| match change {
+            Change::Put(e) => JsonChange::Put(JsonEntry {
+                object_id: e.object_id.clone(),
+                object_type: e.object_type.as_str().to_string(),
+                location: e.location.clone(),
+                metadata: e.metadata.clone(),
+                base_objects: e.base_objects.clone(),
+            }),
+            Change::Remove(id) => JsonChange::Remove(id.clone()),
+        })
+        .collect();
+    let delta = JsonDelta {
+        format: JSON_DELTA.to_string(),
+        commit_id: format!("{:032x}", rand::random::<u128>()),
+        changes,
+    };
+    Ok(Bytes::from(
+        serde_json::to_vec(&delta).expect("a catalog delta always serializes"),
+    ))
+}
+
+/// Decodes a format-3 delta.
+fn decode_json_delta(bytes: &[u8], corrupt: impl Fn(String) -> Error) -> Result<Stored> {
+    let delta: JsonDelta =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a catalog delta: {e}")))?;
+    if delta.format != JSON_DELTA {
+        return Err(corrupt(format!(
+            "unsupported catalog format {:?}",
+            delta.format
+        )));
     }
-    let mut all: Vec<ArrayRef> = vec![Arc::new(kinds.finish())];
-    all.extend(columns.finish());
-    write(schema(DELTA, &DELTA_FIELDS), all)
+    let changes = delta
+        .changes
+        .into_iter()
+        .map(|change| match change {
+            JsonChange::Put(e) => {
+                let object_type = ObjectType::parse(&e.object_type)
+                    .ok_or_else(|| corrupt(format!("unknown object_type '{}'", e.object_type)))?;
+                Ok(Change::Put(Arc::new(Entry {
+                    object_id: e.object_id,
+                    object_type,
+                    location: e.location,
+                    metadata: e.metadata,
+                    base_objects: e.base_objects,
+                })))
+            }
+            JsonChange::Remove(id) => Ok(Change::Remove(id)),
+        })
+        .collect::<Result<_>>()?;
+    Ok(Stored::Delta(changes))
 }
 
 /// Decodes one stored catalog object; `path` names it in errors.
@@ -160,6 +228,9 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Stored> {
         path: path.to_string(),
         reason,
     };
+    if bytes.first() == Some(&b'{') {
+        return decode_json_delta(&bytes, corrupt);
+    }
     let reader = FileReader::try_new(Cursor::new(bytes), None)
         .map_err(|e| corrupt(format!("not an Arrow IPC file: {e}")))?;
     let schema = reader.schema();
@@ -273,6 +344,44 @@ mod tests {
         let one = encode_delta(&changes).unwrap();
         assert_ne!(one, encode_delta(&changes).unwrap());
         assert_eq!(decode("v3", one).unwrap(), Stored::Delta(changes));
+    }
+
+    #[test]
+    fn deltas_of_format_2_still_decode() {
+        // Written by memwal before format 3: an Arrow IPC file.
+        let (mut kinds, mut columns) = (StringBuilder::new(), EntryColumns::default());
+        let entries = entries();
+        kinds.append_value("put");
+        columns.push(&entries[1].object_id, Some(&entries[1]));
+        kinds.append_value("remove");
+        columns.push("a$u", None);
+        let mut all: Vec<ArrayRef> = vec![Arc::new(kinds.finish())];
+        all.extend(columns.finish());
+        let stored = write(schema(DELTA, &DELTA_FIELDS), all).unwrap();
+        assert_eq!(
+            decode("v4", stored).unwrap(),
+            Stored::Delta(vec![
+                Change::Put(Arc::clone(&entries[1])),
+                Change::Remove("a$u".into())
+            ])
+        );
+    }
+
+    #[test]
+    fn a_delta_is_small_and_strict() {
+        let one = encode_delta(&[Change::Put(Arc::clone(&entries()[0]))]).unwrap();
+        assert!(one.len() < 200, "{} bytes", one.len());
+        for bad in [
+            r#"{"format":"3","commit_id":"0","changes":[{"put":{"object_id":"a"}}]}"#,
+            r#"{"format":"3","commit_id":"0","changes":[{"drop":"a"}]}"#,
+            r#"{"format":"4","commit_id":"0","changes":[]}"#,
+            r#"{"format":"3","commit_id":"0","changes":[],"extra":1}"#,
+            r#"{"format":"3","commit_id":"0","changes":[{"put":{"object_id":"a","object_type":"view","location":null,"metadata":"{}","base_objects":[]}}]}"#,
+            "{",
+        ] {
+            let err = decode("v5", Bytes::from(bad)).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{bad}: {err}");
+        }
     }
 
     #[test]
