@@ -7,8 +7,9 @@
 //! - **One winner per version.** Version N+1 is only ever created with
 //!   put-if-absent, so of any number of writers that build on version N,
 //!   exactly one commits N+1; the others see `Taken`, reload the tip, rebase
-//!   their change on it and retry (jittered exponential backoff, at most
-//!   [`CommitOptions::retry_budget`] attempts, then [`Error::CommitConflict`]).
+//!   their change on it and retry (jittered exponential backoff, for at
+//!   least [`CommitOptions::retry_budget`] attempts and
+//!   [`CommitOptions::retry_for`], then [`Error::CommitConflict`]).
 //! - **Ambiguous writes are resolved before anything is retried.** When a
 //!   put fails with anything but "already exists", the version is read back:
 //!   our bytes there means we committed; other bytes means we lost the race;
@@ -61,8 +62,13 @@ use crate::store::paths;
 #[non_exhaustive]
 pub struct CommitOptions {
     /// Attempts at committing one change before [`Error::CommitConflict`]
-    /// (default 20).
+    /// (default 20), once [`CommitOptions::retry_for`] has passed too.
     pub retry_budget: u32,
+    /// How long a change keeps trying after lost races, whatever its
+    /// attempts (default 30 s): on a store whose requests take tens of
+    /// milliseconds, many processes committing at once take turns slowly,
+    /// and a change waits for its turn rather than fail.
+    pub retry_for: Duration,
     /// First backoff after losing a race (default 1 ms); doubles per attempt.
     pub backoff_base: Duration,
     /// Ceiling of the backoff (default 500 ms).
@@ -92,6 +98,7 @@ impl Default for CommitOptions {
     fn default() -> Self {
         Self {
             retry_budget: 20,
+            retry_for: Duration::from_secs(30),
             backoff_base: Duration::from_millis(1),
             backoff_max: Duration::from_millis(500),
             transient_retries: 3,
@@ -530,7 +537,7 @@ impl VersionedObjects {
     where
         F: std::future::Future<Output = Result<Versioned<S>>>,
     {
-        let mut attempt = 0;
+        let (mut attempt, started) = (0, Instant::now());
         loop {
             if self.is_stale(&base) {
                 base = reload(base, true).await?;
@@ -563,7 +570,9 @@ impl VersionedObjects {
                 }
                 PutOutcome::Taken => {
                     attempt += 1;
-                    if attempt >= self.options.retry_budget {
+                    if attempt >= self.options.retry_budget
+                        && started.elapsed() >= self.options.retry_for
+                    {
                         return Err(Error::CommitConflict {
                             what: self.dir.to_string(),
                             attempts: attempt,
@@ -946,6 +955,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_change_past_its_attempts_keeps_trying_for_its_time() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let objs = VersionedObjects::new(
+            Arc::clone(&inner),
+            Path::from("m"),
+            "txt",
+            CommitOptions {
+                retry_budget: 2,
+                retry_for: Duration::from_secs(60),
+                ..Default::default()
+            },
+        );
+        // A competitor wins the first five races, then stops.
+        let competitor = objects(inner);
+        let base = objs.load_latest(0, decode).await.unwrap();
+        let mut calls = 0;
+        let committed = objs
+            .commit(base, decode, |n| {
+                calls += 1;
+                if calls <= 5 {
+                    futures::executor::block_on(competitor.put_version(n + 1, encode(n + 1)))?;
+                }
+                Ok(Some((n + 1, encode(n + 1))))
+            })
+            .await
+            .unwrap();
+        assert_eq!((calls, committed.version), (6, 6));
+    }
+
+    #[tokio::test]
     async fn exhausted_budget_is_a_typed_conflict() {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let objs = VersionedObjects::new(
@@ -954,6 +993,7 @@ mod tests {
             "txt",
             CommitOptions {
                 retry_budget: 3,
+                retry_for: Duration::ZERO,
                 ..Default::default()
             },
         );
