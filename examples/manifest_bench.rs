@@ -175,7 +175,6 @@ async fn worker(root: &str, args: &[String]) {
     let (ops, until) = limits(args);
     let grow = args.iter().any(|a| a == "--grow");
     let tally = work(Arc::clone(&catalog), id, grow, ops, until).await;
-    catalog.close().await;
     let mut out = std::io::stdout().lock();
     let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
     writeln!(out, "{}", join(&tally.latencies_us)).unwrap();
@@ -183,6 +182,10 @@ async fn worker(root: &str, args: &[String]) {
     let names = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(",");
     writeln!(out, "{}", names(&tally.alive)).unwrap();
     writeln!(out, "{}", names(&tally.gone)).unwrap();
+    out.flush().unwrap();
+    drop(out);
+    // Untimed: the parent has the tally.
+    catalog.close().await;
 }
 
 async fn run(root: &str, args: &[String]) {
@@ -191,7 +194,9 @@ async fn run(root: &str, args: &[String]) {
     let before = open(root, &store(args), 1_000).await;
     let (entries_before, version_before) = (before.snapshot().len(), before.version());
 
-    let (start, tallies): (Instant, Vec<Tally>) = if processes {
+    // The time until every worker's last commit (a handle's background
+    // checkpoint, awaited after it, is not timed).
+    let (elapsed, tallies): (Duration, Vec<Tally>) = if processes {
         let exe = std::env::current_exe().unwrap();
         let mut children: Vec<_> = (0..workers)
             .map(|w| {
@@ -225,13 +230,18 @@ async fn run(root: &str, args: &[String]) {
         for (child, _) in &mut children {
             writeln!(child.stdin.as_mut().unwrap()).unwrap();
         }
-        let tallies = children
-            .into_iter()
-            .map(|(mut child, mut out)| {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut out, &mut text).unwrap();
-                assert!(child.wait().unwrap().success(), "a worker failed");
-                let mut lines = text.lines();
+        let tallies: Vec<Tally> = children
+            .iter_mut()
+            .map(|(_, out)| {
+                let text: Vec<String> = (0..4)
+                    .map(|_| {
+                        let mut line = String::new();
+                        let read = out.read_line(&mut line).unwrap();
+                        assert!(read > 0, "a worker failed");
+                        line.trim_end().to_string()
+                    })
+                    .collect();
+                let mut lines = text.iter().map(String::as_str);
                 let nums = |s: &str| {
                     s.split(',')
                         .filter(|x| !x.is_empty())
@@ -264,7 +274,11 @@ async fn run(root: &str, args: &[String]) {
                 }
             })
             .collect();
-        (start_again, tallies)
+        let elapsed = start_again.elapsed();
+        for (mut child, _) in children {
+            assert!(child.wait().unwrap().success(), "a worker failed");
+        }
+        (elapsed, tallies)
     } else {
         let start = Instant::now();
         let (ops, until) = limits(args);
@@ -279,8 +293,9 @@ async fn run(root: &str, args: &[String]) {
         for t in tasks {
             tallies.push(t.await.unwrap());
         }
+        let elapsed = start.elapsed();
         before.close().await;
-        (start, tallies)
+        (elapsed, tallies)
     };
     report(
         root,
@@ -289,7 +304,7 @@ async fn run(root: &str, args: &[String]) {
         processes,
         entries_before,
         version_before,
-        start,
+        elapsed,
         tallies,
     )
     .await;
@@ -303,10 +318,10 @@ async fn report(
     processes: bool,
     entries_before: usize,
     version_before: u64,
-    start: Instant,
+    elapsed: Duration,
     tallies: Vec<Tally>,
 ) {
-    let secs = start.elapsed().as_secs_f64();
+    let secs = elapsed.as_secs_f64();
     let mut latencies: Vec<u64> = tallies
         .iter()
         .flat_map(|t| t.latencies_us.iter().copied())
