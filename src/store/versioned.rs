@@ -954,69 +954,47 @@ mod tests {
         assert!(err.to_string().contains("v00000000000000000001.txt"));
     }
 
-    #[tokio::test]
-    async fn a_change_past_its_attempts_keeps_trying_for_its_time() {
+    /// Commits one change against a competitor that wins the first `wins`
+    /// races; the outcome and how many times the change was built.
+    async fn racing(options: CommitOptions, wins: usize) -> (Result<Versioned<u64>>, usize) {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let objs = VersionedObjects::new(
-            Arc::clone(&inner),
-            Path::from("m"),
-            "txt",
-            CommitOptions {
-                retry_budget: 2,
-                retry_for: Duration::from_secs(60),
-                ..Default::default()
-            },
-        );
-        // A competitor wins the first five races, then stops.
+        let objs = VersionedObjects::new(Arc::clone(&inner), Path::from("m"), "txt", options);
         let competitor = objects(inner);
         let base = objs.load_latest(0, decode).await.unwrap();
         let mut calls = 0;
-        let committed = objs
+        let outcome = objs
             .commit(base, decode, |n| {
                 calls += 1;
-                if calls <= 5 {
+                if calls <= wins {
                     futures::executor::block_on(competitor.put_version(n + 1, encode(n + 1)))?;
                 }
                 Ok(Some((n + 1, encode(n + 1))))
             })
-            .await
-            .unwrap();
-        assert_eq!((calls, committed.version), (6, 6));
+            .await;
+        (outcome, calls)
+    }
+
+    #[tokio::test]
+    async fn a_change_past_its_attempts_keeps_trying_for_its_time() {
+        let options = CommitOptions {
+            retry_budget: 2,
+            retry_for: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let (committed, calls) = racing(options, 5).await;
+        assert_eq!((calls, committed.unwrap().version), (6, 6));
     }
 
     #[tokio::test]
     async fn exhausted_budget_is_a_typed_conflict() {
-        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
-        let objs = VersionedObjects::new(
-            Arc::clone(&inner),
-            Path::from("m"),
-            "txt",
-            CommitOptions {
-                retry_budget: 3,
-                retry_for: Duration::ZERO,
-                ..Default::default()
-            },
-        );
-        // A competitor commits every time we reload: we never win.
-        let competitor = objects(inner);
-        let base = objs.load_latest(0, decode).await.unwrap();
-        let mut calls = 0;
-        let err = objs
-            .commit(base, decode, |n| {
-                calls += 1;
-                let competitor = competitor.clone();
-                let n = *n;
-                std::thread::spawn(move || {
-                    tokio::runtime::Runtime::new()
-                        .unwrap()
-                        .block_on(competitor.put_version(n + 1, encode(n + 1)))
-                })
-                .join()
-                .unwrap()?;
-                Ok(Some((n + 1, encode(n + 1))))
-            })
-            .await
-            .unwrap_err();
+        let options = CommitOptions {
+            retry_budget: 3,
+            retry_for: Duration::ZERO,
+            ..Default::default()
+        };
+        // The competitor wins every race.
+        let (err, calls) = racing(options, usize::MAX).await;
+        let err = err.unwrap_err();
         assert!(
             matches!(err, Error::CommitConflict { attempts: 3, .. }),
             "{err}"
