@@ -92,6 +92,55 @@ async fn a_catalog_of_the_previous_format_opens_and_moves_on() {
     assert_eq!(ids_of(&rows), [1, 2, 3, 4]);
 }
 
+#[tokio::test]
+async fn a_catalog_with_arrow_deltas_opens_and_moves_on() {
+    // Written by memwal at 577ab93 (deltas as Arrow IPC files, format 2):
+    // a checkpoint at version 1 (three namespaces), then three versions
+    // of one namespace each.
+    let dir = tempfile::tempdir().unwrap();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog-format-2");
+    for file in crate::helpers::files(&fixture) {
+        let to = dir.path().join(file.strip_prefix(&fixture).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&file, &to).unwrap();
+    }
+    let open = || async {
+        Catalog::open(
+            ObjectRoot::open(dir.path().to_str().unwrap()).unwrap(),
+            CatalogOptions::default(),
+        )
+        .await
+        .unwrap()
+    };
+    let old = [
+        "seed00000000",
+        "seed00000001",
+        "seed00000002",
+        "t0_d1c4f53b_1",
+        "t0_d1c4f53b_2",
+        "t0_d1c4f53b_3",
+    ];
+    let catalog = open().await;
+    assert_eq!(ids(&catalog), old);
+    // A JSON delta on top: a reader loads the old checkpoint, the Arrow
+    // deltas and it.
+    catalog.create_namespace(ns("fresh"), false).await.unwrap();
+    let reader = open().await;
+    let mut all = old.to_vec();
+    all.insert(0, "fresh");
+    assert_eq!(ids(&reader), all);
+    assert_eq!(reader.version(), 5);
+    // And one from a checkpoint written now.
+    catalog.checkpoint().await.unwrap();
+    reader
+        .drop_namespace(ns("seed00000000"), false, false)
+        .await
+        .unwrap();
+    all.remove(1);
+    assert_eq!(ids(&*open().await), all);
+}
+
 /// What a workload had acknowledged when it stopped.
 #[derive(Default, Debug)]
 struct Acked {
