@@ -46,14 +46,7 @@ async fn a_catalog_of_the_previous_format_opens_and_moves_on() {
     // Written by memwal at 1a683c7 (every version a full catalog):
     // namespaces `sales` and `odd name` (dropped), tables `sales.orders`
     // (rows 1, 2, 3) and `t`.
-    let dir = tempfile::tempdir().unwrap();
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog-format-1");
-    for file in crate::helpers::files(&fixture) {
-        let to = dir.path().join(file.strip_prefix(&fixture).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&file, &to).unwrap();
-    }
+    let dir = crate::helpers::fixture_root("catalog-format-1");
     let root = dir.path().to_str().unwrap();
     let session = MemwalSession::open(root).await.unwrap();
     let ids_of = |batches: &[datafusion::arrow::array::RecordBatch]| -> Vec<i64> {
@@ -97,22 +90,8 @@ async fn a_catalog_with_arrow_deltas_opens_and_moves_on() {
     // Written by memwal at 577ab93 (deltas as Arrow IPC files, format 2):
     // a checkpoint at version 1 (three namespaces), then three versions
     // of one namespace each.
-    let dir = tempfile::tempdir().unwrap();
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/catalog-format-2");
-    for file in crate::helpers::files(&fixture) {
-        let to = dir.path().join(file.strip_prefix(&fixture).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&file, &to).unwrap();
-    }
-    let open = || async {
-        Catalog::open(
-            ObjectRoot::open(dir.path().to_str().unwrap()).unwrap(),
-            CatalogOptions::default(),
-        )
-        .await
-        .unwrap()
-    };
+    let dir = crate::helpers::fixture_root("catalog-format-2");
+    let open = || crate::helpers::open_catalog(dir.path());
     let old = [
         "seed00000000",
         "seed00000001",

@@ -123,14 +123,7 @@ async fn group_commit_shares_versions_and_keeps_results() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_creators_exactly_one_wins() {
     let dir = tempfile::tempdir().unwrap();
-    let open = || async {
-        Catalog::open(
-            ObjectRoot::open(dir.path().to_str().unwrap()).unwrap(),
-            CatalogOptions::default(),
-        )
-        .await
-        .unwrap()
-    };
+    let open = || crate::helpers::open_catalog(dir.path());
     for round in 0..20 {
         let (a, b) = (open().await, open().await);
         let name = format!("race{round}");

@@ -1,9 +1,10 @@
 //! Helpers the integration tests share.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatch;
-use memwal::MemwalSession;
+use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot};
 
 /// Every file under `dir`, sorted.
 pub fn files(dir: &Path) -> Vec<PathBuf> {
@@ -38,4 +39,28 @@ pub fn catalog_ids(catalog: &memwal::Catalog) -> Vec<String> {
         .iter()
         .map(|e| e.object_id.clone())
         .collect()
+}
+
+/// A copy of `tests/fixtures/<name>` in a fresh directory.
+pub fn fixture_root(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    for file in files(&fixture) {
+        let to = dir.path().join(file.strip_prefix(&fixture).unwrap());
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&file, &to).unwrap();
+    }
+    dir
+}
+
+/// The catalog of the root at `dir`, with default options.
+pub async fn open_catalog(dir: &Path) -> Arc<Catalog> {
+    Catalog::open(
+        ObjectRoot::open(dir.to_str().unwrap()).unwrap(),
+        CatalogOptions::default(),
+    )
+    .await
+    .unwrap()
 }
