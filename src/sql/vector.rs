@@ -26,6 +26,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 
 use super::function_args::{constant, named_table, text};
+use super::scan_exec::MinPartitions;
 use super::vector_search_exec::VectorSearchExec;
 use crate::catalog::Catalog;
 use crate::read::VectorQuery;
@@ -221,10 +222,12 @@ impl TableProvider for VectorSearchTable {
         // that selects a blob column runs as one partition and reads
         // only the k rows returned.
         let with_blobs = (table.table_schema().blobs.iter()).any(|b| wanted.contains(&b.index));
-        let partitions: Vec<_> = match with_blobs {
+        let mut partitions: Vec<_> = match with_blobs {
             true => vec![snapshots],
             false => snapshots.into_iter().map(|s| vec![s]).collect(),
         };
+        let min = MinPartitions::of(state.config());
+        partitions.resize(partitions.len().max(min), Vec::new());
         if partitions.len() == 1 {
             let search = VectorSearchExec::new(
                 self.name.clone(),
@@ -272,15 +275,24 @@ impl TableProvider for VectorSearchTable {
 /// The distance functions.
 pub fn distance_functions() -> Vec<ScalarUDF> {
     [
-        ("l2_distance", Kind::L2),
-        ("cosine_distance", Kind::Cosine),
-        ("inner_product", Kind::InnerProduct),
+        ("l2_distance", Kind::L2, vec![]),
+        ("cosine_distance", Kind::Cosine, vec![]),
+        // DataFusion's own `inner_product` (f64) has this alias: ours
+        // takes both names, or the session state's next rebuild (which
+        // registers its functions in no fixed order) may bring DataFusion's
+        // back under `inner_product`.
+        (
+            "inner_product",
+            Kind::InnerProduct,
+            vec!["dot_product".into()],
+        ),
     ]
     .into_iter()
-    .map(|(name, kind)| {
+    .map(|(name, kind, aliases)| {
         ScalarUDF::from(DistanceFunction {
             name,
             kind,
+            aliases,
             signature: Signature::any(2, Volatility::Immutable),
         })
     })
@@ -305,12 +317,17 @@ enum Kind {
 struct DistanceFunction {
     name: &'static str,
     kind: Kind,
+    aliases: Vec<String>,
     signature: Signature,
 }
 
 impl ScalarUDFImpl for DistanceFunction {
     fn name(&self) -> &str {
         self.name
+    }
+
+    fn aliases(&self) -> &[String] {
+        &self.aliases
     }
 
     fn signature(&self) -> &Signature {

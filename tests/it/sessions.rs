@@ -308,3 +308,29 @@ async fn set_memwal_options_apply_to_the_tables_the_session_uses_next() {
     );
     session.close().await.unwrap();
 }
+
+/// DataFusion has its own `inner_product` (and alias `dot_product`) and
+/// `cosine_distance`, in f64. Every session answers with memwal's, in f32,
+/// under every name, also after a rebuild of its state (file access
+/// rebuilds it, registering the functions in no fixed order: it used to
+/// bring DataFusion's `inner_product` back in about half the sessions, and
+/// a worker then refused the plan).
+#[tokio::test]
+async fn every_session_calls_memwals_distance_functions() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let sql = "SELECT arrow_typeof(inner_product([1, 2], [3, 4])) AS a, \
+               arrow_typeof(dot_product([1, 2], [3, 4])) AS b, \
+               arrow_typeof(cosine_distance([1, 2], [3, 4])) AS c, \
+               arrow_typeof(l2_distance([1, 2], [3, 4])) AS d";
+    for _ in 0..8 {
+        let session = MemwalSession::builder(root)
+            .allow_file_access(true)
+            .open()
+            .await
+            .unwrap();
+        let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
+        let text = pretty_format_batches(&batches).unwrap().to_string();
+        assert_eq!(text.matches("Float32").count(), 4, "{text}");
+    }
+}
