@@ -17,8 +17,10 @@
 //!   shell's do.
 //! - Each file also runs `[cluster]`: on a local root, with queries
 //!   across three workers (`memwal::sql::distributed`) in this process on
-//!   127.0.0.1; the expected output is the same, but for plans (`EXPLAIN`
-//!   records say `skipif cluster`).
+//!   127.0.0.1, every full scan and vector search on them (even of one
+//!   part, see `SessionBuilder::min_scan_tasks`); the expected output is
+//!   the same, but for plans (records label them `skipif cluster` and
+//!   `onlyif cluster`).
 
 use std::path::{Path, PathBuf};
 
@@ -37,7 +39,7 @@ struct MemwalDb {
 }
 
 /// A session on `root` as the tests use it, running queries across
-/// `workers` if there are any.
+/// `workers` if there are any, every full scan and vector search on them.
 async fn open(
     root: &str,
     options: WriterOptions,
@@ -47,6 +49,8 @@ async fn open(
         .writer_options(options)
         .allow_file_access(true)
         .workers(workers.to_vec())
+        // Even a scan of a table of one shard runs on a worker.
+        .min_scan_tasks(workers.len())
         .open()
         .await
 }

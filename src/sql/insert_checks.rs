@@ -9,6 +9,11 @@
 //! longer claim the target's nullability, and each NOT NULL column passes
 //! through [`NotNull`], which fails with the column's name.
 //!
+//! Both checks are functions of their arguments alone (the error, the
+//! vector type), registered by name like memwal's other functions, so a
+//! plan that checks rows on a worker carries them (see
+//! `crate::sql::distributed`).
+//!
 //! DataFusion turns a list into a `FLOAT[n]` vector with a cast, which
 //! fails on a list of another length with Arrow's words, while planning
 //! for a constant (`Optimizer rule 'simplify_expressions' failed ...
@@ -22,17 +27,22 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema};
+use datafusion::common::{Column, DFSchema, ScalarValue, plan_datafusion_err, plan_err};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
-use datafusion::logical_expr::sort_properties::ExprProperties;
+use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
     Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility, WriteOp,
+    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility, WriteOp, lit,
 };
 
 use super::MemwalTable;
 use crate::error::Error;
+
+/// The functions the rewrite calls, to register by name.
+pub(crate) fn check_functions() -> [ScalarUDF; 2] {
+    [ScalarUDF::from(NotNull), ScalarUDF::from(ToVector)]
+}
 
 /// Rewrites every insert into a memwal table in `plan` (see the module
 /// doc); other plans are returned as they are.
@@ -81,11 +91,10 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
             } else {
                 "NOT NULL column"
             };
-            ScalarUDF::from(NotNull {
-                message: format!("{what} '{}' holds NULL", target.name()),
-            })
-            .call(vec![column])
-            .alias(field.name())
+            let message = format!("{what} '{}' holds NULL", target.name());
+            ScalarUDF::from(NotNull)
+                .call(vec![column, lit(message)])
+                .alias(field.name())
         })
         .collect();
     let input = LogicalPlanBuilder::from(input).project(exprs)?.build()?;
@@ -110,13 +119,12 @@ fn nullable(values: Values) -> Result<Values> {
     })
 }
 
-/// `not_null(value)`: the value itself, or the error `message` if any row
-/// is NULL. Volatile, so the check runs when the insert runs, never while
-/// planning (an `EXPLAIN` of a bad insert still explains it).
+/// `not_null(value, message)`: the value itself, or the error `message`
+/// (a string) if any row is NULL. Volatile, so the check runs when the
+/// insert runs, never while planning (an `EXPLAIN` of a bad insert still
+/// explains it).
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct NotNull {
-    message: String,
-}
+struct NotNull;
 
 impl ScalarUDFImpl for NotNull {
     fn name(&self) -> &str {
@@ -125,7 +133,7 @@ impl ScalarUDFImpl for NotNull {
 
     fn signature(&self) -> &Signature {
         static SIGNATURE: std::sync::LazyLock<Signature> =
-            std::sync::LazyLock::new(|| Signature::any(1, Volatility::Volatile));
+            std::sync::LazyLock::new(|| Signature::any(2, Volatility::Volatile));
         &SIGNATURE
     }
 
@@ -143,7 +151,13 @@ impl ScalarUDFImpl for NotNull {
     }
 
     // The value itself: rows in order by it stay in order (an insert of
-    // rows in key order is loaded without a sort).
+    // rows in key order is loaded without a sort), whatever the message.
+    fn output_ordering(&self, args: &[ExprProperties]) -> Result<SortProperties> {
+        Ok(args
+            .first()
+            .map_or(SortProperties::Singleton, |value| value.sort_properties))
+    }
+
     fn preserves_lex_ordering(&self, _: &[ExprProperties]) -> Result<bool> {
         Ok(true)
     }
@@ -153,29 +167,37 @@ impl ScalarUDFImpl for NotNull {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let value = args.args.into_iter().next().expect("one argument");
+        let [value, message] = two(args.args)?;
         let has_null = match &value {
             ColumnarValue::Array(array) => array.logical_null_count() > 0,
             ColumnarValue::Scalar(scalar) => scalar.is_null(),
         };
         if has_null {
-            return Err(Error::invalid(self.message.clone()).into());
+            let message = match &message {
+                ColumnarValue::Scalar(scalar) => scalar.try_as_str().flatten(),
+                ColumnarValue::Array(_) => None,
+            };
+            let message = message.unwrap_or("a NOT NULL column holds NULL");
+            return Err(Error::invalid(message).into());
         }
         Ok(value)
     }
+}
+
+/// The two arguments of a function of two.
+fn two(args: Vec<ColumnarValue>) -> Result<[ColumnarValue; 2]> {
+    args.try_into()
+        .map_err(|args: Vec<_>| plan_datafusion_err!("two arguments expected, got {}", args.len()))
 }
 
 /// A cast to a vector type becomes [`ToVector`].
 fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
     match expr {
         Expr::Cast(Cast { expr, field }) => match field.data_type() {
-            DataType::FixedSizeList(item, dim) => {
-                let to_vector = ToVector {
-                    item: Arc::clone(item),
-                    dim: *dim,
-                };
+            DataType::FixedSizeList(..) => {
+                let vector = Expr::Literal(ScalarValue::try_from(field.data_type())?, None);
                 Ok(Transformed::yes(
-                    ScalarUDF::from(to_vector).call(vec![*expr]),
+                    ScalarUDF::from(ToVector).call(vec![*expr, vector]),
                 ))
             }
             _ => Ok(Transformed::no(Expr::Cast(Cast { expr, field }))),
@@ -184,14 +206,11 @@ fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
     }
 }
 
-/// `to_vector(list)`: the cast of a list to `FixedSizeList(item, dim)`, or
-/// an error naming the length and the dimension if a list has another
-/// length. Volatile, like [`NotNull`].
+/// `to_vector(list, vector)`: the cast of a list to the type of `vector`
+/// (a `FixedSizeList(item, dim)`, NULL), or an error naming the length and
+/// the dimension if a list has another length. Volatile, like [`NotNull`].
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct ToVector {
-    item: FieldRef,
-    dim: i32,
-}
+struct ToVector;
 
 impl ScalarUDFImpl for ToVector {
     fn name(&self) -> &str {
@@ -200,17 +219,24 @@ impl ScalarUDFImpl for ToVector {
 
     fn signature(&self) -> &Signature {
         static SIGNATURE: std::sync::LazyLock<Signature> =
-            std::sync::LazyLock::new(|| Signature::any(1, Volatility::Volatile));
+            std::sync::LazyLock::new(|| Signature::any(2, Volatility::Volatile));
         &SIGNATURE
     }
 
-    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
-        Ok(DataType::FixedSizeList(Arc::clone(&self.item), self.dim))
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match &args[1] {
+            vector @ DataType::FixedSizeList(..) => Ok(vector.clone()),
+            other => plan_err!("to_vector casts to a FixedSizeList, not {other}"),
+        }
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let rows = args.number_rows;
-        let value = args.args.into_iter().next().expect("one argument");
+        let vector = args.return_field.data_type().clone();
+        let DataType::FixedSizeList(_, dim) = vector else {
+            return plan_err!("to_vector casts to a FixedSizeList, not {vector}");
+        };
+        let [value, _] = two(args.args)?;
         let array = value.into_array(rows)?;
         let lengths: Box<dyn Iterator<Item = Option<usize>>> = match array.data_type() {
             DataType::List(_) => {
@@ -222,14 +248,13 @@ impl ScalarUDFImpl for ToVector {
             _ => Box::new(std::iter::empty()),
         };
         for length in lengths.flatten() {
-            if length != self.dim as usize {
+            if length != dim as usize {
                 return Err(Error::invalid(format!(
-                    "a FLOAT[{}] column was given a vector of length {length}",
-                    self.dim
+                    "a FLOAT[{dim}] column was given a vector of length {length}"
                 ))
                 .into());
             }
         }
-        Ok(ColumnarValue::Array(cast(&array, &self.return_type(&[])?)?))
+        Ok(ColumnarValue::Array(cast(&array, &vector)?))
     }
 }

@@ -90,6 +90,7 @@ impl ScanExec {
         mode: ScanMode,
         bounds: KeyBounds,
         target_partitions: usize,
+        min_partitions: usize,
     ) -> Result<Self> {
         let schema = match &projection {
             Some(p) => Arc::new(table.table_schema().schema.project(p)?),
@@ -119,6 +120,10 @@ impl ScanExec {
                 for part in snapshot.parts(per_shard, &bounds).await? {
                     parts.push((shard as u32, part));
                 }
+            }
+            if let Some((shard, first)) = parts.first() {
+                let filler = (*shard, ScanPart::empty(first.snapshot().clone()));
+                parts.resize(parts.len().max(min_partitions), filler);
             }
         }
         let sorted = matches!(mode, ScanMode::All) && parts.iter().all(|(_, p)| p.sorted());
@@ -212,6 +217,20 @@ impl ScanExec {
             sorted: self.sorted,
             bounds: self.bounds.clone(),
         }
+    }
+}
+
+/// The fewest partitions a session plans a full scan or a vector search
+/// in (a session config extension, see
+/// [`crate::SessionBuilder::min_scan_tasks`]): partitions beyond the
+/// table's own read nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MinPartitions(pub usize);
+
+impl MinPartitions {
+    /// The session's, or 1.
+    pub(crate) fn of(config: &datafusion::prelude::SessionConfig) -> usize {
+        config.get_extension::<Self>().map_or(1, |min| min.0)
     }
 }
 

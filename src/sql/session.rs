@@ -32,6 +32,7 @@ use super::config::MemwalConfig;
 use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
+use super::scan_exec::MinPartitions;
 use super::stats::StatsFunction;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
@@ -82,6 +83,7 @@ pub struct SessionBuilder {
     file_access: bool,
     progress: Option<Arc<InsertProgress>>,
     workers: Vec<url::Url>,
+    min_scan_tasks: usize,
 }
 
 impl SessionBuilder {
@@ -91,6 +93,18 @@ impl SessionBuilder {
     #[cfg(feature = "distributed")]
     pub fn workers(mut self, workers: Vec<url::Url>) -> Self {
         self.workers = workers;
+        self
+    }
+
+    /// Plans every full scan and `vector_search` in at least `tasks`
+    /// partitions (default 1), the ones beyond the table's own reading
+    /// nothing: with [`SessionBuilder::workers`], even a scan of one part
+    /// then runs on a worker (the coordinator only gathers), where
+    /// otherwise a plan of one task stays in this process. Key lookups
+    /// stay one task.
+    #[cfg(feature = "distributed")]
+    pub fn min_scan_tasks(mut self, tasks: usize) -> Self {
+        self.min_scan_tasks = tasks;
         self
     }
 
@@ -133,6 +147,13 @@ impl SessionBuilder {
         let tables = TableCache::shared(root.url(), self.writer);
         let session =
             MemwalSession::with_tables(root, tables, self.file_access, self.progress, self.workers);
+        if self.min_scan_tasks > 1 {
+            let state = session.ctx.state_ref();
+            let mut state = state.write();
+            state
+                .config_mut()
+                .set_extension(Arc::new(MinPartitions(self.min_scan_tasks)));
+        }
         if let Err(e) = session.catalog().await {
             log::warn!(
                 "the catalog of {} could not be loaded: {e}",
@@ -143,11 +164,12 @@ impl SessionBuilder {
     }
 }
 
-/// The scalar functions memwal adds to DataFusion's: the distances and
-/// `blob_size`.
+/// The scalar functions memwal adds to DataFusion's: the distances,
+/// `blob_size`, and the checks of inserted rows.
 pub(crate) fn memwal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
     let mut functions = distance_functions();
     functions.push(blob_size_function());
+    functions.extend(insert_checks::check_functions());
     functions
 }
 
@@ -177,6 +199,7 @@ impl MemwalSession {
             file_access: false,
             progress: None,
             workers: Vec::new(),
+            min_scan_tasks: 1,
         }
     }
 

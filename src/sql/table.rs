@@ -25,7 +25,7 @@ use datafusion::physical_plan::filter::FilterExec;
 use super::delete_exec::DeleteExec;
 use super::insert_sink::{InsertSink, key_order_of};
 use super::key_filters::{lookup_keys, narrow_key_bounds, point_keys};
-use super::scan_exec::{ScanExec, ScanMode};
+use super::scan_exec::{MinPartitions, ScanExec, ScanMode};
 use crate::catalog::ObjectPath;
 use crate::read::KeyBounds;
 use crate::schema::TableMeta;
@@ -153,6 +153,7 @@ impl TableProvider for MemwalTable {
             mode,
             bounds,
             state.config().target_partitions(),
+            MinPartitions::of(state.config()),
         )
         .await?;
         Ok(Arc::new(scan.with_early_filter(early)))

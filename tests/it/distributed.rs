@@ -120,6 +120,54 @@ async fn worker_processes_answer_as_one_process_does() {
     assert!(text(&local, scan).await.is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_scan_tasks_sends_even_a_scan_of_one_part_to_the_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let (urls, stop) = memwal::testing::start_workers(&root, 2).await;
+    let local = MemwalSession::open(&root).await.unwrap();
+    run(
+        &local,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, emb FLOAT[2])",
+    )
+    .await;
+    run(
+        &local,
+        "INSERT INTO t VALUES (1, [0, 1]), (2, [1, 0]), (3, [1, 1]), (4, [2, 2])",
+    )
+    .await;
+    let builder = MemwalSession::builder(&root).workers(urls);
+    let plain = builder.clone().open().await.unwrap();
+    let wide = builder.min_scan_tasks(2).open().await.unwrap();
+    let queries = [
+        "SELECT count(*), sum(id) FROM t",
+        "SELECT id, _distance FROM vector_search('t', 'emb', [1.0, 0.0], 2)",
+    ];
+    for sql in queries {
+        // One shard of one MemTable: one part, one task, planned here
+        // unless the session asks for more.
+        assert!(
+            !plan(&plain, sql).await.contains("DistributedExec"),
+            "{sql}"
+        );
+        let explained = plan(&wide, sql).await;
+        assert!(explained.contains("DistributedExec"), "{explained}");
+        let expected = text(&local, sql).await.unwrap();
+        assert_eq!(text(&wide, sql).await.unwrap(), expected, "{sql}");
+    }
+    // Once the stopped workers' connections close, the wide session's
+    // queries fail; the plain session's never needed them.
+    drop(stop);
+    for sql in queries {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while text(&wide, sql).await.is_ok() {
+            assert!(Instant::now() < deadline, "{sql} still answered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(text(&plain, sql).await.is_ok(), "{sql}");
+    }
+}
+
 async fn run(session: &MemwalSession, sql: &str) {
     session.sql(sql).await.unwrap().collect().await.unwrap();
 }
