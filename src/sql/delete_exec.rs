@@ -17,7 +17,8 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::EmissionType;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    PlanProperties,
 };
 use futures::StreamExt;
 
@@ -89,6 +90,13 @@ impl ExecutionPlan for DeleteExec {
             Arc::clone(&self.table),
             children.remove(0),
         )))
+    }
+
+    // One partition in: a plan split into tasks gathers every row to the
+    // task that deletes (reading the input's partitions here would read
+    // only those of one task).
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        vec![Distribution::SinglePartition]
     }
 
     fn apply_expressions(
