@@ -122,6 +122,15 @@ pub mod testing {
                 child,
             }
         }
+
+        /// Stops the process (SIGSTOP) and leaves its connections open: a
+        /// worker that hangs.
+        pub fn freeze(&self) {
+            // SAFETY: kill(2) with the pid of a child this handle owns and
+            // has not waited for.
+            let stopped = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) };
+            assert_eq!(stopped, 0, "SIGSTOP to the worker");
+        }
     }
 
     #[cfg(feature = "distributed")]

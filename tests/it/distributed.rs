@@ -168,6 +168,48 @@ async fn min_scan_tasks_sends_even_a_scan_of_one_part_to_the_workers() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_stops_answering_fails_the_query_instead_of_hanging_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let memwal = Path::new(env!("CARGO_BIN_EXE_memwal"));
+    let workers = [
+        WorkerProcess::start(memwal, &root),
+        WorkerProcess::start(memwal, &root),
+    ];
+    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
+    let cluster = MemwalSession::builder(&root)
+        .workers(urls)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &cluster,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '2')",
+    )
+    .await;
+    run(
+        &cluster,
+        "INSERT INTO t SELECT value FROM generate_series(1, 1000)",
+    )
+    .await;
+    let scan = "SELECT count(*), sum(id) FROM t";
+    assert!(plan(&cluster, scan).await.contains("DistributedExec"));
+    assert!(text(&cluster, scan).await.unwrap().contains("500500"));
+    workers[1].freeze();
+    // The pings go unanswered: within the timeouts (10 s between pings,
+    // 20 s for an answer), not the 2 minutes allowed here.
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(120), text(&cluster, scan)).await;
+    let answer = answer.expect("the query still waits for the frozen worker");
+    assert!(answer.is_err(), "{answer:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 async fn run(session: &MemwalSession, sql: &str) {
     session.sql(sql).await.unwrap().collect().await.unwrap();
 }

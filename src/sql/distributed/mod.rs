@@ -17,7 +17,11 @@
 //! - Key lookups run as one task.
 //! - Statements that write (`INSERT`, `DELETE`, DDL) run on the
 //!   coordinator; the scans they read from may run on workers.
+//! - A worker that stops answering fails the queries that wait on it
+//!   within about half a minute (an unanswered HTTP/2 ping closes its
+//!   connection).
 
+mod channels;
 mod codec;
 
 use std::future::Future;
@@ -34,6 +38,8 @@ use datafusion_distributed::{
 use url::Url;
 
 pub use codec::MemwalCodec;
+
+use channels::Channels;
 
 use super::scan_exec::{ScanExec, ScanMode, ScanPlan};
 use super::session::memwal_functions;
@@ -64,6 +70,7 @@ pub(crate) fn coordinate(
         .with_distributed_worker_resolver(Workers(workers))
         .with_distributed_planner()
         .with_distributed_user_codec(codec)
+        .with_distributed_channel_resolver(Channels::default())
         .with_distributed_desired_task_count_handler(desired_tasks)
         .with_distributed_scale_up_leaf_node_handler(split_leaf)
 }
@@ -155,10 +162,17 @@ pub async fn serve_worker(
 ) -> crate::Result<()> {
     let tables = TableCache::shared(root.url(), WriterOptions::default());
     let codec = MemwalCodec::new(Arc::clone(root.store()), tables);
+    // Shared by every query's session: stages read from other workers
+    // over these connections.
+    let channels = Channels::default();
     let worker = Worker::from_session_builder(move |ctx: WorkerQueryContext| {
-        let codec = codec.clone();
+        let (codec, channels) = (codec.clone(), channels.clone());
         async move {
-            let mut state = ctx.builder.with_distributed_user_codec(codec).build();
+            let mut state = ctx
+                .builder
+                .with_distributed_user_codec(codec)
+                .with_distributed_channel_resolver(channels)
+                .build();
             for function in memwal_functions() {
                 state.register_udf(Arc::new(function))?;
             }
