@@ -217,6 +217,7 @@ impl Catalog {
         meta: TableMeta,
         if_not_exists: bool,
     ) -> Result<Outcome> {
+        crate::sstable::check_storable(meta.schema())?;
         let location = paths::new_table_location(path.name());
         self.mutate(Mutation::CreateTable {
             path,

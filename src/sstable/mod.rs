@@ -68,10 +68,12 @@ impl ReadMetrics {
 use std::sync::Arc;
 
 use bytes::Bytes;
-use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::array::{RecordBatch, UInt32Array, new_null_array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::parquet::basic::{Compression, ZstdLevel};
+use datafusion::parquet::errors::ParquetError;
 use datafusion::parquet::file::metadata::SortingColumn;
 use datafusion::parquet::file::properties::{EnabledStatistics, WriterProperties};
 use datafusion::parquet::schema::types::ColumnPath;
@@ -192,6 +194,57 @@ pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<(Bytes, FileCh
     let mut encoder = checksum::Encoder::new(schema, rows.num_rows())?;
     encoder.write(rows)?;
     encoder.finish()
+}
+
+/// Whether SSTables can hold values of every column of `schema`: an error
+/// naming the first column whose type Parquet cannot store (an interval
+/// of months, days and nanoseconds, a union), so that a table is refused
+/// when it is created rather than when its first flush fails.
+pub fn check_storable(schema: &Schema) -> Result<()> {
+    for field in schema.fields() {
+        let refused = |why: &dyn std::fmt::Display| {
+            Error::invalid(format!(
+                "column '{}' has type {}, which an SSTable (Parquet) cannot store: {why}",
+                field.name(),
+                field.data_type()
+            ))
+        };
+        if has_union(field.data_type()) {
+            return Err(refused(&"unions are not supported"));
+        }
+        // One NULL of the column's type, written for real.
+        let probe = Arc::new(Schema::new(vec![
+            field.as_ref().clone().with_nullable(true),
+        ]));
+        let column = new_null_array(field.data_type(), 1);
+        let written = RecordBatch::try_new(Arc::clone(&probe), vec![column])
+            .map_err(ParquetError::from)
+            .and_then(|batch| {
+                let mut writer = ArrowWriter::try_new(Vec::new(), probe, None)?;
+                writer.write(&batch)?;
+                writer.close().map(|_| ())
+            });
+        written.map_err(|e| refused(&e))?;
+    }
+    Ok(())
+}
+
+/// Whether values of type `data_type` hold a union anywhere (Parquet's
+/// schema conversion does not return an error for one: it panics).
+fn has_union(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Union(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _)
+        | DataType::RunEndEncoded(_, f) => has_union(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| has_union(f.data_type())),
+        DataType::Dictionary(_, values) => has_union(values),
+        _ => false,
+    }
 }
 
 /// The Parquet settings of an SSTable of about `rows` rows.
