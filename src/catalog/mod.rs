@@ -210,14 +210,15 @@ impl Catalog {
         .await
     }
 
-    /// Creates a table at a fresh, unique location.
+    /// Creates a table at a fresh, unique location; a column of a type
+    /// SSTables cannot store (an interval of months, days and nanoseconds,
+    /// a union) is refused, also under `if_not_exists`.
     pub async fn create_table(
         self: &Arc<Self>,
         path: ObjectPath,
         meta: TableMeta,
         if_not_exists: bool,
     ) -> Result<Outcome> {
-        crate::sstable::check_storable(meta.schema())?;
         let location = paths::new_table_location(path.name());
         self.mutate(Mutation::CreateTable {
             path,
@@ -331,7 +332,15 @@ impl Catalog {
             let mut queue = self.queue.lock().expect("catalog queue poisoned");
             for mutation in mutations {
                 let (done, result) = oneshot::channel();
-                queue.push(Pending { mutation, done });
+                // A table whose rows no SSTable could hold is refused here
+                // (not when a catalog holding one is read).
+                if let Mutation::CreateTable { meta, .. } = &mutation
+                    && let Err(e) = crate::sstable::check_storable(meta.schema())
+                {
+                    let _ = done.send(Err(e));
+                } else {
+                    queue.push(Pending { mutation, done });
+                }
                 receivers.push(result);
             }
         }

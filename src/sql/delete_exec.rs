@@ -92,9 +92,9 @@ impl ExecutionPlan for DeleteExec {
         )))
     }
 
-    // One partition in: a plan split into tasks gathers every row to the
-    // task that deletes (reading the input's partitions here would read
-    // only those of one task).
+    // One partition in: the optimizer gathers the rows before a
+    // distributed plan is split into tasks, so the task that deletes gets
+    // every row (not only its own partitions of the input).
     fn required_input_distribution(&self) -> Vec<Distribution> {
         vec![Distribution::SinglePartition]
     }

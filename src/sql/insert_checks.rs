@@ -27,7 +27,7 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, DFSchema, ScalarValue, plan_datafusion_err, plan_err};
+use datafusion::common::{Column, DFSchema, ScalarValue, internal_datafusion_err, plan_err};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
@@ -186,8 +186,9 @@ impl ScalarUDFImpl for NotNull {
 
 /// The two arguments of a function of two.
 fn two(args: Vec<ColumnarValue>) -> Result<[ColumnarValue; 2]> {
-    args.try_into()
-        .map_err(|args: Vec<_>| plan_datafusion_err!("two arguments expected, got {}", args.len()))
+    args.try_into().map_err(|args: Vec<_>| {
+        internal_datafusion_err!("two arguments expected, got {}", args.len())
+    })
 }
 
 /// A cast to a vector type becomes [`ToVector`].

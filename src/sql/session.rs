@@ -98,10 +98,11 @@ impl SessionBuilder {
 
     /// Plans every full scan and `vector_search` in at least `tasks`
     /// partitions (default 1), the ones beyond the table's own reading
-    /// nothing: with [`SessionBuilder::workers`], even a scan of one part
-    /// then runs on a worker (the coordinator only gathers), where
-    /// otherwise a plan of one task stays in this process. Key lookups
-    /// stay one task.
+    /// nothing: with two [`SessionBuilder::workers`] or more, even a scan
+    /// of one part then runs on a worker (the coordinator only gathers),
+    /// where otherwise a plan of one task stays in this process. Key
+    /// lookups stay one task; a search that selects a blob column reads
+    /// its values in one of its tasks.
     #[cfg(feature = "distributed")]
     pub fn min_scan_tasks(mut self, tasks: usize) -> Self {
         self.min_scan_tasks = tasks;

@@ -219,8 +219,9 @@ impl TableProvider for VectorSearchTable {
         };
         // A search per shard, merged by distance; but long blob values
         // are read by the partition that finds their rows, so a search
-        // that selects a blob column runs as one partition and reads
-        // only the k rows returned.
+        // that selects a blob column searches every shard in one
+        // partition (the others, if the session asks for more, are
+        // empty) and reads only the k rows returned.
         let with_blobs = (table.table_schema().blobs.iter()).any(|b| wanted.contains(&b.index));
         let mut partitions: Vec<_> = match with_blobs {
             true => vec![snapshots],

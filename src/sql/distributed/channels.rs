@@ -1,57 +1,60 @@
 //! [`Channels`]: the connections of a coordinator (or a worker) to the
 //! workers it sends tasks to, one per worker, kept and reused, and closed
 //! with an error once a worker stops answering: a query then fails instead
-//! of waiting for it forever.
+//! of waiting for it forever. A worker whose runtime is starved for longer
+//! than [`PING_TIMEOUT`] counts as one that stopped answering.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::common::exec_datafusion_err;
 use datafusion::error::Result;
 use datafusion_distributed::{ChannelResolver, WorkerChannel, grpc};
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 use tonic::transport::{Channel, Endpoint};
 use url::Url;
 
 /// How long connecting to a worker may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a connection asks its worker for a sign of life (an HTTP/2
-/// ping, which a worker answers however busy its tasks keep it).
-const PING_EVERY: Duration = Duration::from_secs(10);
+/// ping, answered by the worker's runtime between its tasks' polls).
+pub(super) const PING_EVERY: Duration = Duration::from_secs(10);
 /// How long a ping may go unanswered before the connection, and every
 /// task on it, fails.
-const PING_TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// One connection per worker URL, made on first use (see the module doc);
-/// clones share them.
+/// clones share them. Connections to different workers are made at the
+/// same time; one that fails is tried again on the next request.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Channels(Arc<Mutex<HashMap<Url, Channel>>>);
+pub(crate) struct Channels(Arc<Mutex<HashMap<Url, Arc<OnceCell<Channel>>>>>);
 
 impl Channels {
     /// The connection to the worker at `url`, made if there is none yet
     /// (a connection lost later is made again by the channel itself).
     async fn channel(&self, url: &Url) -> Result<Channel> {
-        let mut channels = self.0.lock().await;
-        if let Some(channel) = channels.get(url) {
-            return Ok(channel.clone());
-        }
+        let cell = {
+            let mut channels = self.0.lock().expect("channels poisoned");
+            Arc::clone(channels.entry(url.clone()).or_default())
+        };
         let failed = |e: tonic::transport::Error| {
             exec_datafusion_err!("cannot connect to the memwal worker at {url}: {e}")
         };
-        let channel = Endpoint::from_shared(url.to_string())
-            .map_err(failed)?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(PING_EVERY)
-            .keep_alive_timeout(PING_TIMEOUT)
-            .keep_alive_while_idle(true)
-            .connect()
-            .await
-            .map_err(failed)?;
-        channels.insert(url.clone(), channel.clone());
-        Ok(channel)
+        let connect = || async {
+            Endpoint::from_shared(url.to_string())
+                .map_err(failed)?
+                .connect_timeout(CONNECT_TIMEOUT)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(PING_EVERY)
+                .keep_alive_timeout(PING_TIMEOUT)
+                .keep_alive_while_idle(true)
+                .connect()
+                .await
+                .map_err(failed)
+        };
+        cell.get_or_try_init(connect).await.cloned()
     }
 }
 

@@ -182,7 +182,11 @@ pub async fn serve_worker(
     // Replies go out as they are written: Nagle's algorithm against the
     // coordinator's delayed ACKs costs tens of milliseconds per exchange.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    // A coordinator that vanishes without closing its connection stops
+    // answering pings: its tasks here end.
     tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(channels::PING_EVERY))
+        .http2_keepalive_timeout(Some(channels::PING_TIMEOUT))
         .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
