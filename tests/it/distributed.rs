@@ -36,20 +36,26 @@ async fn plan(session: &MemwalSession, sql: &str) -> String {
         .to_string()
 }
 
+/// Two `memwal worker` processes on `root`, and a builder of sessions
+/// that run their queries on them.
+fn two_worker_processes(root: &str) -> ([WorkerProcess; 2], memwal::SessionBuilder) {
+    let memwal = Path::new(env!("CARGO_BIN_EXE_memwal"));
+    let workers = [
+        WorkerProcess::start(memwal, root),
+        WorkerProcess::start(memwal, root),
+    ];
+    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
+    (workers, MemwalSession::builder(root).workers(urls))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_processes_answer_as_one_process_does() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let memwal = Path::new(env!("CARGO_BIN_EXE_memwal"));
-    let workers = [
-        WorkerProcess::start(memwal, &root),
-        WorkerProcess::start(memwal, &root),
-    ];
-    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
+    let (workers, cluster) = two_worker_processes(&root);
     // One process writes and coordinates; `local` shares its writers.
-    let cluster = MemwalSession::builder(&root)
+    let cluster = cluster
         .writer_options(small_memtables())
-        .workers(urls)
         .open()
         .await
         .unwrap();
@@ -172,17 +178,8 @@ async fn min_scan_tasks_sends_even_a_scan_of_one_part_to_the_workers() {
 async fn a_worker_that_stops_answering_fails_the_query_instead_of_hanging_it() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap().to_string();
-    let memwal = Path::new(env!("CARGO_BIN_EXE_memwal"));
-    let workers = [
-        WorkerProcess::start(memwal, &root),
-        WorkerProcess::start(memwal, &root),
-    ];
-    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
-    let cluster = MemwalSession::builder(&root)
-        .workers(urls)
-        .open()
-        .await
-        .unwrap();
+    let (workers, cluster) = two_worker_processes(&root);
+    let cluster = cluster.open().await.unwrap();
     run(
         &cluster,
         "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '2')",
