@@ -173,6 +173,7 @@ async fn build(
     writer.close().await.unwrap();
 
     let writer = open().await.unwrap();
+    expect_layers(&writer, &[700]);
     let ids: Vec<i64> = (600..750).collect();
     writer
         .put(&[rows(table, model, &ids, 2, 37)])
@@ -183,6 +184,7 @@ async fn build(
     writer.close().await.unwrap();
 
     let writer = open().await.unwrap();
+    expect_layers(&writer, &[700, 150 + 67]);
     let ids: Vec<i64> = (300..900).collect();
     writer
         .put(&[rows(table, model, &ids[..300], 4, 41)])
@@ -195,6 +197,25 @@ async fn build(
         .await
         .unwrap();
     writer
+}
+
+/// Asserts that `writer`, just opened, has SSTables of `rows` rows (oldest
+/// first; tombstones count) and replayed nothing into its MemTable: the
+/// layers the searches below rely on.
+fn expect_layers(writer: &ShardWriter, rows: &[u64]) {
+    let snapshot = writer.snapshot();
+    let files: Vec<_> = snapshot
+        .sstables
+        .iter()
+        .map(|f| (f.rows, f.deletions.as_ref().map(|d| d.rows)))
+        .collect();
+    assert_eq!(
+        files.iter().map(|f| f.0).collect::<Vec<_>>(),
+        rows,
+        "SSTables (rows, rows marked deleted): {files:?}; {:?}",
+        writer.stats()
+    );
+    assert_eq!(snapshot.stored_rows(), rows.iter().sum::<u64>());
 }
 
 /// Checks one search against the model; `label` names it in failures.
