@@ -8,7 +8,8 @@
 //! the key). Each engine runs `--runs` times, alternating;
 //! every run starts on an empty directory. memwal's load is durable when
 //! the statement returns: sorted, de-duplicated SSTables (bloom filters,
-//! page index) committed per shard; its peak memory is bounded by
+//! page index; LZ4, which the compaction after the load rewrites as zstd)
+//! committed per shard; its peak memory is bounded by
 //! `--load-memory-mib` (the default `load_memory_bytes`, 256 MiB). Prints
 //! one JSON object: rows/s per engine (median, min, max), the CPU seconds
 //! the process spent in each (median: all engines here are CPU-bound on

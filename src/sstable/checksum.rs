@@ -109,11 +109,11 @@ pub struct Encoder {
 
 impl Encoder {
     /// An encoder of SSTables of `schema` with about `rows` rows.
-    pub fn new(schema: &TableSchema, rows: usize) -> Result<Self> {
+    pub fn new(schema: &TableSchema, rows: usize, codec: super::Codec) -> Result<Self> {
         let writer = ArrowWriter::try_new(
             Vec::new(),
             Arc::clone(&schema.stored),
-            Some(super::properties(schema, rows)),
+            Some(super::properties(schema, rows, codec)),
         )?;
         Ok(Self {
             writer,

@@ -4,7 +4,8 @@
 //! until a compaction that includes the oldest data drops them).
 //!
 //! The file is readable by any Parquet reader: the table's columns plus
-//! `_tombstone`, zstd-compressed, page-level statistics (page index) on
+//! `_tombstone`, zstd-compressed (LZ4 for a bulk load's runs: see
+//! [`Codec`]), page-level statistics (page index) on
 //! every column with small pages, a Parquet bloom filter on each key
 //! column, and row groups of at most [`ROW_GROUP_ROWS`] rows so key
 //! predicates can prune them. Append-only tables keep insert order and
@@ -191,7 +192,7 @@ pub fn encode_batches(
 /// Encodes an SSTable body (see [`newest_per_key_sorted`]) as Parquet,
 /// with the checksum its manifest entry records.
 pub fn encode(schema: &TableSchema, rows: &RecordBatch) -> Result<(Bytes, FileChecksum)> {
-    let mut encoder = checksum::Encoder::new(schema, rows.num_rows())?;
+    let mut encoder = checksum::Encoder::new(schema, rows.num_rows(), Codec::Small)?;
     encoder.write(rows)?;
     encoder.finish()
 }
@@ -247,11 +248,25 @@ fn has_union(data_type: &DataType) -> bool {
     }
 }
 
+/// How an SSTable's pages are compressed. Readers read either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// zstd(3): flushes and compactions, the SSTables a shard keeps.
+    Small,
+    /// LZ4: a bulk load's runs, which compaction soon merges (and writes
+    /// [`Codec::Small`]). Encoding a load's runs costs about a seventh
+    /// less CPU this way, for files about twice as large meanwhile.
+    Fast,
+}
+
 /// The Parquet settings of an SSTable of about `rows` rows.
-fn properties(schema: &TableSchema, rows: usize) -> WriterProperties {
-    let zstd = ZstdLevel::try_new(3).expect("3 is a valid zstd level");
+fn properties(schema: &TableSchema, rows: usize, codec: Codec) -> WriterProperties {
+    let compression = match codec {
+        Codec::Small => Compression::ZSTD(ZstdLevel::try_new(3).expect("3 is a valid zstd level")),
+        Codec::Fast => Compression::LZ4_RAW,
+    };
     let mut props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(zstd))
+        .set_compression(compression)
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_data_page_row_count_limit(PAGE_ROWS)
@@ -506,14 +521,14 @@ pub async fn write_stream(
     store: &Arc<dyn ObjectStore>,
     path: Path,
     (first_generation, generation): (u64, u64),
-    schema: &TableSchema,
+    (schema, codec): (&TableSchema, Codec),
     mut rows: datafusion::execution::SendableRecordBatchStream,
     encoded: impl FnOnce() + Send,
 ) -> Result<SstableFile> {
     use futures::StreamExt;
     use tokio::io::AsyncWriteExt;
     let mut object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
-    let mut encoder = checksum::Encoder::new(schema, ROW_GROUP_ROWS)?;
+    let mut encoder = checksum::Encoder::new(schema, ROW_GROUP_ROWS, codec)?;
     let (mut count, mut bytes) = (0u64, 0u64);
     let mut shutting_down = false;
     let written = async {

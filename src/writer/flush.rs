@@ -53,7 +53,7 @@ use crate::blob;
 use crate::error::{Error, Result};
 use crate::hnsw::{Graph, persist};
 use crate::schema::VectorColumn;
-use crate::sstable::{self, ReadMetrics, SstableFile, VectorColumnData, merge};
+use crate::sstable::{self, Codec, ReadMetrics, SstableFile, VectorColumnData, merge};
 use crate::store::{Versioned, delete_if_present, paths};
 
 /// Deletes issued at once.
@@ -778,8 +778,14 @@ impl Shared {
             }
         };
         let started = std::time::Instant::now();
+        // A load's runs merged before its commit are runs still.
+        let codec = match load {
+            Some(_) => Codec::Fast,
+            None => Codec::Small,
+        };
         let mut output =
-            sstable::write_stream(&self.store, path, generations, schema, rows, || ()).await?;
+            sstable::write_stream(&self.store, path, generations, (schema, codec), rows, || ())
+                .await?;
         {
             let named = named.lock().expect("pack names poisoned");
             output.packs = blob::runs(&named);

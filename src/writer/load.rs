@@ -45,7 +45,9 @@ use super::{ShardWriter, shared_error};
 use crate::blob;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
-use crate::sstable::{self, DeletionVector, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge};
+use crate::sstable::{
+    self, Codec, DeletionVector, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge,
+};
 use crate::store::{VersionedObjects, delete_if_present, paths};
 
 /// Rows per batch a run is written in.
@@ -267,7 +269,7 @@ impl ShardWriter {
             &shared.store,
             path,
             (seq, seq),
-            &shared.schema,
+            (&shared.schema, Codec::Fast),
             rows,
             encoded,
         )

@@ -446,6 +446,67 @@ async fn a_load_counts_keys_that_runs_overlapping_in_part_both_hold() {
     session.close().await.unwrap();
 }
 
+/// The codec of every column chunk of each Parquet file under `dir`.
+fn codecs(dir: &std::path::Path) -> Vec<String> {
+    use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut out = Vec::new();
+    for path in files(dir) {
+        if path.extension().is_some_and(|e| e == "parquet") {
+            let bytes = bytes::Bytes::from(std::fs::read(&path).unwrap());
+            let file = SerializedFileReader::new(bytes).unwrap();
+            for group in file.metadata().row_groups() {
+                out.extend(group.columns().iter().map(|c| c.compression().to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loads_runs_are_written_fast_and_compacted_small() {
+    // A load's runs are LZ4 (compaction soon merges them); what a
+    // compaction writes is zstd, like a flush.
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = options();
+    options.load_memory_bytes = 4 << 20;
+    options.max_sstables = 64;
+    options.sstable_grace = Duration::ZERO;
+    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    let table = create_k(&session).await;
+    let model = load_keyed(&table, |v| v).await;
+    assert!(table.stats(0).unwrap().unwrap().sstables >= 3, "several runs");
+    let loaded = codecs(dir.path());
+    assert!(
+        !loaded.is_empty() && loaded.iter().all(|c| c == "LZ4_RAW"),
+        "{loaded:?}"
+    );
+    table.writer(0).await.unwrap().compact().await.unwrap();
+    let compacted = codecs(dir.path());
+    assert!(
+        !compacted.is_empty() && compacted.iter().all(|c| c.starts_with("ZSTD")),
+        "{compacted:?}"
+    );
+    assert_eq!(rows_of_k(&session).await, model);
+    session.close().await.unwrap();
+}
+
+/// id → v of every row of `k`.
+async fn rows_of_k(session: &MemwalSession) -> BTreeMap<i64, i64> {
+    let mut out = BTreeMap::new();
+    for b in run(session, "SELECT id, v FROM k").await {
+        let ids = b.column(0).as_primitive::<Int64Type>();
+        let vs = b.column(1).as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            assert!(out.insert(ids.value(i), vs.value(i)).is_none());
+        }
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_of_keys_in_no_order_is_scanned_unmerged_through_its_marks() {
     // Keys in no order, most in several runs: every run's range overlaps
