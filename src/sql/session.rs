@@ -13,10 +13,12 @@ use std::sync::Arc;
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::dataframe::DataFrame;
-use datafusion::datasource::source_as_provider;
+use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SessionState, SessionStateBuilder};
-use datafusion::logical_expr::{DmlStatement, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp};
+use datafusion::logical_expr::{
+    Analyze, DmlStatement, Explain, Expr, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp,
+};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
@@ -502,13 +504,7 @@ impl MemwalSession {
                 return Ok(DataFrame::new(state, done));
             }
         }
-        let is_delete_without_where = match &statement {
-            DFStatement::Statement(s) => match s.as_ref() {
-                SqlStatement::Delete(delete) => Some(delete.selection.is_none()),
-                _ => None,
-            },
-            _ => None,
-        };
+        let delete = delete_kind(&statement);
         let plan = state.statement_to_plan(statement).await?;
         self.files.check_plan(&plan)?;
         let writer_option = |variable: &str| {
@@ -539,28 +535,73 @@ impl MemwalSession {
             return Ok(DataFrame::new(self.ctx.state(), done));
         }
         let plan = insert_checks::check_inserts(plan)?;
-        let plan = match (is_delete_without_where, plan) {
-            (Some(true), LogicalPlan::Dml(dml)) => LogicalPlan::Dml(DmlStatement::new(
+        let plan = match delete {
+            Some(without_where) => self.plan_delete(&state, plan, without_where).await?,
+            None => plan,
+        };
+        Ok(self.ctx.execute_logical_plan(plan).await?)
+    }
+
+    /// The plan of a `DELETE` (`without_where` or not), also under
+    /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs:
+    /// without `WHERE` a `TRUNCATE`, otherwise see
+    /// [`Self::plan_delete_by_rows`].
+    async fn plan_delete(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+        without_where: bool,
+    ) -> Result<LogicalPlan> {
+        let (dml, rewrap): (
+            LogicalPlan,
+            Box<dyn FnOnce(LogicalPlan) -> LogicalPlan + Send>,
+        ) = match plan {
+            LogicalPlan::Explain(explain) => (
+                Arc::unwrap_or_clone(Arc::clone(&explain.plan)),
+                Box::new(move |plan| {
+                    LogicalPlan::Explain(Explain {
+                        plan: Arc::new(plan),
+                        ..explain
+                    })
+                }),
+            ),
+            LogicalPlan::Analyze(analyze) => (
+                Arc::unwrap_or_clone(Arc::clone(&analyze.input)),
+                Box::new(move |plan| {
+                    LogicalPlan::Analyze(Analyze {
+                        input: Arc::new(plan),
+                        ..analyze
+                    })
+                }),
+            ),
+            plan => (plan, Box::new(|plan| plan)),
+        };
+        let planned = match dml {
+            LogicalPlan::Dml(dml) if without_where => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
                 dml.target,
                 WriteOp::Truncate,
                 dml.input,
             )),
-            (Some(false), plan) => match self.plan_delete_by_rows(&state, plan).await? {
-                Ok(rows) => return Ok(self.ctx.read_table(rows)?),
+            plan => match self.plan_delete_by_rows(state, plan).await? {
+                Ok(rows) => {
+                    LogicalPlanBuilder::scan("delete", provider_as_source(rows), None)?.build()?
+                }
                 Err(plan) => plan,
             },
-            (_, plan) => plan,
         };
-        Ok(self.ctx.execute_logical_plan(plan).await?)
+        Ok(rewrap(planned))
     }
 
     /// `DELETE ... WHERE` whose predicate DataFusion 55 would not hand to
     /// `delete_from` whole — folded to an empty relation (`WHERE false`) or
     /// to nothing (`WHERE true`), or turned into a join (`WHERE id IN
     /// (SELECT ...)`): `delete_from` would get no filter, or only some, and
-    /// delete rows the statement did not select. Such a statement becomes a [`DeleteExec`] over the rows
-    /// its optimized plan yields. Any other plan is handed back as is.
+    /// delete rows the statement did not select; or holding a subquery
+    /// that stayed an expression (`WHERE id < (SELECT min(a) ...)`), which
+    /// `delete_from` cannot evaluate. Such a statement becomes a
+    /// [`DeleteExec`] over the rows its optimized plan yields. Any other
+    /// plan is handed back as is.
     async fn plan_delete_by_rows(
         &self,
         state: &SessionState,
@@ -572,7 +613,15 @@ impl MemwalSession {
         let (mut whole, mut filtered) = (true, false);
         dml.input.apply(|node| {
             match node {
-                LogicalPlan::Filter(_) => filtered = true,
+                LogicalPlan::Filter(filter) => {
+                    filtered = true;
+                    whole &= !filter.predicate.exists(|e| {
+                        Ok(matches!(
+                            e,
+                            Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_)
+                        ))
+                    })?;
+                }
                 LogicalPlan::TableScan(scan) => filtered |= !scan.filters.is_empty(),
                 LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {}
                 _ => whole = false,
@@ -593,6 +642,19 @@ impl MemwalSession {
             .await?;
         let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
+    }
+}
+
+/// For a `DELETE` (also under `EXPLAIN`), whether it has no `WHERE`;
+/// `None` for any other statement.
+fn delete_kind(statement: &DFStatement) -> Option<bool> {
+    match statement {
+        DFStatement::Statement(s) => match s.as_ref() {
+            SqlStatement::Delete(delete) => Some(delete.selection.is_none()),
+            _ => None,
+        },
+        DFStatement::Explain(explain) => delete_kind(&explain.statement),
+        _ => None,
     }
 }
 

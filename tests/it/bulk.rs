@@ -478,7 +478,10 @@ async fn a_loads_runs_are_written_fast_and_compacted_small() {
         .unwrap();
     let table = create_k(&session).await;
     let model = load_keyed(&table, |v| v).await;
-    assert!(table.stats(0).unwrap().unwrap().sstables >= 3, "several runs");
+    assert!(
+        table.stats(0).unwrap().unwrap().sstables >= 3,
+        "several runs"
+    );
     let loaded = codecs(dir.path());
     assert!(
         !loaded.is_empty() && loaded.iter().all(|c| c == "LZ4_RAW"),
