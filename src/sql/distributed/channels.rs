@@ -2,17 +2,27 @@
 //! workers it sends tasks to, one per worker, kept and reused, and closed
 //! with an error once a worker stops answering: a query then fails instead
 //! of waiting for it forever. A worker whose runtime is starved for longer
-//! than [`PING_TIMEOUT`] counts as one that stopped answering.
+//! than [`PING_TIMEOUT`] counts as one that stopped answering. An error
+//! in a worker's response (a lost connection, an unanswered ping) names
+//! the worker.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
 use datafusion::common::exec_datafusion_err;
-use datafusion::error::Result;
-use datafusion_distributed::{ChannelResolver, WorkerChannel, grpc};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
+use datafusion_distributed::{
+    ChannelResolver, CoordinatorToWorkerMsg, ExecuteTaskRequest, GetWorkerInfoRequest,
+    GetWorkerInfoResponse, SetPlanRequest, WorkerChannel, WorkerToCoordinatorMsg, grpc,
+};
+use futures::stream::{BoxStream, StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
+use tonic::codegen::http::HeaderMap;
 use tonic::transport::{Channel, Endpoint};
 use url::Url;
 
@@ -62,8 +72,75 @@ impl Channels {
 impl ChannelResolver for Channels {
     async fn get_worker_client_for_url(&self, url: &Url) -> Result<Box<dyn WorkerChannel>> {
         let channel = self.channel(url).await?;
-        Ok(grpc::create_worker_client(grpc::BoxCloneSyncChannel::new(
-            channel,
-        )))
+        Ok(Box::new(NamedWorker {
+            url: url.clone(),
+            inner: grpc::create_worker_client(grpc::BoxCloneSyncChannel::new(channel)),
+        }))
+    }
+}
+
+/// A worker's client whose errors, of a request and of every stream it
+/// answers with, name the worker.
+struct NamedWorker {
+    url: Url,
+    inner: Box<dyn WorkerChannel>,
+}
+
+impl NamedWorker {
+    fn name(url: &Url, e: DataFusionError) -> DataFusionError {
+        e.context(format!("memwal worker {url}"))
+    }
+
+    /// `stream` with every error naming the worker.
+    fn named<T: Send + 'static>(
+        &self,
+        stream: BoxStream<'static, Result<T>>,
+    ) -> BoxStream<'static, Result<T>> {
+        let url = self.url.clone();
+        stream.map_err(move |e| Self::name(&url, e)).boxed()
+    }
+}
+
+#[async_trait]
+impl WorkerChannel for NamedWorker {
+    async fn coordinator_channel(
+        &mut self,
+        headers: HeaderMap,
+        set_plan_request: SetPlanRequest,
+        c2w_stream: BoxStream<'static, CoordinatorToWorkerMsg>,
+        metrics: ExecutionPlanMetricsSet,
+        task_ctx: &Arc<TaskContext>,
+    ) -> Result<BoxStream<'static, Result<WorkerToCoordinatorMsg>>> {
+        let stream = self
+            .inner
+            .coordinator_channel(headers, set_plan_request, c2w_stream, metrics, task_ctx)
+            .await
+            .map_err(|e| Self::name(&self.url, e))?;
+        Ok(self.named(stream))
+    }
+
+    async fn execute_task(
+        &mut self,
+        headers: HeaderMap,
+        request: ExecuteTaskRequest,
+        metrics: ExecutionPlanMetricsSet,
+        task_ctx: &Arc<TaskContext>,
+    ) -> Result<Vec<BoxStream<'static, Result<RecordBatch>>>> {
+        let streams = self
+            .inner
+            .execute_task(headers, request, metrics, task_ctx)
+            .await
+            .map_err(|e| Self::name(&self.url, e))?;
+        Ok(streams.into_iter().map(|s| self.named(s)).collect())
+    }
+
+    async fn get_worker_info(
+        &mut self,
+        request: GetWorkerInfoRequest,
+    ) -> Result<GetWorkerInfoResponse> {
+        self.inner
+            .get_worker_info(request)
+            .await
+            .map_err(|e| Self::name(&self.url, e))
     }
 }
