@@ -16,6 +16,9 @@ use crate::wal::{EntryKind, WalLog};
 /// WAL objects read at the same time by a refresh.
 const READS: usize = 16;
 
+/// Listings of the WAL a refresh makes at most (see [`WalTail::readable`]).
+const LISTINGS: usize = 4;
+
 /// The data entries of one shard's WAL after a replay cursor, in position
 /// order, cached.
 #[derive(Debug)]
@@ -54,21 +57,10 @@ impl WalTail {
         if cursor > self.cursor {
             self.drop_through(cursor)?;
         }
-        let mut positions = self.wal.positions_after(self.read_through).await?;
-        // The listing is dense unless entries were deleted under the cursor
-        // we were given, or the writer has appends in flight (or had, when
-        // it died) and a later one landed first. Nothing at or after such a
-        // gap is acknowledged: the tail ends before it until it fills.
-        let gap = (self.read_through + 1..)
-            .zip(&positions)
-            .position(|(expected, &position)| position != expected);
-        if let Some(at) = gap {
-            let first_missing = self.read_through + 1 + at as u64;
-            if !self.wal.explains_gap(positions[at], first_missing).await? {
-                return Ok(Some(first_missing));
-            }
-            positions.truncate(at);
-        }
+        let positions = match self.readable().await? {
+            Ok(positions) => positions,
+            Err(gone) => return Ok(Some(gone)),
+        };
         let wal = &self.wal;
         let entries: Vec<_> = futures::stream::iter(positions)
             .map(|position| async move { Ok::<_, Error>((position, wal.read(position).await?)) })
@@ -99,6 +91,40 @@ impl WalTail {
             self.read_through = position;
         }
         Ok(None)
+    }
+
+    /// The positions after those read that the tail can read now, or
+    /// `Err` with the first one that is gone.
+    ///
+    /// A listing is dense unless entries were deleted under the cursor we
+    /// were given, or the writer has appends in flight (or had, when it
+    /// died) and a later one landed first. Nothing at or after such a gap
+    /// is acknowledged: the tail ends before it until it fills. A listing
+    /// of a local directory is no snapshot either: it can miss an entry
+    /// renamed into it while it ran and show a later one, so a gap nothing
+    /// explains counts only if the entry is still missing when asked for.
+    async fn readable(&self) -> Result<std::result::Result<Vec<u64>, u64>> {
+        for _ in 0..LISTINGS {
+            let mut positions = self.wal.positions_after(self.read_through).await?;
+            let gap = (self.read_through + 1..)
+                .zip(&positions)
+                .position(|(expected, &position)| position != expected);
+            let Some(at) = gap else {
+                return Ok(Ok(positions));
+            };
+            let first_missing = self.read_through + 1 + at as u64;
+            if self.wal.explains_gap(positions[at], first_missing).await? {
+                positions.truncate(at);
+                return Ok(Ok(positions));
+            }
+            if !self.wal.exists(first_missing).await? {
+                return Ok(Err(first_missing));
+            }
+        }
+        Err(Error::Corrupt {
+            path: self.wal.path_of(self.read_through + 1).to_string(),
+            reason: format!("{LISTINGS} listings of the WAL in a row missed entries that exist"),
+        })
     }
 
     /// Forgets the entries at or below `cursor`.
@@ -205,5 +231,26 @@ mod tests {
         append(&wal, &t, 5, None).await;
         assert_eq!(tail.refresh(0).await.unwrap(), Some(4));
         assert_eq!(rows(&tail), 3);
+    }
+
+    #[tokio::test]
+    async fn an_entry_a_listing_missed_is_read_not_reported_lost() {
+        let t = table();
+        let store = crate::store::FaultyStore::new(Arc::new(InMemory::new()));
+        let wal = WalLog::new(store.clone(), paths::wal_dir(&paths::shard_dir("t", 0)));
+        for position in 1..=3 {
+            append(&wal, &t, position, None).await;
+        }
+        // The first listing misses 2, which had landed before 3.
+        store.hide_from_listings(wal.path_of(2).to_string(), 1);
+        let mut tail = WalTail::new(wal.clone(), Arc::clone(&t));
+        assert_eq!(tail.refresh(0).await.unwrap(), None);
+        assert_eq!(rows(&tail), 3);
+        // Missed by every listing: the refresh gives up with an error.
+        append(&wal, &t, 4, None).await;
+        append(&wal, &t, 5, None).await;
+        store.hide_from_listings(wal.path_of(4).to_string(), 100);
+        let err = tail.refresh(0).await.unwrap_err();
+        assert!(err.to_string().contains("listings"), "{err}");
     }
 }

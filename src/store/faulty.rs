@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use futures::stream::BoxStream;
 use object_store::path::Path;
 use object_store::{
@@ -130,6 +130,9 @@ struct GateRule {
 struct State {
     faults: Vec<(Fault, u64)>,
     gates: Vec<GateRule>,
+    /// Objects whose paths contain the needle are left out of this many
+    /// more listings.
+    hidden: Vec<(String, u64)>,
     latency: Duration,
     calls: Vec<(OpKind, u64)>,
     injected: u64,
@@ -209,6 +212,13 @@ impl FaultyStore {
             open: open_tx,
             arrived: arrived_rx,
         }
+    }
+
+    /// Leaves objects whose paths contain `needle` out of the next
+    /// `listings` listings, as a listing of a local directory can miss a
+    /// file renamed into it while it runs (it is no snapshot).
+    pub fn hide_from_listings(&self, needle: impl Into<String>, listings: u64) {
+        self.lock().hidden.push((needle.into(), listings));
     }
 
     /// Adds `latency` before every call.
@@ -424,7 +434,27 @@ impl ObjectStore for FaultyStore {
             Some(mode) => {
                 futures::stream::once(async move { Err(injected(OpKind::List, &at, mode)) }).boxed()
             }
-            None => self.inner.list(prefix),
+            None => {
+                let hidden: Vec<String> = {
+                    let mut state = self.lock();
+                    state.hidden.retain(|(_, left)| *left > 0);
+                    state
+                        .hidden
+                        .iter_mut()
+                        .map(|(needle, left)| {
+                            *left -= 1;
+                            needle.clone()
+                        })
+                        .collect()
+                };
+                self.inner
+                    .list(prefix)
+                    .try_filter(move |meta| {
+                        let path = meta.location.as_ref();
+                        futures::future::ready(!hidden.iter().any(|n| path.contains(n.as_str())))
+                    })
+                    .boxed()
+            }
         }
     }
 

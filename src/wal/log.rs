@@ -97,6 +97,15 @@ impl WalLog {
         }
     }
 
+    /// Whether an object is at `position`.
+    pub async fn exists(&self, position: u64) -> Result<bool> {
+        match self.store.head(&self.path_of(position)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The entry at `position`, if there is one.
     pub async fn read(&self, position: u64) -> Result<Option<WalEntry>> {
         match self.read_bytes(position).await? {
