@@ -19,6 +19,7 @@ mod insert_sink;
 mod key_filters;
 mod scan_exec;
 mod session;
+mod statement;
 mod stats;
 mod streams;
 mod table;

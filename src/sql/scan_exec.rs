@@ -106,7 +106,9 @@ impl ScanExec {
             }
         }
         let wanted = (0..needed.len() as u32).filter(|&s| needed[s as usize]);
-        let mut taken = table.snapshots(wanted).await?.into_iter();
+        let mut taken = super::statement::snapshots(&table, wanted)
+            .await?
+            .into_iter();
         let mut snapshots: Vec<Option<ShardSnapshot>> = (needed.iter())
             .map(|&needed| needed.then(|| taken.next().expect("one per shard needed")))
             .collect();

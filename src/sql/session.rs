@@ -35,6 +35,7 @@ use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
 use super::scan_exec::MinPartitions;
+use super::statement::{StatementPlanner, one_statement};
 use super::stats::StatsFunction;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
@@ -257,6 +258,7 @@ impl MemwalSession {
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
+            .with_query_planner(Arc::new(StatementPlanner))
             .with_physical_optimizer_rule(Arc::new(BlobSizePushdown));
         #[cfg(feature = "distributed")]
         let state = match workers.is_empty() {
@@ -637,9 +639,10 @@ impl MemwalSession {
         };
         // DataFusion's planner, not the session's: the statement is planned
         // again as a whole (across workers, if any) when it runs.
-        let rows = DefaultPhysicalPlanner::default()
-            .create_physical_plan(&dml.input, state)
-            .await?;
+        let rows = one_statement(
+            DefaultPhysicalPlanner::default().create_physical_plan(&dml.input, state),
+        )
+        .await?;
         let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }

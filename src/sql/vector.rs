@@ -212,7 +212,8 @@ impl TableProvider for VectorSearchTable {
         }
         let table = &self.table;
         let shards = 0..table.shard_count() as u32;
-        let snapshots: Vec<_> = shards.clone().zip(table.snapshots(shards).await?).collect();
+        let taken = super::statement::snapshots(table, shards.clone()).await?;
+        let snapshots: Vec<_> = shards.zip(taken).collect();
         let wanted: Vec<usize> = match projection {
             Some(p) => p.clone(),
             None => (0..self.schema.fields().len()).collect(),

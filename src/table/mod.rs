@@ -202,7 +202,6 @@ impl Table {
     }
 
     /// Where the table's objects are, relative to the root.
-    #[cfg_attr(not(feature = "distributed"), allow(dead_code))]
     pub(crate) fn location(&self) -> &str {
         &self.location
     }

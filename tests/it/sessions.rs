@@ -334,3 +334,47 @@ async fn every_session_calls_memwals_distance_functions() {
         assert_eq!(text.matches("Float32").count(), 4, "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_reads_one_snapshot_of_a_shard_however_often_it_scans_it() {
+    use memwal::testing::{Fault, FaultyStore, OpKind};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
+        let root = ObjectRoot::new(store, "memory://snapshots");
+        let catalog = Catalog::open(root, CatalogOptions::default())
+            .await
+            .unwrap();
+        MemwalSession::new(catalog, WriterOptions::default())
+    };
+    let writer = session_on(Arc::clone(&inner)).await;
+    query(
+        &writer,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')",
+    )
+    .await;
+    query(&writer, "INSERT INTO t VALUES (1, 10), (2, 20), (3, 30)").await;
+    // Another process's reader: it refreshes its view of each shard from
+    // the WAL, listing it. A rule that never fires counts those listings.
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    faulty.inject(Fault::nth(OpKind::List, u64::MAX).on_paths_containing("/wal"));
+    let reader = session_on(faulty.clone()).await;
+    let listings = |sql: &'static str| {
+        let (reader, faulty) = (&reader, &faulty);
+        async move {
+            let before = faulty.matched_calls();
+            let answer = query(reader, sql).await;
+            (faulty.matched_calls() - before, answer)
+        }
+    };
+    let (once, answer) = listings("SELECT count(*) FROM t").await;
+    assert!(answer.contains("| 3 "), "{answer}");
+    assert!(once >= 2, "a listing per shard: {once}");
+    // Three scans of both shards, one snapshot each: as many listings.
+    let (thrice, answer) = listings(
+        "SELECT count(*) FROM t WHERE id > (SELECT max(id) FROM t) - 1 \
+         OR id IN (SELECT id FROM t WHERE v < 15)",
+    )
+    .await;
+    assert!(answer.contains("| 2 "), "{answer}");
+    assert_eq!(thrice, once);
+}
