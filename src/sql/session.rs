@@ -17,7 +17,7 @@ use datafusion::datasource::{provider_as_source, source_as_provider};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{
-    Analyze, DmlStatement, Explain, Expr, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp,
+    DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, Statement, WriteOp,
 };
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -545,40 +545,37 @@ impl MemwalSession {
     }
 
     /// The plan of a `DELETE` (`without_where` or not), also under
-    /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs:
-    /// without `WHERE` a `TRUNCATE`, otherwise see
-    /// [`Self::plan_delete_by_rows`].
+    /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs.
     async fn plan_delete(
         &self,
         state: &SessionState,
         plan: LogicalPlan,
         without_where: bool,
     ) -> Result<LogicalPlan> {
-        let (dml, rewrap): (
-            LogicalPlan,
-            Box<dyn FnOnce(LogicalPlan) -> LogicalPlan + Send>,
-        ) = match plan {
-            LogicalPlan::Explain(explain) => (
-                Arc::unwrap_or_clone(Arc::clone(&explain.plan)),
-                Box::new(move |plan| {
-                    LogicalPlan::Explain(Explain {
-                        plan: Arc::new(plan),
-                        ..explain
-                    })
-                }),
-            ),
-            LogicalPlan::Analyze(analyze) => (
-                Arc::unwrap_or_clone(Arc::clone(&analyze.input)),
-                Box::new(move |plan| {
-                    LogicalPlan::Analyze(Analyze {
-                        input: Arc::new(plan),
-                        ..analyze
-                    })
-                }),
-            ),
-            plan => (plan, Box::new(|plan| plan)),
-        };
-        let planned = match dml {
+        Ok(match plan {
+            LogicalPlan::Explain(mut explain) => {
+                let dml = Arc::unwrap_or_clone(explain.plan);
+                explain.plan = Arc::new(self.plan_dml_delete(state, dml, without_where).await?);
+                LogicalPlan::Explain(explain)
+            }
+            LogicalPlan::Analyze(mut analyze) => {
+                let dml = Arc::unwrap_or_clone(analyze.input);
+                analyze.input = Arc::new(self.plan_dml_delete(state, dml, without_where).await?);
+                LogicalPlan::Analyze(analyze)
+            }
+            plan => self.plan_dml_delete(state, plan, without_where).await?,
+        })
+    }
+
+    /// The plan of a `DELETE`'s DML: without `WHERE` a `TRUNCATE`,
+    /// otherwise see [`Self::plan_delete_by_rows`].
+    async fn plan_dml_delete(
+        &self,
+        state: &SessionState,
+        plan: LogicalPlan,
+        without_where: bool,
+    ) -> Result<LogicalPlan> {
+        Ok(match plan {
             LogicalPlan::Dml(dml) if without_where => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
                 dml.target,
@@ -591,8 +588,7 @@ impl MemwalSession {
                 }
                 Err(plan) => plan,
             },
-        };
-        Ok(rewrap(planned))
+        })
     }
 
     /// `DELETE ... WHERE` whose predicate DataFusion 55 would not hand to
