@@ -142,6 +142,12 @@ async fn run(args: Args) -> ShellResult {
         .writer_options(options);
     #[cfg(feature = "distributed")]
     {
+        if args.workers.len() == 1 {
+            eprintln!(
+                "note: with one worker, queries run in this process (a plan of one \
+                 task stays on the coordinator); workers take tasks from two on"
+            );
+        }
         session = session.workers(args.workers.clone());
     }
     #[cfg(not(feature = "distributed"))]

@@ -93,6 +93,7 @@ impl SessionBuilder {
     /// Runs queries across the `memwal worker` processes at `workers`
     /// (default: none, every query runs in this process); see
     /// [`super::distributed`]. Every worker must serve this session's root.
+    /// A URL other than `http://host:port` fails [`SessionBuilder::open`].
     #[cfg(feature = "distributed")]
     pub fn workers(mut self, workers: Vec<url::Url>) -> Self {
         self.workers = workers;
@@ -147,7 +148,11 @@ impl SessionBuilder {
     /// cannot be loaded does not fail the open (see the module doc); a root
     /// that cannot be opened does.
     pub async fn open(self) -> Result<MemwalSession> {
-        let root = open_root(&self.location)?;
+        #[cfg(feature = "distributed")]
+        for url in &self.workers {
+            super::distributed::check_worker_url(url)?;
+        }
+        let root = ObjectRoot::open(&self.location)?;
         let tables = TableCache::shared(root.url(), self.writer);
         let session =
             MemwalSession::with_tables(root, tables, self.file_access, self.progress, self.workers);
@@ -175,22 +180,6 @@ pub(crate) fn memwal_functions() -> Vec<datafusion::logical_expr::ScalarUDF> {
     functions.push(blob_size_function());
     functions.extend(insert_checks::check_functions());
     functions
-}
-
-/// Opens the root at `location`, naming it in a local I/O error.
-fn open_root(location: &str) -> Result<ObjectRoot> {
-    ObjectRoot::open(location).map_err(|e| match e {
-        Error::Io(io) => {
-            let why = match io.kind() {
-                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
-                    "it is a file, or lies under one; a local root must be a directory".to_string()
-                }
-                _ => io.to_string(),
-            };
-            Error::invalid(format!("cannot open root '{location}': {why}"))
-        }
-        other => other,
-    })
 }
 
 impl MemwalSession {

@@ -43,14 +43,14 @@ impl ObjectRoot {
         let url = match Url::parse(location) {
             Ok(url) if url.scheme().len() > 1 => url,
             // No scheme (or a Windows drive letter): a local path.
-            _ => return Self::open_local(std::path::Path::new(location)),
+            _ => return Self::open_local(std::path::Path::new(location), location),
         };
         match url.scheme() {
             "file" => {
                 let path = url
                     .to_file_path()
                     .map_err(|_| Error::invalid(format!("not a local path: {location}")))?;
-                Self::open_local(&path)
+                Self::open_local(&path, location)
             }
             "memory" => Ok(Self::new(shared_memory_store(location), location)),
             "s3" | "s3a" => {
@@ -97,9 +97,20 @@ impl ObjectRoot {
 
     /// Opens a local directory, and starts deleting (on a thread of its
     /// own) the staging files that killed processes left in it.
-    fn open_local(dir: &std::path::Path) -> Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        let dir = std::fs::canonicalize(dir)?;
+    /// The local directory `dir` (created if missing); an I/O error names
+    /// `location`.
+    fn open_local(dir: &std::path::Path, location: &str) -> Result<Self> {
+        let named = |e: std::io::Error| {
+            let why = match e.kind() {
+                std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
+                    "it is a file, or lies under one; a local root must be a directory".to_string()
+                }
+                _ => e.to_string(),
+            };
+            Error::invalid(format!("cannot open root '{location}': {why}"))
+        };
+        std::fs::create_dir_all(dir).map_err(named)?;
+        let dir = std::fs::canonicalize(dir).map_err(named)?;
         // Once per directory and process.
         static SWEPT: OnceLock<Mutex<HashSet<PathBuf>>> = OnceLock::new();
         let first = SWEPT

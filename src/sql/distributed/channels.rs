@@ -35,6 +35,34 @@ pub(super) const PING_EVERY: Duration = Duration::from_secs(10);
 /// task on it, fails.
 pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Refuses a worker URL other than `http://host:port`: a worker speaks
+/// gRPC over plain HTTP/2, so `https` would promise encryption it does not
+/// give, and a path would be ignored.
+pub(crate) fn check_worker_url(url: &Url) -> crate::Result<()> {
+    let refused = |why: &str| Err(crate::Error::invalid(format!("worker URL '{url}': {why}")));
+    match url.scheme() {
+        "http" => {}
+        "https" => {
+            return refused(
+                "workers speak plain HTTP/2 without TLS; use http:// within a private network",
+            );
+        }
+        _ => return refused("a worker URL is http://host:port"),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return refused("no host");
+    }
+    let plain = matches!(url.path(), "" | "/")
+        && url.query().is_none()
+        && url.fragment().is_none()
+        && url.username().is_empty()
+        && url.password().is_none();
+    if !plain {
+        return refused("a worker URL is http://host:port, without a path, query or user");
+    }
+    Ok(())
+}
+
 /// One connection per worker URL, made on first use (see the module doc);
 /// clones share them. Connections to different workers are made at the
 /// same time; one that fails is tried again on the next request.
@@ -142,5 +170,28 @@ impl WorkerChannel for NamedWorker {
             .get_worker_info(request)
             .await
             .map_err(|e| Self::name(&self.url, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_url_is_plain_http_to_a_host_and_port() {
+        for good in ["http://127.0.0.1:7001", "http://h1:7001/", "http://h1"] {
+            check_worker_url(&Url::parse(good).unwrap()).unwrap();
+        }
+        for (bad, why) in [
+            ("https://127.0.0.1:7001", "without TLS"),
+            ("ftp://127.0.0.1:1", "http://host:port"),
+            ("http://h1:7001/some/path", "without a path"),
+            ("http://h1:7001/?x=1", "without a path"),
+            ("http://user@h1:7001", "without a path"),
+        ] {
+            let err = check_worker_url(&Url::parse(bad).unwrap()).unwrap_err();
+            assert!(err.to_string().contains(why), "{bad}: {err}");
+            assert!(err.to_string().contains(bad.trim_end_matches('/')), "{err}");
+        }
     }
 }

@@ -40,6 +40,7 @@ use url::Url;
 pub use codec::MemwalCodec;
 
 use channels::Channels;
+pub(crate) use channels::check_worker_url;
 
 use super::scan_exec::{ScanExec, ScanMode, ScanPlan};
 use super::session::memwal_functions;
