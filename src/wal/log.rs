@@ -132,24 +132,23 @@ impl WalLog {
         Ok(positions)
     }
 
-    /// Every entry after `after`, in position order (read a few at a
-    /// time). A gap in the positions or an entry that fails its checksum is
-    /// an error naming the object.
+    /// Every entry after `after` up to the tip, in position order (read a
+    /// few at a time). The listing gives only the tip: every position up
+    /// to it is read, so an entry a listing missed (a directory's listing
+    /// is no snapshot) is read all the same. A position with no entry, or
+    /// an entry that fails its checksum, is an error naming the object.
     pub async fn replay(&self, after: u64) -> Result<Vec<(u64, WalEntry)>> {
-        let positions = self.positions_after(after).await?;
-        for (expected, &position) in (after + 1..).zip(&positions) {
-            if position != expected {
-                return Err(Error::Corrupt {
-                    path: self.path_of(expected).to_string(),
-                    reason: format!("WAL position missing (next present is {position})"),
-                });
-            }
-        }
-        futures::stream::iter(positions)
+        let tip = self
+            .positions_after(after)
+            .await?
+            .last()
+            .copied()
+            .unwrap_or(after);
+        futures::stream::iter(after + 1..=tip)
             .map(|position| async move {
                 let entry = self.read(position).await?.ok_or_else(|| Error::Corrupt {
                     path: self.path_of(position).to_string(),
-                    reason: "WAL entry vanished during replay".into(),
+                    reason: format!("WAL position missing (the tip is {tip})"),
                 })?;
                 Ok((position, entry))
             })
@@ -367,6 +366,23 @@ mod tests {
         ));
         wal.plug(3, &fence, 2).await.unwrap();
         assert_eq!(wal.read(3).await.unwrap().unwrap(), fence);
+    }
+
+    #[tokio::test]
+    async fn replay_reads_an_entry_its_listing_missed() {
+        let store = crate::store::FaultyStore::new(Arc::new(InMemory::new()));
+        let wal = WalLog::new(store.clone(), paths::wal_dir(&paths::shard_dir("t", 0)));
+        for position in 1..=3 {
+            let bytes = wal.encode(position, &entry(1, &[position as i64])).unwrap();
+            wal.append(position, 1, bytes).await.unwrap();
+        }
+        store.hide_from_listings(wal.path_of(2).to_string(), 1);
+        let replayed = wal.replay(0).await.unwrap();
+        assert_eq!(
+            replayed.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+            [1, 2, 3]
+        );
+        assert_eq!(replayed[1].1, entry(1, &[2]));
     }
 
     #[tokio::test]
