@@ -589,6 +589,10 @@ impl ScanPart {
     /// A one-line description of the layers and the merging (for
     /// `EXPLAIN`).
     pub fn describe(&self) -> String {
+        if self.clusters.is_empty() && self.unmerged.is_none() {
+            // An empty shard, or a part that pads a plan to more tasks.
+            return "reads nothing".into();
+        }
         let merged = self.clusters.iter().filter(|c| c.len() > 1).count();
         let pieces: Vec<&Piece> = self.clusters.iter().flatten().collect();
         let groups = pieces

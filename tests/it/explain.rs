@@ -132,3 +132,36 @@ async fn explain_analyze_shows_layers_bytes_merge_and_pruning() {
         assert!(text.contains(name), "no {name} in\n{text}");
     }
 }
+
+#[tokio::test]
+async fn a_part_that_pads_a_plan_says_it_reads_nothing() {
+    // A plan padded to more tasks than the table has parts: the padding
+    // reads nothing, and EXPLAIN says so rather than describe the shard.
+    let dir = tempfile::tempdir().unwrap();
+    let session = MemwalSession::builder(dir.path().to_str().unwrap())
+        .min_scan_tasks(3)
+        .open()
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '1')",
+        "INSERT INTO t VALUES (1), (2)",
+    ] {
+        session.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    let explained = session
+        .sql("EXPLAIN SELECT * FROM t")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let text = pretty_format_batches(&explained).unwrap().to_string();
+    assert!(text.contains("part 0: [memtables=1"), "{text}");
+    for part in [1, 2] {
+        assert!(
+            text.contains(&format!("part {part}: [reads nothing]")),
+            "{text}"
+        );
+    }
+}
