@@ -95,10 +95,9 @@ impl ObjectRoot {
         }
     }
 
-    /// Opens a local directory, and starts deleting (on a thread of its
-    /// own) the staging files that killed processes left in it.
-    /// The local directory `dir` (created if missing); an I/O error names
-    /// `location`.
+    /// Opens the local directory `dir` (created if missing; an I/O error
+    /// names `location`), and starts deleting (on a thread of its own) the
+    /// staging files that killed processes left in it.
     fn open_local(dir: &std::path::Path, location: &str) -> Result<Self> {
         let named = |e: std::io::Error| {
             let why = match e.kind() {

@@ -40,6 +40,12 @@ async fn scan_metrics(session: &MemwalSession, sql: &str) -> impl Fn(&str) -> us
     }
 }
 
+/// The text of what `sql` (an `EXPLAIN`) prints.
+async fn explained(session: &MemwalSession, sql: &str) -> String {
+    let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
+    pretty_format_batches(&batches).unwrap().to_string()
+}
+
 #[tokio::test]
 async fn explain_analyze_shows_layers_bytes_merge_and_pruning() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,25 +110,11 @@ async fn explain_analyze_shows_layers_bytes_merge_and_pruning() {
     assert_eq!(unmerged("memtable_rows"), 4);
     assert_eq!(unmerged("sstable_rows"), 100_000);
     assert_eq!(unmerged("merged_rows"), 0);
-    let plan = session
-        .sql("EXPLAIN SELECT count(*) FROM t")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let text = pretty_format_batches(&plan).unwrap().to_string();
+    let text = explained(&session, "EXPLAIN SELECT count(*) FROM t").await;
     assert!(text.contains("unmerged: deletion vectors"), "{text}");
 
     // And EXPLAIN ANALYZE prints them.
-    let explained = session
-        .sql("EXPLAIN ANALYZE SELECT count(*) FROM t")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let text = pretty_format_batches(&explained).unwrap().to_string();
+    let text = explained(&session, "EXPLAIN ANALYZE SELECT count(*) FROM t").await;
     for name in [
         "memtable_rows=",
         "sstable_rows=",
@@ -149,14 +141,7 @@ async fn a_part_that_pads_a_plan_says_it_reads_nothing() {
     ] {
         session.sql(sql).await.unwrap().collect().await.unwrap();
     }
-    let explained = session
-        .sql("EXPLAIN SELECT * FROM t")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
-    let text = pretty_format_batches(&explained).unwrap().to_string();
+    let text = explained(&session, "EXPLAIN SELECT * FROM t").await;
     assert!(text.contains("part 0: [memtables=1"), "{text}");
     for part in [1, 2] {
         assert!(
