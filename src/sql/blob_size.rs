@@ -5,21 +5,27 @@
 //! [`ScanExec`] takes that projection over (see its
 //! `try_swapping_with_projection` and [`BlobSizePushdown`]) and answers
 //! from the column's descriptors. Where the values are read anyway
-//! (selected beside the size, a key lookup) it measures them. `col IS
-//! NULL` reads the values; `blob_size(col) IS NULL` does not.
+//! (selected beside the size, a key lookup) it measures them.
+//! [`NullChecksBySize`] has `col IS [NOT] NULL` and `count(col)` of a
+//! binary column asked through `blob_size` too, so they read no value
+//! either.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, Int64Array};
 use datafusion::arrow::datatypes::DataType;
+use datafusion::common::DFSchemaRef;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::plan_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    ColumnarValue, ExpressionPlacement, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, Expr, ExpressionPlacement, LogicalPlan, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, Volatility,
 };
+use datafusion::optimizer::AnalyzerRule;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{Partitioning, ScalarFunctionExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -104,6 +110,71 @@ impl ScalarUDFImpl for BlobSize {
             _ => Int64Array::new_null(values.len()),
         };
         Ok(ColumnarValue::Array(Arc::new(sizes)))
+    }
+}
+
+/// Rewrites `x IS NULL`, `x IS NOT NULL` and `count(x)` (not DISTINCT)
+/// of a binary column `x` to the same over `blob_size(x)`, which is NULL
+/// exactly where `x` is, keeping their output names: over a memwal scan
+/// they are then answered from descriptors, reading no blob value.
+#[derive(Debug, Default)]
+pub struct NullChecksBySize;
+
+impl AnalyzerRule for NullChecksBySize {
+    fn name(&self) -> &str {
+        "memwal_null_checks_by_size"
+    }
+
+    fn analyze(&self, plan: LogicalPlan, _: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(|plan| {
+            let inputs: Vec<DFSchemaRef> = plan
+                .inputs()
+                .iter()
+                .map(|i| Arc::clone(i.schema()))
+                .collect();
+            let binary = |e: &Expr| {
+                let Expr::Column(column) = e else {
+                    return false;
+                };
+                inputs.iter().any(|schema| {
+                    schema
+                        .field_with_name(column.relation.as_ref(), &column.name)
+                        .is_ok_and(|f| {
+                            matches!(
+                                f.data_type(),
+                                DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+                            )
+                        })
+                })
+            };
+            let size = |e: Expr| blob_size_function().call(vec![e]);
+            let names = NamePreserver::new(&plan);
+            plan.map_expressions(|expr| {
+                let name = names.save(&expr);
+                let rewritten = expr.transform_up(|e| {
+                    Ok(match e {
+                        Expr::IsNull(x) if binary(&x) => {
+                            Transformed::yes(Expr::IsNull(Box::new(size(*x))))
+                        }
+                        Expr::IsNotNull(x) if binary(&x) => {
+                            Transformed::yes(Expr::IsNotNull(Box::new(size(*x))))
+                        }
+                        Expr::AggregateFunction(mut f)
+                            if f.func.name() == "count"
+                                && !f.params.distinct
+                                && matches!(f.params.args.as_slice(), [x] if binary(x)) =>
+                        {
+                            let x = f.params.args.remove(0);
+                            f.params.args.push(size(x));
+                            Transformed::yes(Expr::AggregateFunction(AggregateFunction { ..f }))
+                        }
+                        e => Transformed::no(e),
+                    })
+                })?;
+                Ok(rewritten.update_data(|e| name.restore(e)))
+            })
+        })
+        .data()
     }
 }
 

@@ -26,7 +26,7 @@ use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
-use super::blob_size::{BlobSizePushdown, blob_size_function};
+use super::blob_size::{BlobSizePushdown, NullChecksBySize, blob_size_function};
 use super::catalog_provider::MemwalCatalogProvider;
 use datafusion::common::config::ConfigExtension;
 
@@ -243,11 +243,13 @@ impl MemwalSession {
         if let Some(progress) = progress {
             config = config.with_extension(progress);
         }
-        // DataFusion's defaults, and `blob_size` answered by scans.
+        // DataFusion's defaults, and `blob_size` (null checks of binary
+        // columns too) answered by scans.
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
             .with_query_planner(Arc::new(StatementPlanner))
+            .with_analyzer_rule(Arc::new(NullChecksBySize))
             .with_physical_optimizer_rule(Arc::new(BlobSizePushdown));
         #[cfg(feature = "distributed")]
         let state = match workers.is_empty() {

@@ -154,6 +154,13 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
             "SELECT id AS n FROM media ORDER BY blob_size(raw) LIMIT 1",
             "| 3 |",
         ),
+        // Null checks and counts of the column are asked of its sizes.
+        ("SELECT count(*) AS n FROM media WHERE raw IS NULL", "| 0 |"),
+        ("SELECT count(raw) AS n FROM media", "| 3 |"),
+        (
+            "SELECT max(id) AS n FROM media WHERE raw IS NOT NULL",
+            "| 3 |",
+        ),
         (
             "SELECT min(s) AS n FROM (SELECT blob_size(raw) AS s FROM media LIMIT 5)",
             "| 1 |",
