@@ -536,7 +536,9 @@ impl MemwalSession {
     }
 
     /// The plan of a `DELETE` (`without_where` or not), also under
-    /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs.
+    /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs:
+    /// without `WHERE` a `TRUNCATE`, otherwise see
+    /// [`Self::plan_delete_by_rows`].
     async fn plan_delete(
         &self,
         state: &SessionState,
@@ -546,27 +548,16 @@ impl MemwalSession {
         Ok(match plan {
             LogicalPlan::Explain(mut explain) => {
                 let dml = Arc::unwrap_or_clone(explain.plan);
-                explain.plan = Arc::new(self.plan_dml_delete(state, dml, without_where).await?);
+                let planned = Box::pin(self.plan_delete(state, dml, without_where)).await?;
+                explain.plan = Arc::new(planned);
                 LogicalPlan::Explain(explain)
             }
             LogicalPlan::Analyze(mut analyze) => {
                 let dml = Arc::unwrap_or_clone(analyze.input);
-                analyze.input = Arc::new(self.plan_dml_delete(state, dml, without_where).await?);
+                let planned = Box::pin(self.plan_delete(state, dml, without_where)).await?;
+                analyze.input = Arc::new(planned);
                 LogicalPlan::Analyze(analyze)
             }
-            plan => self.plan_dml_delete(state, plan, without_where).await?,
-        })
-    }
-
-    /// The plan of a `DELETE`'s DML: without `WHERE` a `TRUNCATE`,
-    /// otherwise see [`Self::plan_delete_by_rows`].
-    async fn plan_dml_delete(
-        &self,
-        state: &SessionState,
-        plan: LogicalPlan,
-        without_where: bool,
-    ) -> Result<LogicalPlan> {
-        Ok(match plan {
             LogicalPlan::Dml(dml) if without_where => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
                 dml.target,
