@@ -8,6 +8,7 @@ mod blob_size;
 mod catalog_provider;
 mod config;
 mod ddl;
+mod delete_alias;
 mod delete_exec;
 mod describe;
 #[cfg(feature = "distributed")]

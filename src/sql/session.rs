@@ -39,7 +39,7 @@ use super::statement::{StatementPlanner, one_statement};
 use super::stats::StatsFunction;
 use super::table::MemwalTable;
 use super::vector::{VectorSearchFunction, distance_functions};
-use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, describe, insert_checks};
+use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, delete_alias, describe, insert_checks};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
 use crate::error::{Error, Result};
 use crate::store::ObjectRoot;
@@ -457,7 +457,15 @@ impl MemwalSession {
     }
 
     /// Runs one parsed statement (see [`MemwalSession::sql`]).
-    pub async fn execute(&self, statement: DFStatement) -> Result<DataFrame> {
+    pub async fn execute(&self, mut statement: DFStatement) -> Result<DataFrame> {
+        let normalize = self
+            .ctx
+            .state()
+            .config()
+            .options()
+            .sql_parser
+            .enable_ident_normalization;
+        delete_alias::unalias_delete(&mut statement, normalize)?;
         // Refusals that must come before anything is read.
         self.files.check_statement(&statement)?;
         ddl::refuse_explain(&statement)?;
