@@ -183,7 +183,10 @@ async fn main() {
         "--store takes local, s3-standard or s3-express"
     );
     let base = match &args.dir {
-        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).unwrap();
+            tempfile::tempdir_in(dir).unwrap()
+        }
         None => tempfile::tempdir().unwrap(),
     };
     let (mut memwal, mut datafusion, mut sorted) = (Vec::new(), Vec::new(), Vec::new());

@@ -108,7 +108,10 @@ async fn main() {
         exe.parent().unwrap().parent().unwrap().join("memwal")
     });
     let dir = match &args.dir {
-        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        Some(dir) => {
+            std::fs::create_dir_all(dir).unwrap();
+            tempfile::tempdir_in(dir).unwrap()
+        }
         None => tempfile::tempdir().unwrap(),
     };
     let root = dir.path().to_str().unwrap().to_string();

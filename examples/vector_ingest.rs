@@ -87,7 +87,9 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 async fn main() {
     let args = Args::parse();
     let dim = args.dim;
-    let dir = tempfile::tempdir_in(args.dir.clone().unwrap_or_else(std::env::temp_dir)).unwrap();
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::tempdir_in(dir).unwrap();
     let root = dir.path().to_str().unwrap().to_string();
     let options = {
         let mut o = WriterOptions::default();
