@@ -34,7 +34,7 @@ pub use wal_tail::WalTail;
 use crate::blob::{self, PackReader};
 use crate::error::Result;
 use crate::memtable::MemLayer;
-use crate::schema::{BlobColumn, TableSchema};
+use crate::schema::{BlobColumn, TableSchema, owned_row};
 use crate::sstable::merge::{self, KeyRange, Run};
 use crate::sstable::{
     DeletionVector, ReadMetrics, SstableFile, SstableReader, deletions_complete,
@@ -159,7 +159,7 @@ impl ShardSnapshot {
         let hit = 'found: {
             for layer in self.memtables.iter().rev() {
                 if let Some((batch, row)) = layer.memtable.get_within(encoded, layer.batches) {
-                    break 'found Some(batch.slice(row, 1));
+                    break 'found Some(owned_row(&batch, row)?);
                 }
             }
             for file in self.sstables.iter().rev() {

@@ -36,7 +36,7 @@ use futures::TryStreamExt;
 use super::ShardSnapshot;
 use crate::error::{Error, Result};
 use crate::memtable::MemLayer;
-use crate::schema::Metric;
+use crate::schema::{Metric, owned_row};
 use crate::sstable::{ReadMetrics, SstableFile, VectorColumnData, deletions_complete};
 
 /// A layer that could offer fewer rows than this (live rows, or rows the
@@ -241,16 +241,16 @@ impl ShardSnapshot {
                         matches,
                         admissible,
                         ..
-                    } => search_sstable(
+                    } => Ok(search_sstable(
                         vectors,
                         matches.as_deref(),
                         *admissible,
                         query,
                         metric,
                         fetch,
-                    ),
+                    )),
                 })
-                .collect();
+                .collect::<Result<_>>()?;
             // A candidate is certain only up to the distance where a layer
             // that may hold more stopped.
             let certain_up_to = offers
@@ -379,7 +379,7 @@ impl ShardSnapshot {
         query: &VectorQuery,
         metric: Metric,
         fetch: usize,
-    ) -> Offer {
+    ) -> Result<Offer> {
         let memtable = &layer.memtable;
         let batches = memtable.batches(0, layer.batches);
         let cap = memtable.rows_within(layer.batches);
@@ -431,14 +431,14 @@ impl ShardSnapshot {
             .into_iter()
             .map(|(distance, row)| {
                 let b = &batches[locate(row)];
-                Candidate {
+                Ok(Candidate {
                     distance,
-                    row: Some(b.batch.slice((row - b.first_row) as usize, 1)),
+                    row: Some(owned_row(&b.batch, (row - b.first_row) as usize)?),
                     position: 0,
-                }
+                })
             })
-            .collect();
-        Offer { found, exhausted }
+            .collect::<Result<_>>()?;
+        Ok(Offer { found, exhausted })
     }
 
     /// `filter` on a MemTable batch (stored form), with the packed values

@@ -19,5 +19,5 @@ pub use metric::{HnswParams, Metric};
 pub use stored::stored_schema;
 pub use stored::{
     BlobColumn, KeyedBatch, TableSchema, VectorColumn, blob_descriptor_fields, compact_views,
-    held_bytes,
+    held_bytes, owned_row,
 };

@@ -473,6 +473,18 @@ fn compacted(batch: RecordBatch) -> Result<RecordBatch> {
     compact_views(take_record_batch(&batch, &all)?)
 }
 
+/// Row `row` of `batch`, its values copied into buffers of its own. A
+/// slice would share the batch's buffers: it would keep the whole batch
+/// alive, and arrow-rs casts a sliced binary column to a string by
+/// validating the bytes of every row of the buffer, so that one other
+/// row's non-UTF-8 bytes failed `CAST(b AS VARCHAR)` of a valid value.
+pub fn owned_row(batch: &RecordBatch, row: usize) -> Result<RecordBatch> {
+    Ok(take_record_batch(
+        batch,
+        &UInt32Array::from(vec![row as u32]),
+    )?)
+}
+
 /// `batch` with its string and binary view columns copied into buffers
 /// of their own, holding only the bytes their rows name, in row order.
 pub fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {

@@ -42,7 +42,7 @@ use super::object::SstableObject;
 use super::{DeletionVector, Deletions, ReadMetrics, SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
-use crate::schema::TableSchema;
+use crate::schema::{TableSchema, owned_row};
 use crate::store::paths;
 use datafusion::common::ScalarValue;
 
@@ -221,12 +221,13 @@ impl SstableReader {
         }
         let mut rows = Vec::with_capacity(positions.len());
         for (i, &position) in positions.iter().enumerate() {
+            let read = owned_row(&partial, i)?;
             let mut columns = Vec::with_capacity(stored.fields().len());
             for (c, field) in stored.fields().iter().enumerate() {
                 columns.push(match decoded.iter().find(|(d, _)| *d == c) {
                     None => {
                         let at = others.binary_search(&c).expect("projected");
-                        partial.column(at).slice(i, 1)
+                        Arc::clone(read.column(at))
                     }
                     Some((_, data)) if position < data.live.len() => {
                         data.row(position, field.data_type())
@@ -811,7 +812,7 @@ impl SstableReader {
             if let Some(at) = matches.iter().position(|m| m == Some(true)) {
                 let row = RecordBatch::try_new(
                     Arc::clone(&schema.stored),
-                    rows.slice(at, 1).columns().to_vec(),
+                    owned_row(&rows, at)?.columns().to_vec(),
                 )?;
                 return Ok(Some(row));
             }
