@@ -116,7 +116,9 @@ pub(crate) async fn try_execute(
             ..
         } => {
             for name in names {
-                let outcome = catalog.drop_table(table_path(name)?, *if_exists).await?;
+                let outcome = catalog
+                    .drop_table(table_path(name, state)?, *if_exists)
+                    .await?;
                 dropped.extend(dropped_tables(outcome));
             }
         }
@@ -188,7 +190,7 @@ async fn plan_create_table(
         | CreateTableOptions::Plain(options)
         | CreateTableOptions::TableProperties(options) => table_options(options)?,
     };
-    let path = table_path(&create.name)?;
+    let path = table_path(&create.name, state)?;
 
     // Let DataFusion plan the rest: SQL types to Arrow, key constraints.
     let mut bare = create.clone();
@@ -318,8 +320,11 @@ fn schema_path(name: &ObjectName) -> Result<ObjectPath> {
     }
 }
 
-/// `t`, `schema.t` or `memwal.schema.t` to a table path.
-pub(crate) fn table_path(name: &ObjectName) -> Result<ObjectPath> {
+/// `t`, `schema.t` or `memwal.schema.t` to a table path. A bare or
+/// partial name resolves as DataFusion resolves it in a query, in the
+/// session's `datafusion.catalog.default_catalog` and `default_schema`:
+/// a DDL statement and a query of the same name mean the same table.
+pub(crate) fn table_path(name: &ObjectName, state: &SessionState) -> Result<ObjectPath> {
     let parts = name_parts(name)?;
     let reference = match parts.as_slice() {
         [table] => TableReference::bare(table.as_str()),
@@ -333,9 +338,8 @@ pub(crate) fn table_path(name: &ObjectName) -> Result<ObjectPath> {
             )));
         }
     };
-    if let Some(catalog) = reference.catalog() {
-        check_catalog(catalog)?;
-    }
-    let namespace = schema_to_namespace(reference.schema().unwrap_or(super::ROOT_SCHEMA))?;
-    namespace.child(reference.table())
+    let defaults = &state.config_options().catalog;
+    let resolved = reference.resolve(&defaults.default_catalog, &defaults.default_schema);
+    check_catalog(&resolved.catalog)?;
+    schema_to_namespace(&resolved.schema)?.child(&resolved.table)
 }

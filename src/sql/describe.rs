@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt32Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use datafusion::execution::SessionState;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{ShowCreateObject, Statement};
 use datafusion::sql::sqlparser::keywords::{
@@ -33,6 +34,7 @@ use crate::schema::TableMeta;
 /// a memwal table; `None` otherwise.
 pub(crate) async fn try_describe(
     catalog: &Catalog,
+    state: &SessionState,
     statement: &DFStatement,
 ) -> Result<Option<RecordBatch>> {
     let DFStatement::Statement(statement) = statement else {
@@ -48,7 +50,7 @@ pub(crate) async fn try_describe(
     };
     // A name memwal cannot hold (another catalog, information_schema, a
     // file) is DataFusion's to answer.
-    let Ok(path) = ddl::table_path(name) else {
+    let Ok(path) = ddl::table_path(name, state) else {
         return Ok(None);
     };
     let Some((_, meta)) = catalog.table(&path).await? else {

@@ -11,7 +11,7 @@ use datafusion::common::{DFSchema, ScalarValue, TableReference, plan_err};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{ColumnarValue, Expr};
 
-use super::{CATALOG_NAME, ROOT_SCHEMA};
+use super::{CATALOG_NAME, ROOT_SCHEMA, schema_to_namespace};
 use crate::catalog::{Catalog, ObjectPath, ObjectType};
 use crate::schema::TableMeta;
 use crate::table::{Table, TableCache};
@@ -54,6 +54,7 @@ pub(super) fn named_table(
     catalog: &Catalog,
     tables: &TableCache,
     name: &str,
+    default_schema: &str,
     function: &str,
 ) -> Result<(TableMeta, Arc<Table>)> {
     let snapshot = catalog.snapshot();
@@ -63,11 +64,15 @@ pub(super) fn named_table(
             .filter(|e| e.object_type == ObjectType::Table)
             .cloned()
     };
-    let dotted = ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name));
+    // A bare name is in the session's default schema, as in a query.
+    let dotted = match name.contains(['.', '"']) {
+        true => ObjectPath::parse_dotted(name.strip_prefix("public.").unwrap_or(name)),
+        false => schema_to_namespace(default_schema).and_then(|schema| schema.child(name)),
+    };
     let found = match dotted.ok().and_then(|p| Some((table(&p)?, p))) {
         Some(found) => Some(found),
         None if name.contains('"') => {
-            let path = sql_path(name, function)?;
+            let path = sql_path(name, default_schema, function)?;
             table(&path).map(|entry| (entry, path))
         }
         None => None,
@@ -82,16 +87,17 @@ pub(super) fn named_table(
     Ok((meta, table))
 }
 
-/// The path of a table as SQL names it: the schema is a namespace path
-/// (dotted), `public` the root, `memwal` the only catalog.
-fn sql_path(name: &str, function: &str) -> Result<ObjectPath> {
+/// The path of a table as SQL names it: the schema (`default_schema`
+/// for a bare name) is a namespace path (dotted), `public` the root,
+/// `memwal` the only catalog.
+fn sql_path(name: &str, default_schema: &str, function: &str) -> Result<ObjectPath> {
     let reference = TableReference::parse_str(name);
     if reference.catalog().is_some_and(|c| c != CATALOG_NAME) {
         return plan_err!("{function}: table '{name}' not found (the catalog is {CATALOG_NAME})");
     }
-    let mut levels: Vec<&str> = match reference.schema() {
-        Some(schema) if schema != ROOT_SCHEMA => schema.split('.').collect(),
-        _ => Vec::new(),
+    let mut levels: Vec<&str> = match reference.schema().unwrap_or(default_schema) {
+        ROOT_SCHEMA => Vec::new(),
+        schema => schema.split('.').collect(),
     };
     levels.push(reference.table());
     Ok(ObjectPath::new(levels)?)

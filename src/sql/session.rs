@@ -476,7 +476,7 @@ impl MemwalSession {
         };
         let state = self.ctx.state();
         if let Some(catalog) = &catalog {
-            if let Some(batch) = describe::try_describe(catalog, &statement).await? {
+            if let Some(batch) = describe::try_describe(catalog, &state, &statement).await? {
                 return Ok(self.ctx.read_batch(batch)?);
             }
             if let Some(dropped) = ddl::try_execute(catalog, &state, &statement).await? {

@@ -73,7 +73,13 @@ impl TableFunctionImpl for StatsFunction {
             );
         };
         let name = text(constant(args.session(), arg, FUNCTION)?, "table", FUNCTION)?;
-        let (_, table) = named_table(&self.catalog, &self.tables, &name, FUNCTION)?;
+        let (_, table) = named_table(
+            &self.catalog,
+            &self.tables,
+            &name,
+            &args.session().config_options().catalog.default_schema,
+            FUNCTION,
+        )?;
         let shards = table.shard_count() as u32;
         let stats = (0..shards)
             .map(|shard| table.stats(shard))
