@@ -587,7 +587,9 @@ impl MemwalSession {
     /// (SELECT ...)`): `delete_from` would get no filter, or only some, and
     /// delete rows the statement did not select; or holding a subquery
     /// that stayed an expression (`WHERE id < (SELECT min(a) ...)`), which
-    /// `delete_from` cannot evaluate. Such a statement becomes a
+    /// `delete_from` cannot evaluate; or over a projection that computes
+    /// a subexpression the predicate repeats, which the filter then names
+    /// as a column the table does not have. Such a statement becomes a
     /// [`DeleteExec`] over the rows its optimized plan yields. Any other
     /// plan is handed back as is.
     async fn plan_delete_by_rows(
@@ -611,7 +613,13 @@ impl MemwalSession {
                     })?;
                 }
                 LogicalPlan::TableScan(scan) => filtered |= !scan.filters.is_empty(),
-                LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {}
+                // One that computes (the optimizer's `__common_expr_*`
+                // under a filter repeating a subexpression) leaves the
+                // filter naming a column the table does not have.
+                LogicalPlan::Projection(projection) => {
+                    whole &= projection.expr.iter().all(|e| matches!(e, Expr::Column(_)));
+                }
+                LogicalPlan::SubqueryAlias(_) => {}
                 _ => whole = false,
             }
             Ok(TreeNodeRecursion::Continue)
