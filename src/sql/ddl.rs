@@ -139,6 +139,13 @@ pub(crate) async fn try_execute(
                 return Err(e);
             }
         }
+        Statement::CreateView(view) => {
+            return Err(Error::invalid(format!(
+                "CREATE VIEW {} is not supported: the memwal catalog holds tables and \
+                 namespaces only; write the query as a subquery or a WITH clause",
+                view.name
+            )));
+        }
         _ => return Ok(None),
     }
     Ok(Some(dropped))

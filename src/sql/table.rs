@@ -189,9 +189,11 @@ impl TableProvider for MemwalTable {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let Some(predicate) = conjunction(filters) else {
             return Err(DataFusionError::Plan(
-                "memwal refuses a DELETE without a usable filter (DataFusion drops \
-                 WHERE false and subquery predicates); run it through MemwalSession, \
-                 or use TRUNCATE to delete every row"
+                "memwal refuses a DELETE without a usable filter: DataFusion drops \
+                 WHERE false and subquery predicates. memwal's session plans such a \
+                 DELETE itself when it runs as a statement of its own (the memwal shell, \
+                 MemwalSession::sql, Root.sql), not through PREPARE/EXECUTE or a plain \
+                 DataFusion SessionContext; TRUNCATE deletes every row"
                     .into(),
             ));
         };
