@@ -202,6 +202,15 @@ fn sql_type(t: &DataType) -> Result<String> {
         Interval(datafusion::arrow::datatypes::IntervalUnit::MonthDayNano) => "INTERVAL".into(),
         FixedSizeList(item, n) => format!("{}[{n}]", sql_type(item.data_type())?),
         List(item) => format!("{}[]", sql_type(item.data_type())?),
+        Struct(fields) => {
+            let fields = fields
+                .iter()
+                .map(|f| Ok(format!("{} {}", ident(f.name()), sql_type(f.data_type())?)))
+                .collect::<Result<Vec<_>>>()?;
+            format!("STRUCT<{}>", fields.join(", "))
+        }
+        // A column the table holds as its values' type.
+        Dictionary(_, value) => sql_type(value)?,
         other => {
             return Err(Error::invalid(format!(
                 "SHOW CREATE TABLE: no SQL type for Arrow type {other}"
