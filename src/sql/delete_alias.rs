@@ -58,22 +58,30 @@ pub(super) fn unalias_delete(statement: &mut DFStatement, normalize: bool) -> Re
     let Some(selection) = &mut delete.selection else {
         return Ok(());
     };
-    let mut shadowed = Shadowed {
-        alias: key(&alias),
-        key: &key,
-    };
-    if selection.visit(&mut shadowed).is_break() {
-        return Err(Error::invalid(format!(
-            "DELETE FROM {name} AS {alias}: a subquery of its WHERE also names a relation \
-             {alias}; give one of them another name"
-        )));
-    }
     let table: Vec<Ident> = name
         .0
         .iter()
         .filter_map(ObjectNamePart::as_ident)
         .cloned()
         .collect();
+    // After the rewrite `alias.x` reads `table.x`: a subquery's relation
+    // named either would take it over.
+    let mut shadowed = Shadowed {
+        names: [Some(&alias), table.last()]
+            .into_iter()
+            .flatten()
+            .map(&key)
+            .collect(),
+        key: &key,
+    };
+    if selection.visit(&mut shadowed).is_break() {
+        return Err(Error::invalid(format!(
+            "DELETE FROM {name} AS {alias}: a subquery of its WHERE reads a relation \
+             named {alias} or {name} too, which memwal could not tell from the table; \
+             write the statement without the alias, or name the subquery's relation \
+             otherwise"
+        )));
+    }
     let _ = visit_expressions_mut(selection, |expr| {
         if let Expr::CompoundIdentifier(parts) = expr
             && parts.len() >= 2
@@ -86,10 +94,10 @@ pub(super) fn unalias_delete(statement: &mut DFStatement, normalize: bool) -> Re
     Ok(())
 }
 
-/// Breaks at a relation that goes by `alias` (its own alias, or the last
-/// part of its name without one).
+/// Breaks at a relation that goes by one of `names` (its own alias, or
+/// the last part of its name without one).
 struct Shadowed<'a, F> {
-    alias: String,
+    names: Vec<String>,
     key: &'a F,
 }
 
@@ -119,7 +127,7 @@ impl<F: Fn(&Ident) -> String> Visitor for Shadowed<'_, F> {
             _ => None,
         };
         match named {
-            Some(name) if (self.key)(name) == self.alias => ControlFlow::Break(()),
+            Some(name) if self.names.contains(&(self.key)(name)) => ControlFlow::Break(()),
             _ => ControlFlow::Continue(()),
         }
     }
@@ -167,6 +175,8 @@ mod tests {
         for sql in [
             "DELETE FROM t AS a WHERE id IN (SELECT a.id FROM u AS a)",
             "DELETE FROM t AS a WHERE id IN (SELECT id FROM a)",
+            "DELETE FROM t AS a WHERE EXISTS (SELECT 1 FROM t WHERE t.id = a.id + 1)",
+            "DELETE FROM s.T AS a WHERE a.id IN (SELECT id FROM u AS t)",
             "DELETE FROM t AS a(x) WHERE x = 1",
         ] {
             let e = rewritten(sql).unwrap_err();
