@@ -233,6 +233,15 @@ async fn plan_create_table(
             .collect();
         schema = Schema::new_with_metadata(fields, schema.metadata().clone());
     }
+    // `CREATE TABLE t AS SELECT NULL AS x`: a column no SQL type names,
+    // which could only ever hold NULL.
+    if let Some(untyped) = schema.fields().iter().find(|f| f.data_type().is_null()) {
+        return Err(Error::invalid(format!(
+            "column '{}' has no type (the query gives it only NULL): give it one, as in \
+             CAST(NULL AS INT)",
+            untyped.name()
+        )));
+    }
     let mut primary_key = Vec::new();
     for constraint in cmd.constraints.iter() {
         match constraint {
