@@ -49,14 +49,16 @@ pub(super) fn text(value: ScalarValue, what: &str, function: &str) -> Result<Str
 /// The table named `name` in `catalog`, opened through `tables`: dotted
 /// (`shop.eu.items`, where a level may hold any other character, quotes
 /// too), or else as SQL names it (`"shop.eu".items`,
-/// `memwal."shop.eu"."Items"`).
+/// `memwal."shop.eu"."Items"`); a bare name is in `session`'s default
+/// schema, as in a query.
 pub(super) fn named_table(
     catalog: &Catalog,
     tables: &TableCache,
     name: &str,
-    default_schema: &str,
+    session: &dyn Session,
     function: &str,
 ) -> Result<(TableMeta, Arc<Table>)> {
+    let default_schema = &session.config_options().catalog.default_schema;
     let snapshot = catalog.snapshot();
     let table = |path: &ObjectPath| {
         snapshot

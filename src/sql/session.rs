@@ -458,11 +458,8 @@ impl MemwalSession {
 
     /// Runs one parsed statement (see [`MemwalSession::sql`]).
     pub async fn execute(&self, mut statement: DFStatement) -> Result<DataFrame> {
-        let normalize = self
-            .ctx
-            .state()
-            .config()
-            .options()
+        let normalize = (self.ctx.state_ref().read())
+            .config_options()
             .sql_parser
             .enable_ident_normalization;
         delete_alias::unalias_delete(&mut statement, normalize)?;

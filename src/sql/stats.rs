@@ -73,13 +73,7 @@ impl TableFunctionImpl for StatsFunction {
             );
         };
         let name = text(constant(args.session(), arg, FUNCTION)?, "table", FUNCTION)?;
-        let (_, table) = named_table(
-            &self.catalog,
-            &self.tables,
-            &name,
-            &args.session().config_options().catalog.default_schema,
-            FUNCTION,
-        )?;
+        let (_, table) = named_table(&self.catalog, &self.tables, &name, args.session(), FUNCTION)?;
         let shards = table.shard_count() as u32;
         let stats = (0..shards)
             .map(|shard| table.stats(shard))

@@ -70,13 +70,8 @@ impl TableFunctionImpl for VectorSearchFunction {
         let value = |i: usize| constant(args.session(), &exprs[i], FUNCTION);
         let name = text(value(0)?, "table", FUNCTION)?;
         let column = text(value(1)?, "column", FUNCTION)?;
-        let (meta, table) = named_table(
-            &self.catalog,
-            &self.tables,
-            &name,
-            &args.session().config_options().catalog.default_schema,
-            FUNCTION,
-        )?;
+        let (meta, table) =
+            named_table(&self.catalog, &self.tables, &name, args.session(), FUNCTION)?;
         let index = meta.schema().index_of(&column).map_err(|_| {
             DataFusionError::Plan(format!(
                 "vector_search: table '{name}' has no column '{column}'"
