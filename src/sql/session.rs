@@ -466,6 +466,7 @@ impl MemwalSession {
         // Refusals that must come before anything is read.
         self.files.check_statement(&statement)?;
         ddl::refuse_explain(&statement)?;
+        refuse_prepared_delete_limit(&statement)?;
         let catalog = match self.fresh_catalog().await {
             Ok(catalog) => Some(catalog),
             Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
@@ -534,36 +535,36 @@ impl MemwalSession {
         }
         let plan = insert_checks::check_inserts(plan)?;
         let plan = match delete {
-            Some(without_where) => self.plan_delete(&state, plan, without_where).await?,
+            Some(every_row) => self.plan_delete(&state, plan, every_row).await?,
             None => plan,
         };
         Ok(self.ctx.execute_logical_plan(plan).await?)
     }
 
-    /// The plan of a `DELETE` (`without_where` or not), also under
+    /// The plan of a `DELETE` (of `every_row` or not), also under
     /// `EXPLAIN [ANALYZE]`, so that what EXPLAIN shows is what runs:
-    /// without `WHERE` a `TRUNCATE`, otherwise see
+    /// without `WHERE` and `LIMIT` a `TRUNCATE`, otherwise see
     /// [`Self::plan_delete_by_rows`].
     async fn plan_delete(
         &self,
         state: &SessionState,
         plan: LogicalPlan,
-        without_where: bool,
+        every_row: bool,
     ) -> Result<LogicalPlan> {
         Ok(match plan {
             LogicalPlan::Explain(mut explain) => {
                 let dml = Arc::unwrap_or_clone(explain.plan);
-                let planned = Box::pin(self.plan_delete(state, dml, without_where)).await?;
+                let planned = Box::pin(self.plan_delete(state, dml, every_row)).await?;
                 explain.plan = Arc::new(planned);
                 LogicalPlan::Explain(explain)
             }
             LogicalPlan::Analyze(mut analyze) => {
                 let dml = Arc::unwrap_or_clone(analyze.input);
-                let planned = Box::pin(self.plan_delete(state, dml, without_where)).await?;
+                let planned = Box::pin(self.plan_delete(state, dml, every_row)).await?;
                 analyze.input = Arc::new(planned);
                 LogicalPlan::Analyze(analyze)
             }
-            LogicalPlan::Dml(dml) if without_where => LogicalPlan::Dml(DmlStatement::new(
+            LogicalPlan::Dml(dml) if every_row => LogicalPlan::Dml(DmlStatement::new(
                 dml.table_name,
                 dml.target,
                 WriteOp::Truncate,
@@ -578,9 +579,10 @@ impl MemwalSession {
         })
     }
 
-    /// `DELETE ... WHERE` whose predicate DataFusion 55 would not hand to
-    /// `delete_from` whole — folded to an empty relation (`WHERE false`) or
-    /// to nothing (`WHERE true`), or turned into a join (`WHERE id IN
+    /// A `DELETE` DataFusion 55 would not hand to `delete_from` whole: under
+    /// a `LIMIT` (which `delete_from` never sees), or with a predicate
+    /// folded to an empty relation (`WHERE false`) or to nothing (`WHERE
+    /// true`), or turned into a join (`WHERE id IN
     /// (SELECT ...)`): `delete_from` would get no filter, or only some, and
     /// delete rows the statement did not select; or holding a subquery
     /// that stayed an expression (`WHERE id < (SELECT min(a) ...)`), which
@@ -639,17 +641,35 @@ impl MemwalSession {
     }
 }
 
-/// For a `DELETE` (also under `EXPLAIN`), whether it has no `WHERE`;
-/// `None` for any other statement.
+/// For a `DELETE` (also under `EXPLAIN`), whether it deletes every row:
+/// no `WHERE` and no `LIMIT`; `None` for any other statement.
 fn delete_kind(statement: &DFStatement) -> Option<bool> {
     match statement {
         DFStatement::Statement(s) => match s.as_ref() {
-            SqlStatement::Delete(delete) => Some(delete.selection.is_none()),
+            SqlStatement::Delete(delete) => {
+                Some(delete.selection.is_none() && delete.limit.is_none())
+            }
             _ => None,
         },
         DFStatement::Explain(explain) => delete_kind(&explain.statement),
         _ => None,
     }
+}
+
+/// Refuses `PREPARE ... AS DELETE ... LIMIT n`: DataFusion plans the
+/// prepared statement's execution through `delete_from`, which never sees
+/// the `LIMIT` and would delete every matching row.
+fn refuse_prepared_delete_limit(statement: &DFStatement) -> Result<()> {
+    if let DFStatement::Statement(s) = statement
+        && let SqlStatement::Prepare { statement, .. } = s.as_ref()
+        && let SqlStatement::Delete(delete) = statement.as_ref()
+        && delete.limit.is_some()
+    {
+        return Err(Error::invalid(
+            "memwal does not prepare a DELETE with LIMIT: run it as a statement of its own",
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `statement` needs the memwal catalog: memwal DDL, or any table

@@ -175,13 +175,28 @@ impl TableProvider for MemwalTable {
         Ok(Arc::new(DataSinkExec::new(input, Arc::new(sink), order)))
     }
 
+    /// Refused: memwal has no UPDATE; an INSERT of the whole row replaces
+    /// the row with the same primary key.
+    async fn update(
+        &self,
+        _state: &dyn Session,
+        _assignments: Vec<(String, Expr)>,
+        _filters: Vec<Expr>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Err(DataFusionError::NotImplemented(format!(
+            "UPDATE is not supported by memwal tables: INSERT INTO {} the whole new row \
+             (an INSERT replaces the row with the same primary key)",
+            self.path
+        )))
+    }
+
     /// Deletes the live rows matching every filter. An empty filter list is
     /// refused: DataFusion 55 also passes one for `WHERE false` and for
     /// predicates it turned into joins (`WHERE id IN (SELECT ...)`), where
     /// deleting every row would be wrong. [`crate::MemwalSession`] plans
     /// those statements itself (and `DELETE` without `WHERE` as `TRUNCATE`);
     /// a plain `SessionContext` is safe only for predicates on the table's
-    /// own columns.
+    /// own columns, without `LIMIT` (which DataFusion does not pass on).
     async fn delete_from(
         &self,
         state: &dyn Session,
