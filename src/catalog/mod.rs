@@ -334,12 +334,11 @@ impl Catalog {
                 let (done, result) = oneshot::channel();
                 // A table whose rows no SSTable could hold is refused here
                 // (not when a catalog holding one is read).
-                if let Mutation::CreateTable { meta, .. } = &mutation
-                    && let Err(e) = crate::sstable::check_storable(meta.schema())
-                {
-                    let _ = done.send(Err(e));
-                } else {
-                    queue.push(Pending { mutation, done });
+                match check_storable(&mutation) {
+                    Err(e) => {
+                        let _ = done.send(Err(e));
+                    }
+                    Ok(()) => queue.push(Pending { mutation, done }),
                 }
                 receivers.push(result);
             }
@@ -476,6 +475,16 @@ impl Catalog {
             self.log.checkpoint(tip.version, tip.state, true).await?;
         }
         Ok(tip.version)
+    }
+}
+
+/// Refuses a mutation that creates a table whose rows no SSTable could
+/// hold.
+fn check_storable(mutation: &Mutation) -> Result<()> {
+    match mutation {
+        Mutation::CreateTable { meta, .. } => crate::sstable::check_storable(meta.schema()),
+        Mutation::All(mutations) => mutations.iter().try_for_each(check_storable),
+        _ => Ok(()),
     }
 }
 

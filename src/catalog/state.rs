@@ -72,6 +72,9 @@ pub enum Mutation {
         /// A missing table is no error.
         if_exists: bool,
     },
+    /// Applies each mutation in order, as one: all of them, or none if
+    /// one fails (a `DROP TABLE a, b` that names a missing `b` keeps `a`).
+    All(Vec<Mutation>),
 }
 
 /// What a successful mutation did.
@@ -97,6 +100,34 @@ impl Outcome {
     /// Whether the catalog changed.
     pub fn changed(&self) -> bool {
         matches!(self, Outcome::Created | Outcome::Dropped { .. })
+    }
+
+    /// What two mutations applied one after the other did: the entries
+    /// both dropped, or whether either created one.
+    fn and(self, next: Outcome) -> Outcome {
+        match (self, next) {
+            (
+                Outcome::Dropped {
+                    entries,
+                    mut tables,
+                },
+                Outcome::Dropped {
+                    entries: more,
+                    tables: more_tables,
+                },
+            ) => {
+                tables.extend(more_tables);
+                Outcome::Dropped {
+                    entries: entries + more,
+                    tables,
+                }
+            }
+            (dropped @ Outcome::Dropped { .. }, _) | (_, dropped @ Outcome::Dropped { .. }) => {
+                dropped
+            }
+            (Outcome::Created, _) | (_, Outcome::Created) => Outcome::Created,
+            (_, next) => next,
+        }
     }
 }
 
@@ -303,6 +334,17 @@ impl CatalogState {
                     changes.push(Change::Remove(id));
                 }
                 Ok(Outcome::Dropped { entries, tables })
+            }
+            Mutation::All(mutations) => {
+                // A persistent map: the copy costs O(1).
+                let (mut next, mut made) = (self.clone(), Vec::new());
+                let mut outcome = Outcome::NotThere;
+                for mutation in mutations {
+                    outcome = outcome.and(next.apply(mutation, &mut made)?);
+                }
+                *self = next;
+                changes.extend(made);
+                Ok(outcome)
             }
             Mutation::DropTable { path, if_exists } => {
                 if self.check(path, ObjectType::Table, *if_exists)?.is_none() {
@@ -511,6 +553,40 @@ mod tests {
                 tables: vec!["tables/t-0".into()]
             }
         );
+    }
+
+    #[test]
+    fn all_applies_every_mutation_or_none() {
+        let mut s = CatalogState::default();
+        for name in ["a", "b"] {
+            s.apply(&create_ns(name), &mut vec![]).unwrap();
+        }
+        let drop = |name: &str, if_exists| Mutation::DropNamespace {
+            path: ns(name),
+            if_exists,
+            cascade: false,
+        };
+        let mut changes = Vec::new();
+        let failing = Mutation::All(vec![drop("a", false), drop("nowhere", false)]);
+        assert!(matches!(
+            s.apply(&failing, &mut changes),
+            Err(Error::NotFound(_))
+        ));
+        assert!(changes.is_empty());
+        assert_eq!(s.len(), 2);
+        let both = Mutation::All(vec![
+            drop("a", false),
+            drop("nowhere", true),
+            drop("b", false),
+        ]);
+        assert_eq!(
+            s.apply(&both, &mut changes).unwrap(),
+            Outcome::Dropped {
+                entries: 2,
+                tables: vec![]
+            }
+        );
+        assert_eq!((s.len(), changes.len()), (0, 2));
     }
 
     #[test]

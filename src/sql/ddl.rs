@@ -23,7 +23,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use super::{CATALOG_NAME, insert_checks, namespace_to_schema, schema_to_namespace};
-use crate::catalog::{Catalog, ObjectPath, Outcome};
+use crate::catalog::{Catalog, Mutation, ObjectPath, Outcome};
 use crate::error::{Error, Result};
 use crate::schema::TableMeta;
 
@@ -102,12 +102,15 @@ pub(crate) async fn try_execute(
             cascade,
             ..
         } => {
-            for name in names {
-                let outcome = catalog
-                    .drop_namespace(schema_path(name)?, *if_exists, *cascade)
-                    .await?;
-                dropped.extend(dropped_tables(outcome));
+            let mut drops = Vec::new();
+            for path in distinct(names.iter().map(schema_path))? {
+                drops.push(Mutation::DropNamespace {
+                    path,
+                    if_exists: *if_exists,
+                    cascade: *cascade,
+                });
             }
+            dropped.extend(dropped_tables(catalog.mutate(Mutation::All(drops)).await?));
         }
         Statement::Drop {
             object_type: ast::ObjectType::Table,
@@ -115,12 +118,14 @@ pub(crate) async fn try_execute(
             names,
             ..
         } => {
-            for name in names {
-                let outcome = catalog
-                    .drop_table(table_path(name, state)?, *if_exists)
-                    .await?;
-                dropped.extend(dropped_tables(outcome));
+            let mut drops = Vec::new();
+            for path in distinct(names.iter().map(|name| table_path(name, state)))? {
+                drops.push(Mutation::DropTable {
+                    path,
+                    if_exists: *if_exists,
+                });
             }
+            dropped.extend(dropped_tables(catalog.mutate(Mutation::All(drops)).await?));
         }
         Statement::CreateTable(create) => {
             let (path, meta, if_not_exists, rows) = plan_create_table(state, create).await?;
@@ -149,6 +154,19 @@ pub(crate) async fn try_execute(
         _ => return Ok(None),
     }
     Ok(Some(dropped))
+}
+
+/// The paths of a statement's names, each once (`DROP TABLE a, a` drops
+/// `a`), in the order given.
+fn distinct(paths: impl Iterator<Item = Result<ObjectPath>>) -> Result<Vec<ObjectPath>> {
+    let mut out: Vec<ObjectPath> = Vec::new();
+    for path in paths {
+        let path = path?;
+        if !out.contains(&path) {
+            out.push(path);
+        }
+    }
+    Ok(out)
 }
 
 /// The data locations of the tables a catalog change removed.
