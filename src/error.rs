@@ -72,6 +72,25 @@ pub enum Error {
         by_epoch: u64,
     },
 
+    /// A shard writer that acknowledged puts before they were durable
+    /// ([`crate::WriterOptions::durable`] `false`) stopped before a WAL
+    /// entry held some of them (another process's writer took the shard,
+    /// or an append failed): those rows are lost. Reported once, by the
+    /// next write of the table in this process (which then writes
+    /// nothing) or by closing it.
+    #[error(
+        "up to {rows} rows acknowledged before they were durable (durable = false) are \
+         lost from {shard}: its writer stopped before writing them to the WAL ({cause})"
+    )]
+    LostRows {
+        /// The shard's directory.
+        shard: String,
+        /// Rows acknowledged and in no WAL entry.
+        rows: u64,
+        /// Why the writer stopped.
+        cause: String,
+    },
+
     /// A write has rows for (or a compaction is of) a shard this process
     /// does not write (see [`crate::WriterOptions::owned_shards`]). Nothing
     /// was written.

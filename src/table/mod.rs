@@ -306,6 +306,7 @@ impl Table {
         if let Some(w) = self.live_writer(slot) {
             return Ok(w);
         }
+        Self::report_lost_rows(slot)?;
         let writer = Arc::new(
             ShardWriter::open_as(
                 Arc::clone(&self.store),
@@ -365,6 +366,19 @@ impl Table {
         owned.nth(turn % count).unwrap_or(0)
     }
 
+    /// [`Error::LostRows`] of the slot's writer, once: the writer is let
+    /// go when reported, so the next call opens the shard again.
+    fn report_lost_rows(slot: &Shard) -> Result<()> {
+        let mut writer = slot.writer.write().expect("writer slot poisoned");
+        match writer.as_ref().and_then(|w| w.lost_rows()) {
+            Some(lost) => {
+                *writer = None;
+                Err(lost)
+            }
+            None => Ok(()),
+        }
+    }
+
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
         let current = slot.writer.read().expect("writer slot poisoned").clone()?;
         (current.stopped().is_none() && !current.is_closed()).then_some(current)
@@ -409,6 +423,9 @@ impl Table {
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
+        for slot in &self.shards {
+            Self::report_lost_rows(slot)?;
+        }
         let budget = self.options.load_memory_bytes;
         let (mut stored, mut held, mut rows) = (Vec::new(), 0, 0);
         while let Some(batch) = batches.next().await {
@@ -460,6 +477,11 @@ impl Table {
     /// waits for every part (see the module doc on fenced writers).
     async fn write(&self, stored: Vec<RecordBatch>) -> Result<u64> {
         let parts = self.route(stored)?;
+        // Rows an earlier write lost fail this one before it writes
+        // anything, not one shard's part of it.
+        for part in &parts {
+            Self::report_lost_rows(self.slot(part.shard)?)?;
+        }
         let rows = parts.iter().map(Part::rows_held).sum();
         futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
         Ok(rows)

@@ -611,6 +611,23 @@ impl ShardWriter {
             .map(shared_error)
     }
 
+    /// [`Error::LostRows`] if this writer acknowledged puts before they
+    /// were durable and stopped before a WAL entry held them all; `None`
+    /// for a durable writer, whose puts are acknowledged only once durable.
+    pub fn lost_rows(&self) -> Option<Error> {
+        if self.shared.options.durable {
+            return None;
+        }
+        let cause = self.stopped()?;
+        let written = self.shared.written_rows.load(Ordering::Acquire);
+        let rows = written.saturating_sub(self.shared.progress.borrow().rows);
+        (rows > 0).then(|| Error::LostRows {
+            shard: self.shared.shard_dir.to_string(),
+            rows,
+            cause: cause.to_string(),
+        })
+    }
+
     /// Whether this writer still owns the shard: the shard manifest still
     /// names its epoch (a newer writer claims it there before it writes
     /// anything). One existence check, in the common case.
@@ -804,10 +821,10 @@ impl ShardWriter {
 
     /// Makes everything put so far durable, flushes every MemTable to an
     /// SSTable, stops the writer's tasks and reports the error that stopped
-    /// the writer, if any. A durable writer fenced by a newer one closes
-    /// without error: every put it acknowledged is in the WAL, and the
-    /// newer writer replayed or will replay it (the puts it had not
-    /// acknowledged failed themselves).
+    /// the writer, if any. A writer fenced by a newer one closes without
+    /// error unless it lost rows ([`ShardWriter::lost_rows`]): every put
+    /// it acknowledged is in the WAL, and the newer writer replayed or
+    /// will replay it (the puts it had not acknowledged failed themselves).
     pub async fn close(&self) -> Result<()> {
         {
             let _no_put_in_flight = self
@@ -830,8 +847,11 @@ impl ShardWriter {
             task.await
                 .map_err(|e| Error::Poisoned(format!("shard writer task failed: {e}")))?;
         }
+        if let Some(lost) = self.lost_rows() {
+            return Err(lost);
+        }
         match self.stopped() {
-            Some(Error::Fenced { by_epoch, .. }) if self.shared.options.durable => {
+            Some(Error::Fenced { by_epoch, .. }) => {
                 log::debug!(
                     "shard writer of epoch {} closed after a writer of epoch {by_epoch} took over",
                     self.shared.epoch

@@ -14,7 +14,11 @@ pub struct WriterOptions {
     /// `true` (default): a put returns once its WAL entry exists and its
     /// vectors are indexed, and rows become visible then. `false`: a put
     /// returns once its vectors are indexed (and is visible then); the WAL
-    /// catches up in the background.
+    /// catches up in the background, and rows it has not caught up with
+    /// are lost if the process stops, or if another process writes the
+    /// shard (its writer takes the shard over): the next write of the
+    /// table in this process, or closing it, then fails with
+    /// [`crate::Error::LostRows`].
     pub durable: bool,
     /// The group-commit cadence: at most one WAL append starts per interval
     /// while puts keep coming (default 100 ms); a put arriving after a whole

@@ -6,7 +6,8 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Int64Array, RecordBatch};
+use datafusion::arrow::array::{AsArray, Int64Array, RecordBatch};
+use datafusion::arrow::datatypes::Int64Type;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, WriterOptions};
 
@@ -377,4 +378,142 @@ async fn a_statement_reads_one_snapshot_of_a_shard_however_often_it_scans_it() {
     .await;
     assert!(answer.contains("| 2 "), "{answer}");
     assert_eq!(thrice, once);
+}
+
+/// Another process (a `memwal` shell) writes row `id` of table `t` at
+/// `root`, taking its shard over.
+fn write_from_another_process(root: &str, id: i64) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", root, "-q", "-c"])
+        .arg(format!("INSERT INTO t VALUES ({id}, 0)"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+}
+
+/// The ids of table `t` at `root`, read by a fresh session.
+async fn ids_at(root: &str) -> Vec<i64> {
+    let session = isolated(root).await;
+    let batches = session
+        .sql("SELECT id FROM t ORDER BY id")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    batches
+        .iter()
+        .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+        .collect()
+}
+
+/// A writer that acknowledges puts before they are durable (durable =
+/// false; a WAL interval of an hour keeps the second put pending) loses
+/// those rows when another process takes its shard over: closing the table
+/// says how many, and they are exactly the acknowledged rows a fresh
+/// reader does not find.
+#[tokio::test]
+async fn rows_a_non_durable_writer_loses_to_a_takeover_are_reported_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let mut options = WriterOptions::default();
+    options.durable = false;
+    options.wal_flush_interval = std::time::Duration::from_secs(3600);
+    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
+        .await
+        .unwrap();
+    let a = MemwalSession::new(catalog, options);
+    query(
+        &a,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
+    )
+    .await;
+    // The first put starts an append at once; the second, with that one in
+    // flight, waits for the interval.
+    query(&a, "INSERT INTO t VALUES (1, 1), (2, 1)").await;
+    query(&a, "INSERT INTO t VALUES (3, 2), (4, 2), (5, 2)").await;
+    let table = a.table("t").await.unwrap();
+    let pending = table.stats(0).unwrap().unwrap().pending_rows;
+    assert!(pending > 0, "nothing pending: the test proves nothing");
+
+    write_from_another_process(root, 100);
+    let lost = match table.close().await {
+        Err(memwal::Error::LostRows { rows, .. }) => rows,
+        other => panic!("expected LostRows, got {other:?}"),
+    };
+    let found = ids_at(root).await;
+    let acknowledged_and_found = (1..=5).filter(|id| found.contains(id)).count() as u64;
+    assert_eq!(
+        acknowledged_and_found + lost,
+        5,
+        "found {found:?}, lost {lost}"
+    );
+    assert!(found.contains(&100), "{found:?}");
+}
+
+/// The same loss noticed while the process keeps writing: the next write
+/// fails, writing nothing, and the one after it works on a new writer.
+#[tokio::test]
+async fn the_next_write_after_a_non_durable_writer_lost_rows_fails_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let mut options = WriterOptions::default();
+    options.durable = false;
+    options.wal_flush_interval = std::time::Duration::from_secs(3600);
+    // Pending rows past 64 KiB start an append: how this test makes the
+    // writer find out it was fenced.
+    options.wal_flush_bytes = 64 << 10;
+    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
+        .await
+        .unwrap();
+    let a = MemwalSession::new(catalog, options);
+    query(
+        &a,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
+    )
+    .await;
+    query(&a, "INSERT INTO t VALUES (1, 1)").await;
+    query(&a, "INSERT INTO t VALUES (2, 1)").await;
+    write_from_another_process(root, 100);
+    // 10,000 rows (about 160 KiB): their append finds the shard taken.
+    query(
+        &a,
+        "INSERT INTO t SELECT value, 2 FROM generate_series(1000, 10999)",
+    )
+    .await;
+    let mut acknowledged: Vec<i64> = [1, 2].into_iter().chain(1000..11000).collect();
+    let mut next = 20_000;
+    let lost = loop {
+        match a
+            .sql(&format!("INSERT INTO t VALUES ({next}, 3)"))
+            .await
+            .unwrap()
+            .collect()
+            .await
+        {
+            Ok(_) => acknowledged.push(next),
+            Err(e)
+                if e.to_string()
+                    .contains("acknowledged before they were durable") =>
+            {
+                break e.to_string();
+            }
+            Err(e) => panic!("{e}"),
+        }
+        assert!(next < 20_500, "the loss was never reported");
+        next += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    // The write that reported it wrote nothing; the next one works.
+    query(&a, "INSERT INTO t VALUES (30000, 4)").await;
+    a.table("t").await.unwrap().close().await.unwrap();
+    let found = ids_at(root).await;
+    assert!(!found.contains(&next), "the failed write wrote {next}");
+    assert!(found.contains(&30000) && found.contains(&100), "{found:?}");
+    let missing = acknowledged.iter().filter(|id| !found.contains(id)).count();
+    assert!(
+        lost.contains(&format!("up to {missing} rows")),
+        "{missing} missing: {lost}"
+    );
 }
