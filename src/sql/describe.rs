@@ -82,7 +82,10 @@ fn show_create_table(path: &ObjectPath, meta: &TableMeta) -> Result<RecordBatch>
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// The `CREATE TABLE` statement that recreates the table at `path`.
+/// The `CREATE TABLE` statement that recreates the table at `path`. SQL
+/// writes a timestamp with a zone as `TIMESTAMP WITH TIME ZONE`, which
+/// takes the session's zone: the statement sets the zone first if the
+/// table's timestamps have one (and fails if they have several).
 pub(crate) fn create_table_sql(path: &ObjectPath, meta: &TableMeta) -> Result<String> {
     let parent = path.parent();
     let name = if parent.is_root() {
@@ -94,9 +97,10 @@ pub(crate) fn create_table_sql(path: &ObjectPath, meta: &TableMeta) -> Result<St
             ident(path.name())
         )
     };
-    let mut items = Vec::new();
+    let (mut items, mut zone) = (Vec::new(), None);
     for field in meta.schema().fields() {
-        let mut column = format!("{} {}", ident(field.name()), sql_type(field.data_type())?);
+        let data_type = sql_type(field.data_type(), &mut zone)?;
+        let mut column = format!("{} {data_type}", ident(field.name()));
         if !field.is_nullable() && !meta.primary_key().contains(field.name()) {
             column.push_str(" NOT NULL");
         }
@@ -111,8 +115,10 @@ pub(crate) fn create_table_sql(path: &ObjectPath, meta: &TableMeta) -> Result<St
         .iter()
         .map(|(k, v)| format!("{} = {}", quote(k), quote(v)))
         .collect();
+    let set_zone = zone.map(|z| format!("SET datafusion.execution.time_zone = {}; ", quote(&z)));
     Ok(format!(
-        "CREATE TABLE {name} ({}) WITH ({})",
+        "{}CREATE TABLE {name} ({}) WITH ({})",
+        set_zone.unwrap_or_default(),
         items.join(", "),
         options.join(", ")
     ))
@@ -169,8 +175,9 @@ fn describe(meta: &TableMeta) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// The SQL type DataFusion plans back to `t`.
-fn sql_type(t: &DataType) -> Result<String> {
+/// The SQL type DataFusion plans back to `t` in a session whose time zone
+/// is `zone`, which the first timestamp with a zone sets.
+fn sql_type(t: &DataType, zone: &mut Option<String>) -> Result<String> {
     use DataType::*;
     Ok(match t {
         Boolean => "BOOLEAN".into(),
@@ -195,22 +202,40 @@ fn sql_type(t: &DataType) -> Result<String> {
                 TimeUnit::Microsecond => "(6)",
                 TimeUnit::Nanosecond => "",
             };
-            let zone = if tz.is_some() { " WITH TIME ZONE" } else { "" };
-            format!("TIMESTAMP{precision}{zone}")
+            let with_zone = match (tz, zone.as_deref()) {
+                (None, _) => "",
+                (Some(tz), Some(z)) if z != tz.as_ref() => {
+                    return Err(Error::invalid(format!(
+                        "SHOW CREATE TABLE: timestamps in time zones '{z}' and '{tz}' have \
+                         no SQL definition (TIMESTAMP WITH TIME ZONE takes the session's zone)"
+                    )));
+                }
+                (Some(tz), _) => {
+                    *zone = Some(tz.to_string());
+                    " WITH TIME ZONE"
+                }
+            };
+            format!("TIMESTAMP{precision}{with_zone}")
         }
         Decimal128(p, s) | Decimal256(p, s) => format!("DECIMAL({p}, {s})"),
         Interval(datafusion::arrow::datatypes::IntervalUnit::MonthDayNano) => "INTERVAL".into(),
-        FixedSizeList(item, n) => format!("{}[{n}]", sql_type(item.data_type())?),
-        List(item) => format!("{}[]", sql_type(item.data_type())?),
+        FixedSizeList(item, n) => format!("{}[{n}]", sql_type(item.data_type(), zone)?),
+        List(item) => format!("{}[]", sql_type(item.data_type(), zone)?),
         Struct(fields) => {
             let fields = fields
                 .iter()
-                .map(|f| Ok(format!("{} {}", ident(f.name()), sql_type(f.data_type())?)))
+                .map(|f| {
+                    Ok(format!(
+                        "{} {}",
+                        ident(f.name()),
+                        sql_type(f.data_type(), zone)?
+                    ))
+                })
                 .collect::<Result<Vec<_>>>()?;
             format!("STRUCT<{}>", fields.join(", "))
         }
         // A column the table holds as its values' type.
-        Dictionary(_, value) => sql_type(value)?,
+        Dictionary(_, value) => sql_type(value, zone)?,
         other => {
             return Err(Error::invalid(format!(
                 "SHOW CREATE TABLE: no SQL type for Arrow type {other}"
