@@ -488,6 +488,34 @@ impl ExecutionPlan for ScanExec {
                 stream_of(self.schema(), rows)
             }
         };
+        // Every shard of a dropped table is sealed before its data goes:
+        // any shard tells.
+        let shard = self.parts.get(partition).map_or(0, |(shard, _)| *shard);
+        let rows = explain_dropped(rows, Arc::clone(&self.table), shard);
         Ok(observed(rows, baseline))
     }
+}
+
+/// `rows`, with an object found missing because the table was dropped
+/// while the statement read it reported as that (see
+/// [`Table::explain_missing`]).
+fn explain_dropped(
+    rows: SendableRecordBatchStream,
+    table: Arc<Table>,
+    shard: u32,
+) -> SendableRecordBatchStream {
+    let schema = rows.schema();
+    let rows = rows.then(move |item| {
+        let table = Arc::clone(&table);
+        async move {
+            let Err(DataFusionError::External(e)) = item else {
+                return item;
+            };
+            match e.downcast::<crate::Error>() {
+                Ok(e) => Err(table.explain_missing(shard, *e).await.into()),
+                Err(e) => Err(DataFusionError::External(e)),
+            }
+        }
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, rows))
 }

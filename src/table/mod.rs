@@ -379,6 +379,32 @@ impl Table {
         }
     }
 
+    /// `error`, met reading `shard`; or, if it is an object gone missing
+    /// because the table was dropped meanwhile (the shard's newest
+    /// manifest says so), [`Error::NotFound`] saying that.
+    pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
+        if !matches!(error, Error::Store(object_store::Error::NotFound { .. })) {
+            return error;
+        }
+        let slot = match self.slot(shard) {
+            Ok(slot) => slot,
+            // Dropped by this process.
+            Err(dropped) => return dropped,
+        };
+        let (versions, known) = {
+            let reader = slot.reader.lock().await;
+            let known = reader.manifest.as_ref().map_or(0, |m| m.version);
+            (reader.versions.clone(), known)
+        };
+        match versions.load_latest(known, ShardManifest::decode).await {
+            Ok(manifest) if manifest.state.dropped => Error::NotFound(format!(
+                "the table at '{}' (dropped while this statement read it)",
+                self.location
+            )),
+            _ => error,
+        }
+    }
+
     fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
         let current = slot.writer.read().expect("writer slot poisoned").clone()?;
         (current.stopped().is_none() && !current.is_closed()).then_some(current)

@@ -541,3 +541,45 @@ async fn the_next_write_after_a_non_durable_writer_lost_rows_fails_and_writes_no
         "{missing} missing: {lost}"
     );
 }
+
+/// A query that another process's DROP TABLE overtakes fails saying so,
+/// not with an internal object's "not found".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let shell = |sql: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
+            .args(["--root", root, "-q", "-c", sql])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let out = shell(
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, name TEXT) WITH ('shards' = '4'); \
+         INSERT INTO t SELECT value, 'n' || value FROM generate_series(1, 2000000)",
+    )
+    .wait_with_output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A scan slow enough (md5 over every row) that the drop comes first.
+    let slow = format!("SELECT count(*) FROM t WHERE {} < '8'", {
+        (0..6).fold("name".to_string(), |e, _| format!("md5({e})"))
+    });
+    let query = shell(&slow);
+    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    let dropped = shell("DROP TABLE t").wait_with_output().unwrap();
+    assert!(dropped.status.success());
+    let out = query.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the query finished before the drop");
+    assert!(
+        stderr.contains("dropped while this statement read it"),
+        "{stderr}"
+    );
+}
