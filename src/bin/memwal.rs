@@ -182,7 +182,8 @@ async fn run(args: Args) -> ShellResult {
     if let Err(e) = session.catalog().await {
         eprintln!(
             "Warning: the catalog cannot be loaded ({e}); \
-             statements that use memwal tables will fail until it is repaired"
+             statements that use memwal tables will fail until it can be read \
+             (the store answers, and its newest version is intact)"
         );
     }
     let result = async {

@@ -467,11 +467,12 @@ pub async fn discard(store: &Arc<dyn ObjectStore>, path: &str) {
     }
 }
 
-/// [`discard`] for each of `files`.
+/// [`discard`] for each of `files`, 16 at a time.
 pub async fn discard_all(store: &Arc<dyn ObjectStore>, files: &[SstableFile]) {
-    for file in files {
-        discard(store, &file.path).await;
-    }
+    use futures::StreamExt;
+    futures::stream::iter(files)
+        .for_each_concurrent(16, |file| discard(store, &file.path))
+        .await;
 }
 
 /// Writes `graph` (see [`crate::hnsw::Graph::encode`]) as the persisted

@@ -25,6 +25,10 @@ use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
 /// without holding a turn), and shards committed at once.
 const LOAD_CONCURRENCY: usize = 2;
 
+/// How long the end of a load waits on the store to delete what a
+/// failed load wrote, and its markers (see [`Load::end`]).
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Splits a stored batch of a load by shard (without keeping the key
 /// encodings, see [`key::shards_of`]); a table without a key puts it
 /// whole in shard `append_to`.
@@ -153,23 +157,36 @@ impl Load {
         Ok(())
     }
 
-    /// Stops rewriting the markers and deletes them (a load dropped
-    /// before leaves them to age).
-    pub(super) async fn end(&mut self, store: &Arc<dyn ObjectStore>) {
+    /// Stops rewriting the markers and deletes them, and first the runs
+    /// of a load that `failed` before their commit, waiting on the store
+    /// for at most [`CLEANUP_PATIENCE`]: a store that does not answer must
+    /// not hold back the statement's answer. What is left (a load dropped
+    /// before this leaves everything) ages: once the markers are older
+    /// than the load's grace, the next load, or the shard's writer, deletes
+    /// the runs no manifest names.
+    pub(super) async fn end(&mut self, store: &Arc<dyn ObjectStore>, failed: bool) {
         self.heartbeat.abort_all();
-        for marker in &self.markers {
-            if let Err(e) = delete_if_present(store.as_ref(), marker).await {
-                log::debug!("deleting the load marker {marker}: {e}");
+        let cleanup = async {
+            if failed {
+                let _ = self.written().await;
+                let files: Vec<SstableFile> =
+                    self.runs.iter().flatten().map(|r| r.file.clone()).collect();
+                sstable::discard_all(store, &files).await;
             }
-        }
-    }
-
-    /// Deletes the runs of a load that failed before their commit.
-    pub(super) async fn discard(&mut self, store: &Arc<dyn ObjectStore>) {
-        let _ = self.written().await;
-        for runs in &self.runs {
-            let files: Vec<SstableFile> = runs.iter().map(|r| r.file.clone()).collect();
-            sstable::discard_all(store, &files).await;
+            for marker in &self.markers {
+                if let Err(e) = delete_if_present(store.as_ref(), marker).await {
+                    log::debug!("deleting the load marker {marker}: {e}");
+                }
+            }
+        };
+        if tokio::time::timeout(CLEANUP_PATIENCE, cleanup)
+            .await
+            .is_err()
+        {
+            log::warn!(
+                "a bulk load's cleanup stopped after {CLEANUP_PATIENCE:?}: what is left is \
+                 deleted once its markers are older than the load's grace"
+            );
         }
     }
 }

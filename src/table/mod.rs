@@ -470,10 +470,7 @@ impl Table {
                 load.begin(&self.store, self.options.load_heartbeat())
                     .await?;
                 let loaded = self.load(&mut load, stored, rows, batches).await;
-                if loaded.is_err() {
-                    load.discard(&self.store).await;
-                }
-                load.end(&self.store).await;
+                load.end(&self.store, loaded.is_err()).await;
                 return loaded;
             }
         }
