@@ -408,27 +408,36 @@ async fn ids_at(root: &str) -> Vec<i64> {
         .collect()
 }
 
+/// A session like another process's whose writers acknowledge puts
+/// before they are durable, with a WAL interval of an hour (and `more`
+/// options), and its one-shard table `t (id, v)`.
+async fn non_durable(root: &str, more: impl FnOnce(&mut WriterOptions)) -> MemwalSession {
+    let mut options = WriterOptions::default();
+    options.durable = false;
+    options.wal_flush_interval = std::time::Duration::from_secs(3600);
+    more(&mut options);
+    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
+        .await
+        .unwrap();
+    let session = MemwalSession::new(catalog, options);
+    query(
+        &session,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
+    )
+    .await;
+    session
+}
+
 /// A writer that acknowledges puts before they are durable (durable =
 /// false; a WAL interval of an hour keeps a put pending) loses
 /// those rows when another process takes its shard over: closing the table
-/// says how many, and they are exactly the acknowledged rows a fresh
-/// reader does not find.
+/// says how many, counting every acknowledged row a fresh reader does not
+/// find.
 #[tokio::test]
 async fn rows_a_non_durable_writer_loses_to_a_takeover_are_reported_at_close() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let mut options = WriterOptions::default();
-    options.durable = false;
-    options.wal_flush_interval = std::time::Duration::from_secs(3600);
-    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
-        .await
-        .unwrap();
-    let a = MemwalSession::new(catalog, options);
-    query(
-        &a,
-        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
-    )
-    .await;
+    let a = non_durable(root, |_| {}).await;
     // A put with no append in flight starts one at once; one that comes
     // while an append is in flight waits for the interval: put two at a
     // time until one waits (still pending once any append in flight has
@@ -467,10 +476,12 @@ async fn rows_a_non_durable_writer_loses_to_a_takeover_are_reported_at_close() {
         other => panic!("expected LostRows, got {other:?}"),
     };
     let found = ids_at(root).await;
-    let acknowledged_and_found = (1..=acknowledged).filter(|id| found.contains(id)).count();
-    assert_eq!(
-        acknowledged_and_found as u64 + lost,
-        acknowledged as u64,
+    // Every acknowledged row missing is counted; the count may also hold
+    // rows of an append that landed but was not yet acknowledged when the
+    // writer stopped (hence "up to").
+    let missing = (1..=acknowledged).filter(|id| !found.contains(id)).count() as u64;
+    assert!(
+        missing > 0 && missing <= lost && lost <= acknowledged as u64,
         "found {found:?}, lost {lost}"
     );
     assert!(found.contains(&100_000), "{found:?}");
@@ -482,21 +493,9 @@ async fn rows_a_non_durable_writer_loses_to_a_takeover_are_reported_at_close() {
 async fn the_next_write_after_a_non_durable_writer_lost_rows_fails_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let mut options = WriterOptions::default();
-    options.durable = false;
-    options.wal_flush_interval = std::time::Duration::from_secs(3600);
     // Pending rows past 64 KiB start an append: how this test makes the
     // writer find out it was fenced.
-    options.wal_flush_bytes = 64 << 10;
-    let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
-        .await
-        .unwrap();
-    let a = MemwalSession::new(catalog, options);
-    query(
-        &a,
-        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
-    )
-    .await;
+    let a = non_durable(root, |o| o.wal_flush_bytes = 64 << 10).await;
     query(&a, "INSERT INTO t VALUES (1, 1)").await;
     query(&a, "INSERT INTO t VALUES (2, 1)").await;
     write_from_another_process(root, 100);
@@ -536,8 +535,14 @@ async fn the_next_write_after_a_non_durable_writer_lost_rows_fails_and_writes_no
     assert!(!found.contains(&next), "the failed write wrote {next}");
     assert!(found.contains(&30000) && found.contains(&100), "{found:?}");
     let missing = acknowledged.iter().filter(|id| !found.contains(id)).count();
+    let reported: usize = lost
+        .split("up to ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count in: {lost}"));
+    // 10,000 rows at least went with the fenced append.
     assert!(
-        lost.contains(&format!("up to {missing} rows")),
+        missing >= 10_000 && missing <= reported && reported <= acknowledged.len(),
         "{missing} missing: {lost}"
     );
 }
