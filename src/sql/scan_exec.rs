@@ -506,8 +506,12 @@ fn explain_dropped(
 ) -> SendableRecordBatchStream {
     let schema = rows.schema();
     let rows = rows.then(move |item| {
-        let table = Arc::clone(&table);
+        // Only an error needs the table.
+        let table = item.is_err().then(|| Arc::clone(&table));
         async move {
+            let Some(table) = table else {
+                return item;
+            };
             let Err(DataFusionError::External(e)) = item else {
                 return item;
             };

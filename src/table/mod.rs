@@ -369,13 +369,21 @@ impl Table {
     /// [`Error::LostRows`] of the slot's writer, once: the writer is let
     /// go when reported, so the next call opens the shard again.
     fn report_lost_rows(slot: &Shard) -> Result<()> {
-        let mut writer = slot.writer.write().expect("writer slot poisoned");
-        match writer.as_ref().and_then(|w| w.lost_rows()) {
-            Some(lost) => {
-                *writer = None;
+        // A read lock on the common path: every write checks.
+        let Some(writer) = slot.writer.read().expect("writer slot poisoned").clone() else {
+            return Ok(());
+        };
+        let Some(lost) = writer.lost_rows() else {
+            return Ok(());
+        };
+        let mut current = slot.writer.write().expect("writer slot poisoned");
+        // Reported once: by whoever lets this writer go.
+        match current.as_ref().is_some_and(|c| Arc::ptr_eq(c, &writer)) {
+            true => {
+                *current = None;
                 Err(lost)
             }
-            None => Ok(()),
+            false => Ok(()),
         }
     }
 

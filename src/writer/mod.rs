@@ -619,8 +619,7 @@ impl ShardWriter {
             return None;
         }
         let cause = self.stopped()?;
-        let written = self.shared.written_rows.load(Ordering::Acquire);
-        let rows = written.saturating_sub(self.shared.progress.borrow().rows);
+        let rows = self.shared.pending_rows(&self.shared.progress.borrow());
         (rows > 0).then(|| Error::LostRows {
             shard: self.shared.shard_dir.to_string(),
             rows,
@@ -785,10 +784,7 @@ impl ShardWriter {
             // The histogram answers a bucket's bound: never above the max.
             append_latency_p50: c.latency.quantile(0.5).min(latency_max),
             append_latency_p99: c.latency.quantile(0.99).min(latency_max),
-            pending_rows: shared
-                .written_rows
-                .load(Ordering::Relaxed)
-                .saturating_sub(progress.rows),
+            pending_rows: shared.pending_rows(&progress),
             pending_bytes: shared
                 .written_bytes
                 .load(Ordering::Relaxed)
@@ -877,6 +873,12 @@ impl Drop for ShardWriter {
 }
 
 impl Shared {
+    /// Rows put and not yet durable, as of `progress`.
+    fn pending_rows(&self, progress: &Progress) -> u64 {
+        let written = self.written_rows.load(Ordering::Acquire);
+        written.saturating_sub(progress.rows)
+    }
+
     /// Whether the writer still takes puts: the error that stopped it, or
     /// that it is closed. Called under the append lock.
     fn accepting(&self) -> Result<()> {
