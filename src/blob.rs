@@ -20,7 +20,7 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Int64Array, LargeBinaryBuilder, RecordBatch, StructArray,
     UInt32Array, UInt64Array,
 };
-use datafusion::arrow::buffer::{Buffer, NullBuffer};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
 use object_store::path::Path;
@@ -155,8 +155,70 @@ pub struct Packed {
     /// The pack's bytes: slices of the batches' own value buffers, in
     /// order (nothing is copied).
     pub bytes: PutPayload,
-    /// The batches with descriptors in place of the moved values.
-    pub batches: Vec<RecordBatch>,
+    /// The batches with the moved values' inline slots NULL; their
+    /// descriptors are made by [`Packed::into_batches`].
+    batches: Vec<RecordBatch>,
+    moved: Vec<Moved>,
+    /// The pack's WAL position and its writer's epoch.
+    pack: u64,
+    epoch: u64,
+}
+
+/// A blob column of one of [`Packed`]'s batches that had values moved.
+#[derive(Debug)]
+struct Moved {
+    batch: usize,
+    descriptor: usize,
+    /// The column as it was, which still holds the moved values.
+    values: ArrayRef,
+    /// Where each row's value is in the pack; `None` if it stayed inline.
+    at: Vec<Option<(u64, u64)>>,
+}
+
+impl Packed {
+    /// The batches with descriptors in place of the moved values. It
+    /// reads every moved value once (for its checksum): a writer runs it
+    /// while the pack is being written.
+    pub fn into_batches(self) -> Result<Vec<RecordBatch>> {
+        let mut batches = self.batches;
+        for moved in self.moved {
+            let rows = moved.at.len();
+            let (mut offsets, mut lengths, mut crcs) = (
+                Vec::with_capacity(rows),
+                Vec::with_capacity(rows),
+                Vec::with_capacity(rows),
+            );
+            for (row, at) in moved.at.iter().enumerate() {
+                let (offset, length, crc) = match at {
+                    Some((offset, length)) => {
+                        let value = binary_value(moved.values.as_ref(), row)
+                            .expect("a moved value is not NULL");
+                        (*offset, *length, crc32fast::hash(value))
+                    }
+                    None => (0, 0, 0),
+                };
+                offsets.push(offset);
+                lengths.push(length);
+                crcs.push(crc);
+            }
+            let descriptors = StructArray::try_new(
+                blob_descriptor_fields(),
+                vec![
+                    Arc::new(UInt64Array::from(vec![self.pack; rows])),
+                    Arc::new(UInt64Array::from(vec![self.epoch; rows])),
+                    Arc::new(UInt64Array::from(offsets)),
+                    Arc::new(UInt64Array::from(lengths)),
+                    Arc::new(UInt32Array::from(crcs)),
+                ],
+                Some(moved.at.iter().map(Option::is_some).collect()),
+            )?;
+            let batch = &batches[moved.batch];
+            let mut columns = batch.columns().to_vec();
+            columns[moved.descriptor] = Arc::new(descriptors);
+            batches[moved.batch] = RecordBatch::try_new(batch.schema(), columns)?;
+        }
+        Ok(batches)
+    }
 }
 
 /// Row `row` of a binary column (`Binary`, `LargeBinary` or
@@ -248,8 +310,8 @@ pub fn pack(
         return Ok(None);
     }
     let mut bytes = PackBytes::default();
-    let mut out = Vec::with_capacity(batches.len());
-    for batch in batches {
+    let (mut out, mut moved) = (Vec::with_capacity(batches.len()), Vec::new());
+    for (at_batch, batch) in batches.iter().enumerate() {
         let mut columns = batch.columns().to_vec();
         for blob in &schema.blobs {
             let values = batch.column(blob.index);
@@ -259,47 +321,29 @@ pub fn pack(
                 continue;
             }
             let buffers = values.to_data().buffers().to_vec();
-            let rows = values.len();
-            let (mut offsets, mut lengths, mut crcs) = (
-                Vec::with_capacity(rows),
-                Vec::with_capacity(rows),
-                Vec::with_capacity(rows),
-            );
             let mut inline = LargeBinaryBuilder::new();
-            let mut packed = Vec::with_capacity(rows);
-            for row in 0..rows {
+            let mut at = Vec::with_capacity(values.len());
+            for row in 0..values.len() {
                 match value(row) {
                     Some(v) if v.len() > inline_limit => {
-                        offsets.push(bytes.len);
-                        lengths.push(v.len() as u64);
-                        crcs.push(crc32fast::hash(v));
+                        at.push(Some((bytes.len, v.len() as u64)));
                         bytes.push(&buffers, v);
                         inline.append_null();
-                        packed.push(true);
                     }
                     v => {
-                        offsets.push(0);
-                        lengths.push(0);
-                        crcs.push(0);
+                        at.push(None);
                         inline.append_option(v);
-                        packed.push(false);
                     }
                 }
             }
-            let descriptors = StructArray::try_new(
-                blob_descriptor_fields(),
-                vec![
-                    Arc::new(UInt64Array::from(vec![pack; rows])),
-                    Arc::new(UInt64Array::from(vec![epoch; rows])),
-                    Arc::new(UInt64Array::from(offsets)),
-                    Arc::new(UInt64Array::from(lengths)),
-                    Arc::new(UInt32Array::from(crcs)),
-                ],
-                Some(NullBuffer::from(packed)),
-            )?;
             let inline: ArrayRef = Arc::new(inline.finish());
             columns[blob.index] = cast(&inline, values.data_type())?;
-            columns[blob.descriptor] = Arc::new(descriptors);
+            moved.push(Moved {
+                batch: at_batch,
+                descriptor: blob.descriptor,
+                values: Arc::clone(values),
+                at,
+            });
         }
         out.push(RecordBatch::try_new(batch.schema(), columns)?);
     }
@@ -309,6 +353,9 @@ pub fn pack(
     Ok(Some(Packed {
         bytes: bytes.finish(),
         batches: out,
+        moved,
+        pack,
+        epoch,
     }))
 }
 
@@ -821,8 +868,8 @@ mod tests {
         // value buffer.
         assert_eq!(packed.bytes.iter().count(), 2);
         let blob = t.blobs[0];
-        let descriptors: Vec<_> = packed
-            .batches
+        let batches = packed.into_batches().unwrap();
+        let descriptors: Vec<_> = batches
             .iter()
             .flat_map(|b| {
                 let d = b.column(blob.descriptor).as_struct();
@@ -850,8 +897,7 @@ mod tests {
             descriptors,
             [None, Some((12, 3, 0, 5)), None, None, Some((12, 3, 5, 8))]
         );
-        let inline: Vec<Option<Vec<u8>>> = packed
-            .batches
+        let inline: Vec<Option<Vec<u8>>> = batches
             .iter()
             .flat_map(|b| {
                 let c = b.column(blob.index).as_binary::<i32>();
@@ -900,20 +946,19 @@ mod tests {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let dir = Path::from("shard");
         let path = paths::blob_pack(&dir, 4, 2);
-        store.put(&path, packed.bytes.clone()).await.unwrap();
+        let bytes = packed.bytes.clone();
+        let packed = packed.into_batches().unwrap().remove(0);
+        store.put(&path, bytes.clone()).await.unwrap();
         let reader = PackReader::new(Arc::clone(&store), dir);
         let every: Vec<usize> = (0..t.stored.fields().len()).collect();
-        let resolved = reader
-            .resolve(&t, &every, packed.batches[0].clone())
-            .await
-            .unwrap();
+        let resolved = reader.resolve(&t, &every, packed.clone()).await.unwrap();
         assert_eq!(t.to_user(&resolved).unwrap(), t.to_user(&batch).unwrap());
 
-        let mut damaged = Bytes::from(packed.bytes.clone()).to_vec();
+        let mut damaged = Bytes::from(bytes).to_vec();
         damaged[15] ^= 0x40;
         store.put(&path, PutPayload::from(damaged)).await.unwrap();
         let err = reader
-            .resolve(&t, &every, packed.batches[0].clone())
+            .resolve(&t, &every, packed.clone())
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");

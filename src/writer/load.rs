@@ -234,7 +234,10 @@ impl ShardWriter {
             // holds their descriptors.
             let (body, packed) =
                 match blob::pack(&schema, std::slice::from_ref(&body), pack, epoch, inline)? {
-                    Some(mut packed) => (packed.batches.remove(0), Some(packed.bytes)),
+                    Some(mut packed) => {
+                        let bytes = std::mem::take(&mut packed.bytes);
+                        (packed.into_batches()?.remove(0), Some(bytes))
+                    }
                     None => (body, None),
                 };
             let mut named = blob::Named::new();

@@ -304,7 +304,9 @@ impl Shared {
     }
 
     /// Writes the pack of `entry`'s long blob values, if it has any, then
-    /// encodes and appends the entry (naming the pack) at `position`.
+    /// encodes and appends the entry (naming the pack) at `position`. The
+    /// values' checksums and the entry's encoding are made while the pack
+    /// is being written.
     async fn write_entry(
         &self,
         position: u64,
@@ -318,17 +320,23 @@ impl Shared {
             self.epoch,
             self.options.blob_inline_bytes,
         )?;
-        let packed = match packed {
-            Some(pack) => {
-                let len = pack.bytes.content_length() as u64;
-                self.write_pack(position, pack.bytes).await?;
-                entry.batches = pack.batches.clone();
-                Some((len, pack.batches))
+        let path = self.wal.path_of(position).to_string();
+        let (encoded, packed) = match packed {
+            Some(mut pack) => {
+                let bytes = std::mem::take(&mut pack.bytes);
+                let len = bytes.content_length() as u64;
+                let encode = tokio::task::spawn_blocking(move || {
+                    entry.batches = pack.into_batches()?;
+                    Ok::<_, Error>((entry.encode(&path)?, entry.batches))
+                });
+                let (written, encoded) = tokio::join!(self.write_pack(position, bytes), encode);
+                written?;
+                let (encoded, batches) = encoded
+                    .map_err(|e| Error::Poisoned(format!("encoding a WAL entry: {e}")))??;
+                (encoded, Some((len, batches)))
             }
-            None => None,
+            None => (entry.encode(&path)?, None),
         };
-        let encoded = self.wal.encode(position, &entry)?;
-        drop(entry);
         let len = encoded.len() as u64;
         self.append_at(position, encoded).await?;
         // An append slower than the lease may have landed after a newer
