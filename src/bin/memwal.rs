@@ -346,7 +346,10 @@ async fn repl(
                 continue;
             }
             Err(ReadlineError::Eof) => {
-                println!("\\q");
+                // Echoed at a terminal (Ctrl-D), not into piped output.
+                if std::io::stdin().is_terminal() {
+                    println!("\\q");
+                }
                 break;
             }
             Err(err) => {

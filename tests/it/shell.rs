@@ -271,6 +271,16 @@ fn a_piped_script_with_an_error_fails_the_process() {
 }
 
 #[test]
+fn piped_output_ends_with_the_last_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, out, err) = memwal_repl(dir.path().to_str().unwrap(), "SELECT 41 + 1 AS a;\n");
+    assert!(ok, "{err}");
+    assert!(out.contains("| 42 |"), "{out}");
+    // The `\\q` a terminal's Ctrl-D echoes is not output of a script.
+    assert!(!out.contains("\\q"), "{out}");
+}
+
+#[test]
 fn explain_of_memwal_ddl_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = memwal(
