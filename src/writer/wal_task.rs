@@ -152,17 +152,27 @@ impl Shared {
     /// with no append in flight.
     pub(super) async fn run_wal(self: Arc<Self>, position: u64) {
         let mut in_flight = VecDeque::new();
-        self.append_all(position, &mut in_flight).await;
-        // Stopped: appends still in flight count for nothing, but none may
-        // run once the task says it has ended.
-        for append in in_flight {
-            let _ = append.task.await;
+        // Stopped by something else than an append (a flush that failed,
+        // a newer writer's claim), the appends in flight still count as
+        // they land, in order up to the first that fails: their entries
+        // are in the WAL, so their puts succeed. After a failed append
+        // none does. None may run once the task says it has ended.
+        let mut acknowledging = self.append_all(position, &mut in_flight).await;
+        while !in_flight.is_empty() {
+            let (append, result) = next_landing(&mut in_flight).await;
+            acknowledging = acknowledging && self.landed(append, result);
         }
         self.progress.send_modify(|p| p.wal_done = true);
         self.flush_wake.notify_one();
     }
 
-    async fn append_all(self: &Arc<Self>, mut position: u64, in_flight: &mut VecDeque<Append>) {
+    /// The loop of [`Shared::run_wal`]; `false` if it ended because an
+    /// append failed.
+    async fn append_all(
+        self: &Arc<Self>,
+        mut position: u64,
+        in_flight: &mut VecDeque<Append>,
+    ) -> bool {
         let interval = self.options.wal_flush_interval;
         let (mut last_start, mut lone_writer) = (None, false);
         // Batches of the generation being made durable that were sent.
@@ -174,7 +184,7 @@ impl Shared {
             let closing = self.closing.load(Ordering::Acquire);
             let durable = self.progress.borrow().clone();
             if durable.error.is_some() {
-                return;
+                return true;
             }
             let (generation, next) = {
                 let layers = self.layers.read().expect("layers poisoned");
@@ -221,7 +231,7 @@ impl Shared {
                     self.flush_wake.notify_one();
                     continue;
                 }
-                Step::Finish => return,
+                Step::Finish => return true,
                 Step::WaitForPut | Step::WaitForAppend | Step::WaitUntil(_) => {
                     let sleep = async {
                         match step {
@@ -237,7 +247,7 @@ impl Shared {
                             // lets a writer make is not one made meanwhile.
                             let put_meanwhile = generation.memtable.written_batches() > sent;
                             if !self.landed(append, result) {
-                                return;
+                                return false;
                             }
                             lone_writer &= !put_meanwhile;
                         }
@@ -254,14 +264,20 @@ impl Shared {
             while !self.owned_within(lease) {
                 match self.newer_claim().await {
                     Ok(None) => {}
-                    Ok(Some(fenced)) => return self.stop(fenced),
+                    Ok(Some(fenced)) => {
+                        self.stop(fenced);
+                        return true;
+                    }
                     // Nothing was written: a store error is retried.
                     Err(e) if attempt < self.options.append_retries => {
                         attempt += 1;
                         log::debug!("checking ownership of {} failed: {e}", self.shard_dir);
                         tokio::time::sleep(self.options.commit.backoff(attempt)).await;
                     }
-                    Err(e) => return self.stop(e),
+                    Err(e) => {
+                        self.stop(e);
+                        return true;
+                    }
                 }
             }
             let started = Instant::now();

@@ -640,3 +640,49 @@ async fn a_new_writer_plugs_the_gap_so_the_held_append_can_never_land() {
     let again = open(&inner, 5).await.unwrap();
     assert_eq!(visible(&again).await, seen);
 }
+
+#[tokio::test]
+async fn an_append_in_flight_when_a_flush_stops_the_writer_still_acknowledges_its_put() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let mut o = options(0);
+    // Every put freezes its MemTable; a flush gives up after two attempts.
+    o.memtable_bytes = 1;
+    o.append_retries = 1;
+    let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), o)
+        .await
+        .unwrap();
+    let schema = Arc::clone(&writer.schema().schema);
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/sst/"),
+    );
+    let sstables = faulty.gate(OpKind::Put, "/sst/");
+    writer.put(&[rows(&schema, 0..10, 1)]).await.unwrap();
+    sstables.arrived(1).await;
+    // The next put's append is on its way when the flush fails for good.
+    let appends = faulty.gate(OpKind::Put, "/wal/");
+    let put = writer
+        .put_nowait(&[rows(&schema, 10..20, 2)])
+        .await
+        .unwrap();
+    appends.arrived(1).await;
+    let put = tokio::spawn(put.wait());
+    sstables.open();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while writer.stopped().is_none() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the writer stops once its flush failed");
+    appends.open();
+    // Its rows are in the WAL: the put succeeded, and the next writer has them.
+    put.await.unwrap().unwrap();
+    faulty.clear();
+    let next = open(&store, 0).await.unwrap();
+    assert_eq!(visible(&next).await.len(), 20);
+    next.close().await.unwrap();
+}
