@@ -208,9 +208,13 @@ async fn run(args: Args) -> ShellResult {
         Ok(())
     }
     .await;
-    // Flush what this shell wrote (its MemTables become SSTables).
+    // Flush what this shell wrote (its MemTables become SSTables). Its
+    // error (rows lost, say) is shown even after a failed script.
     let closed = session.close().await.map_err(|e| e.to_string());
-    result.and(closed)
+    match (result, closed) {
+        (Err(script), Err(close)) => Err(format!("{close}\nError: {script}")),
+        (result, closed) => result.and(closed),
+    }
 }
 
 /// Runs every statement of `sql` and prints each result as datafusion-cli

@@ -281,6 +281,37 @@ fn piped_output_ends_with_the_last_result() {
 }
 
 #[test]
+fn a_failed_script_still_shows_what_closing_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    csv(
+        root,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '1')",
+    );
+    // The table's SSTables cannot be written: where their directory goes
+    // is a file. The catalog version names the table's location.
+    let catalog = std::fs::read_dir(dir.path().join("__manifest"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_file())
+        .unwrap();
+    let bytes = std::fs::read(catalog).unwrap();
+    let at = bytes.windows(9).position(|w| w == b"tables/t-").unwrap();
+    let location = std::str::from_utf8(&bytes[at..at + 9 + 16]).unwrap();
+    let shard = dir.path().join(location).join("shards/0");
+    std::fs::create_dir_all(&shard).unwrap();
+    std::fs::write(shard.join("sst"), b"").unwrap();
+    let (ok, out, err) = memwal_repl(
+        root,
+        "SET memwal.append_retries = '0';\nINSERT INTO t VALUES (1);\nSELECT * FROM nosuch;\n",
+    );
+    assert!(!ok, "{out}");
+    // Both: the statement that failed, and the flush at exit that did.
+    assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
+    assert!(err.contains("SSTable write failed"), "{err}");
+}
+
+#[test]
 fn explain_of_memwal_ddl_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = memwal(
