@@ -30,6 +30,8 @@ pub struct WalTail {
     /// `(position, MemTable batches up to and including it)` of every
     /// cached data entry.
     entries: Vec<(u64, usize)>,
+    /// The newest writer epoch of the entries read.
+    epoch: u64,
 }
 
 impl WalTail {
@@ -42,7 +44,14 @@ impl WalTail {
             cursor: 0,
             read_through: 0,
             entries: Vec::new(),
+            epoch: 0,
         }
+    }
+
+    /// The newest writer epoch of the entries read: one newer than the
+    /// shard manifest a refresh used says a writer claimed the shard since.
+    pub fn newest_epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Brings the tail to the entries after `cursor` (a replay cursor of
@@ -68,6 +77,7 @@ impl WalTail {
             let Some(entry) = entry else {
                 return Ok(Some(position));
             };
+            self.epoch = self.epoch.max(entry.epoch);
             if entry.kind == EntryKind::Data {
                 let mut put = Vec::with_capacity(entry.batches.len());
                 for batch in entry.batches {

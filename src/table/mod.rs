@@ -805,9 +805,13 @@ impl Table {
     async fn refresh(&self, reader: &mut ShardReader) -> Result<()> {
         let started = Instant::now();
         reader.refreshed = None;
+        // Whether to resolve the newest manifest in full (see `moved`).
+        let mut resolve = false;
         for _ in 0..SNAPSHOT_ATTEMPTS {
             let manifest = match reader.manifest.take() {
-                Some(known) if !reader.versions.has_newer(&known).await? => known.confirmed(),
+                Some(known) if !resolve && !reader.versions.has_newer(&known).await? => {
+                    known.confirmed()
+                }
                 known => {
                     let from = known.map_or(0, |m| m.version);
                     reader
@@ -816,12 +820,28 @@ impl Table {
                         .await?
                 }
             };
+            if manifest.state.dropped {
+                reader.manifest = Some(manifest);
+                return Err(Error::NotFound(format!(
+                    "the table at '{}' (dropped; open the table again by name)",
+                    self.location
+                )));
+            }
             let cursor = manifest.state.replay_after;
             let gone = reader.tail.refresh(cursor).await?;
             // A flush that committed (and deleted the WAL it covers) after
             // the manifest was read leaves no gap to see when nothing was
-            // written after it: check the manifest again.
-            let moved = reader.versions.has_newer(&manifest).await?;
+            // written after it: check the manifest again. `has_newer`
+            // trusts version N+1 to exist for a while once N is superseded,
+            // which a dropped table's deleted versions break: an entry of a
+            // newer writer than the manifest names, or a gap, has the
+            // newest version resolved in full.
+            let claimed = reader.tail.newest_epoch() > manifest.state.epoch;
+            let moved = claimed
+                || reader.versions.has_newer(&manifest).await?
+                || (gone.is_some()
+                    && reader.versions.latest_version(manifest.version).await? > manifest.version);
+            resolve = moved;
             reader.manifest = Some(manifest);
             match (gone, moved) {
                 (None, false) => {

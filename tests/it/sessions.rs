@@ -198,6 +198,30 @@ async fn a_drop_in_another_process_stops_this_ones_writers() {
     assert!(count(&b, "t").await.contains("| 1 | 1 |"));
 }
 
+/// A handle that only reads a table another process drops says so when
+/// it reads next (not that the table's WAL is damaged).
+#[tokio::test]
+async fn reading_a_table_another_process_dropped_says_it_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (a, b) = (isolated(root).await, isolated(root).await);
+    query(&b, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    query(&b, "INSERT INTO t VALUES (1, 1)").await;
+    // One handle read the table before (it knows a manifest version the
+    // drop deleted, and caches the WAL's rows), another never did.
+    let read = a.table("t").await.unwrap();
+    assert_eq!(read.scan().await.unwrap()[0].num_rows(), 1);
+    let unread = isolated(root).await.table("t").await.unwrap();
+    query(&b, "DROP TABLE t").await;
+    for handle in [read, unread] {
+        let err = handle.scan().await.unwrap_err();
+        assert!(
+            matches!(&err, memwal::Error::NotFound(m) if m.contains("dropped")),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_shard_the_table_does_not_have_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
