@@ -161,6 +161,8 @@ class Table:
         columns (returns the distinct keys given; a key with no row counts
         too, as nothing is read to delete by key)."""
         if isinstance(keys, str):
+            # By name: only while the name still names this table.
+            self._live().check_current()
             result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {keys}")
             return int(result.column(0)[0].as_py())
         return self._live().delete_keys(self._keys(keys))
@@ -177,6 +179,7 @@ class Table:
 
     def stats(self) -> list[dict[str, Any]]:
         """The writer statistics, one dict per shard (``memwal_stats``)."""
+        self._live().check_current()
         name = self.name.replace("'", "''")
         return self._root.sql(f"SELECT * FROM memwal_stats('{name}')").to_pylist()
 

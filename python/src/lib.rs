@@ -490,12 +490,27 @@ impl Table {
         Ok(ArrowStream::new(self.table.schema(), rows))
     }
 
+    /// Raises NotFoundError unless the name this handle was opened by
+    /// still names its table (for what goes by name: SQL, the provider).
+    fn check_current(&self, py: Python<'_>) -> PyResult<()> {
+        let (session, name) = (Arc::clone(&self.session), self.name.clone());
+        match wait(py, async move { session.table(&name).await })? {
+            Ok(current) if Arc::ptr_eq(&current, &self.table) => Ok(()),
+            Ok(_) | Err(Error::NotFound(_)) => Err(to_py(Error::NotFound(format!(
+                "table {} (dropped since this handle was opened; open it again by name)",
+                self.name
+            )))),
+            Err(e) => Err(to_py(e)),
+        }
+    }
+
     /// The table for datafusion-python's `register_table`.
     fn __datafusion_table_provider__<'py>(
         &self,
         py: Python<'py>,
         session: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
+        self.check_current(py)?;
         let (root, name) = (Arc::clone(&self.session), self.name.clone());
         export(
             py,

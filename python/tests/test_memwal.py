@@ -242,6 +242,15 @@ def test_a_dropped_or_closed_handle_refuses_writes(tmp_path):
         t.put({"id": [2]})
     r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
     assert r.table("t").scan().num_rows == 0
+    # What goes by name does not reach the new table of that name either.
+    r.table("t").put({"id": [2]})
+    with pytest.raises(memwal.NotFoundError, match="dropped"):
+        t.delete("id = 2")
+    with pytest.raises(memwal.NotFoundError, match="dropped"):
+        t.stats()
+    with pytest.raises(memwal.NotFoundError, match="dropped"):
+        SessionContext().register_table("old", t)
+    assert r.table("t").scan().num_rows == 1
     r.close()
     with pytest.raises(memwal.MemwalError, match="closed"):
         r.table("t")
