@@ -100,8 +100,8 @@ pub enum Error {
     /// A shard writer stopped after a failure it cannot recover from (an
     /// append whose outcome is unknown, exhausted retries): this write and
     /// every later one on it fail, nothing unacknowledged is claimed
-    /// durable; recovery is to open the shard again.
-    #[error("shard writer stopped: {0}; reopen the shard to continue")]
+    /// durable; a [`crate::Table`]'s next write opens the shard again.
+    #[error("shard writer stopped: {0}; the table's next write opens the shard again")]
     Poisoned(String),
 
     /// A stored object could not be decoded.

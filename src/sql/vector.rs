@@ -117,7 +117,12 @@ impl TableFunctionImpl for VectorSearchFunction {
 fn count(value: ScalarValue, what: &str) -> Result<usize> {
     let n = match value.cast_to(&DataType::Int64) {
         Ok(ScalarValue::Int64(Some(n))) if value.data_type().is_integer() => n,
-        _ => return plan_err!("vector_search: {what} must be an integer, got {value}"),
+        _ => {
+            return plan_err!(
+                "vector_search: {what} must be an integer, got {value} ({})",
+                value.data_type()
+            );
+        }
     };
     if !(1..=MAX_K as i64).contains(&n) {
         return plan_err!("vector_search: {what} must be in 1..={MAX_K}, got {n}");

@@ -1013,12 +1013,12 @@ mod tests {
         let stopped = Arc::new(Error::Poisoned("the flush failed 6 times".into()));
         assert_eq!(
             shared_error(&stopped).to_string(),
-            "shard writer stopped: the flush failed 6 times; reopen the shard to continue"
+            "shard writer stopped: the flush failed 6 times; the table's next write opens the shard again"
         );
         let other = Arc::new(Error::invalid("bad"));
         assert_eq!(
             shared_error(&other).to_string(),
-            format!("shard writer stopped: {other}; reopen the shard to continue")
+            format!("shard writer stopped: {other}; the table's next write opens the shard again")
         );
     }
 }
