@@ -206,14 +206,17 @@ async fn reading_a_table_another_process_dropped_says_it_was_dropped() {
     let root = dir.path().to_str().unwrap();
     let (a, b) = (isolated(root).await, isolated(root).await);
     query(&b, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    // Handles that read the table before know a manifest version the drop
+    // deleted: one read it empty (the WAL has a gap for it after the
+    // drop), one with a row (it caches the WAL's rows). One never read.
+    let early = isolated(root).await.table("t").await.unwrap();
+    assert!(early.scan().await.unwrap().is_empty());
     query(&b, "INSERT INTO t VALUES (1, 1)").await;
-    // One handle read the table before (it knows a manifest version the
-    // drop deleted, and caches the WAL's rows), another never did.
     let read = a.table("t").await.unwrap();
     assert_eq!(read.scan().await.unwrap()[0].num_rows(), 1);
     let unread = isolated(root).await.table("t").await.unwrap();
     query(&b, "DROP TABLE t").await;
-    for handle in [read, unread] {
+    for handle in [early, read, unread] {
         let err = handle.scan().await.unwrap_err();
         assert!(
             matches!(&err, memwal::Error::NotFound(m) if m.contains("dropped")),
