@@ -326,10 +326,7 @@ impl Table {
     /// and for every shard once this process dropped the table.
     fn slot(&self, shard: u32) -> Result<&Shard> {
         if self.dropped.load(Ordering::Acquire) {
-            return Err(Error::NotFound(format!(
-                "the table at '{}' (dropped; open the table again by name)",
-                self.location
-            )));
+            return Err(self.dropped_error("dropped; open the table again by name"));
         }
         self.shards.get(shard as usize).ok_or_else(|| {
             Error::invalid(format!(
@@ -387,6 +384,11 @@ impl Table {
         }
     }
 
+    /// [`Error::NotFound`] of this table, dropped (`how` says when).
+    fn dropped_error(&self, how: &str) -> Error {
+        Error::NotFound(format!("the table at '{}' ({how})", self.location))
+    }
+
     /// `error`, met reading `shard`; or, if it is an object gone missing
     /// because the table was dropped meanwhile (the shard's newest
     /// manifest says so), [`Error::NotFound`] saying that.
@@ -405,10 +407,9 @@ impl Table {
             (reader.versions.clone(), known)
         };
         match versions.load_latest(known, ShardManifest::decode).await {
-            Ok(manifest) if manifest.state.dropped => Error::NotFound(format!(
-                "the table at '{}' (dropped while this statement read it)",
-                self.location
-            )),
+            Ok(manifest) if manifest.state.dropped => {
+                self.dropped_error("dropped while this statement read it")
+            }
             _ => error,
         }
     }
@@ -822,10 +823,7 @@ impl Table {
             };
             if manifest.state.dropped {
                 reader.manifest = Some(manifest);
-                return Err(Error::NotFound(format!(
-                    "the table at '{}' (dropped; open the table again by name)",
-                    self.location
-                )));
+                return Err(self.dropped_error("dropped; open the table again by name"));
             }
             let cursor = manifest.state.replay_after;
             let gone = reader.tail.refresh(cursor).await?;

@@ -336,14 +336,14 @@ impl Shared {
             self.epoch,
             self.options.blob_inline_bytes,
         )?;
-        let path = self.wal.path_of(position).to_string();
         let (encoded, packed) = match packed {
             Some(mut pack) => {
                 let bytes = std::mem::take(&mut pack.bytes);
                 let len = bytes.content_length() as u64;
+                let wal = self.wal.clone();
                 let encode = tokio::task::spawn_blocking(move || {
                     entry.batches = pack.into_batches()?;
-                    Ok::<_, Error>((entry.encode(&path)?, entry.batches))
+                    Ok::<_, Error>((wal.encode(position, &entry)?, entry.batches))
                 });
                 let (written, encoded) = tokio::join!(self.write_pack(position, bytes), encode);
                 written?;
@@ -351,7 +351,7 @@ impl Shared {
                     .map_err(|e| Error::Poisoned(format!("encoding a WAL entry: {e}")))??;
                 (encoded, Some((len, batches)))
             }
-            None => (entry.encode(&path)?, None),
+            None => (self.wal.encode(position, &entry)?, None),
         };
         let len = encoded.len() as u64;
         self.append_at(position, encoded).await?;
