@@ -42,7 +42,7 @@ struct Args {
 
     /// Run queries across these `memwal worker` processes (comma-separated
     /// URLs, e.g. http://h1:7001,http://h2:7001); each serves the same root
-    #[arg(long, value_delimiter = ',', value_parser = url::Url::parse)]
+    #[arg(long, value_delimiter = ',', value_parser = worker_url)]
     workers: Vec<url::Url>,
 
     #[command(subcommand)]
@@ -218,44 +218,54 @@ async fn run(args: Args) -> ShellResult {
 }
 
 /// Runs every statement of `sql` and prints each result as datafusion-cli
-/// does.
+/// does; stops at the first that fails.
 async fn exec_and_print(
     session: &MemwalSession,
     print_options: &PrintOptions,
     sql: &str,
 ) -> memwal::Result<()> {
     for statement in session.parse(sql)? {
-        let start = Instant::now();
-        // memwal answers DESCRIBE of its tables itself (not with a
-        // DescribeTable plan): it is shown whole all the same.
-        let describe = matches!(
-            &statement,
-            DFStatement::Statement(s) if matches!(s.as_ref(), SqlStatement::ExplainTable { .. })
-        );
-        let df = session.execute(statement).await?;
-        let mut options = print_options.clone();
-        if describe
-            || matches!(
-                df.logical_plan(),
-                LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
-            )
-        {
-            options.maxrows = MaxRows::Unlimited;
-        }
-        if options.format == PrintFormat::Automatic {
-            options.format = PrintFormat::Table;
-        }
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await?;
-        let state = session.context().state();
-        print::print_batches(
-            &options,
-            schema,
-            &batches,
-            start,
-            &state.config().options().format,
-        )?;
+        exec_statement(session, print_options, statement).await?;
     }
+    Ok(())
+}
+
+/// Runs one statement and prints its result.
+async fn exec_statement(
+    session: &MemwalSession,
+    print_options: &PrintOptions,
+    statement: DFStatement,
+) -> memwal::Result<()> {
+    let start = Instant::now();
+    // memwal answers DESCRIBE of its tables itself (not with a
+    // DescribeTable plan): it is shown whole all the same.
+    let describe = matches!(
+        &statement,
+        DFStatement::Statement(s) if matches!(s.as_ref(), SqlStatement::ExplainTable { .. })
+    );
+    let df = session.execute(statement).await?;
+    let mut options = print_options.clone();
+    if describe
+        || matches!(
+            df.logical_plan(),
+            LogicalPlan::Explain(_) | LogicalPlan::DescribeTable(_) | LogicalPlan::Analyze(_)
+        )
+    {
+        options.maxrows = MaxRows::Unlimited;
+    }
+    if options.format == PrintFormat::Automatic {
+        options.format = PrintFormat::Table;
+    }
+    let schema = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    let state = session.context().state();
+    print::print_batches(
+        &options,
+        schema,
+        &batches,
+        start,
+        &state.config().options().format,
+    )?;
     Ok(())
 }
 
@@ -335,14 +345,28 @@ async fn repl(
             }
             Ok(line) => {
                 rl.add_history_entry(line.trim_end())?;
-                tokio::select! {
-                    res = exec_and_print(session, print_options, &line) => {
-                        if let Err(e) = res {
-                            failed += 1;
-                            eprintln!("{e}");
+                // Each statement of the line runs, whichever fail.
+                let statements = match session.parse(&line) {
+                    Ok(statements) => statements,
+                    Err(e) => {
+                        failed += 1;
+                        eprintln!("{e}");
+                        continue;
+                    }
+                };
+                for statement in statements {
+                    tokio::select! {
+                        res = exec_statement(session, print_options, statement) => {
+                            if let Err(e) = res {
+                                failed += 1;
+                                eprintln!("{e}");
+                            }
+                        }
+                        _ = tokio::signal::ctrl_c() => {
+                            println!("^C");
+                            break;
                         }
                     }
-                    _ = tokio::signal::ctrl_c() => println!("^C"),
                 }
             }
             Err(ReadlineError::Interrupted) => {
@@ -434,6 +458,12 @@ async fn definition(session: &MemwalSession, name: &str) -> memwal::Result<Optio
         .and_then(|b| b.column_by_name("definition"))
         .filter(|c| !c.is_empty() && !c.is_null(0))
         .map(|c| c.as_string::<i32>().value(0).to_string()))
+}
+
+/// Parses a `--workers` URL, saying what one looks like when it is none
+/// (`127.0.0.1:7001` without its `http://`, say).
+fn worker_url(text: &str) -> Result<url::Url, String> {
+    url::Url::parse(text).map_err(|e| format!("{e}: a worker URL is http://host:port"))
 }
 
 /// Why --workers and `memwal worker` fail in a build without them.

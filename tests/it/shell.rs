@@ -268,6 +268,17 @@ fn a_piped_script_with_an_error_fails_the_process() {
     // Like an interactive session, it ran on after the error.
     let out = csv(root, "SELECT id FROM t");
     assert_eq!(out.trim(), "id\n1");
+    // So it does after a statement that fails on a line of several.
+    let (ok, _, err) = memwal_repl(
+        root,
+        "INSERT INTO t VALUES (2); INSERT INTO t VALUES (1 / 0); INSERT INTO t VALUES (3);\n\
+         INSERT INTO t VALUES (4);\n",
+    );
+    assert!(!ok);
+    assert!(err.contains("Divide by zero"), "{err}");
+    assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
+    let out = csv(root, "SELECT id FROM t ORDER BY id");
+    assert_eq!(out.trim(), "id\n1\n2\n3\n4");
 }
 
 #[test]
@@ -309,6 +320,15 @@ fn a_failed_script_still_shows_what_closing_found() {
     // Both: the statement that failed, and the flush at exit that did.
     assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
     assert!(err.contains("SSTable write failed"), "{err}");
+}
+
+#[test]
+fn a_worker_address_without_its_scheme_says_what_a_worker_url_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (ok, _, err) = memwal(root, &["--workers", "127.0.0.1:7001", "-c", "SELECT 1"]);
+    assert!(!ok);
+    assert!(err.contains("a worker URL is http://host:port"), "{err}");
 }
 
 #[test]
