@@ -201,6 +201,7 @@ async fn a_worker_that_stops_answering_fails_the_query_instead_of_hanging_it() {
     let answer = answer.expect("the query still waits for the frozen worker");
     let error = answer.expect_err("answered without a worker").to_string();
     assert!(error.contains(workers[1].url.as_str()), "{error}");
+    assert!(error.contains("it stopped answering"), "{error}");
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "{:?}",

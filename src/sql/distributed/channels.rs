@@ -115,8 +115,24 @@ struct NamedWorker {
 }
 
 impl NamedWorker {
+    /// `e` naming the worker, and first what broke when the connection to
+    /// it did (the transport's own words follow, as the cause).
     fn name(url: &Url, e: DataFusionError) -> DataFusionError {
-        e.context(format!("memwal worker {url}"))
+        // The transport's error is the source of a gRPC status, which its
+        // display leaves out.
+        let chain = format!("{e:?}");
+        let lost = ["BrokenPipe", "ConnectionReset", "h2 protocol error"];
+        let what = if chain.contains("KeepAliveTimedOut") {
+            format!(
+                ": it stopped answering (no answer to a ping for {}s)",
+                PING_TIMEOUT.as_secs()
+            )
+        } else if lost.iter().any(|sign| chain.contains(sign)) {
+            ": the connection to it was lost (the worker exited, or stopped answering)".into()
+        } else {
+            String::new()
+        };
+        e.context(format!("memwal worker {url}{what}"))
     }
 
     /// `stream` with every error naming the worker.
