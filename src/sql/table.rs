@@ -253,12 +253,15 @@ impl MemwalTable {
             && !filter.column_refs().iter().any(|c| blob(&c.name))
     }
 
+    /// Refuses to delete from a table without a key: rows are deleted by
+    /// key (tombstones), and an append-only table has none.
     fn require_key(&self) -> Result<()> {
         if self.table.table_schema().has_key() {
             Ok(())
         } else {
             Err(DataFusionError::Plan(format!(
-                "table {} has no primary key: it is append-only, rows cannot be deleted",
+                "table {} has no primary key: it is append-only, rows cannot be deleted \
+                 (DELETE and TRUNCATE alike); DROP TABLE and CREATE TABLE give an empty one",
                 self.path
             )))
         }
