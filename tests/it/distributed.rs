@@ -285,3 +285,65 @@ async fn a_distributed_query_reads_the_snapshot_it_was_planned_against() {
         "{queries} queries, {rounds} rounds"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_of_another_root_or_no_worker_at_all_is_named_for_what_it_is() {
+    let (ours, theirs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let root = ours.path().to_str().unwrap().to_string();
+    let local = MemwalSession::open(&root).await.unwrap();
+    run(
+        &local,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '2')",
+    )
+    .await;
+    run(
+        &local,
+        "INSERT INTO t SELECT value FROM generate_series(1, 100)",
+    )
+    .await;
+    local.close().await.unwrap();
+    let scan = "SELECT count(*), sum(id) FROM t";
+    // Workers serving another root.
+    let (workers, _) = two_worker_processes(theirs.path().to_str().unwrap());
+    let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
+    let session = MemwalSession::builder(&root)
+        .workers(urls)
+        .min_scan_tasks(2)
+        .open()
+        .await
+        .unwrap();
+    let error = text(&session, scan)
+        .await
+        .expect_err("another root")
+        .to_string();
+    assert!(
+        error.contains("every worker must serve the coordinator's root"),
+        "{error}"
+    );
+    assert!(error.contains(theirs.path().to_str().unwrap()), "{error}");
+    // A plain HTTP/1 server.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buffer = [0u8; 1024];
+            let _ = socket.read(&mut buffer).await;
+            let _ = socket
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let url = Url::parse(&format!("http://{address}")).unwrap();
+    let session = MemwalSession::builder(&root)
+        .workers(vec![url.clone(), url])
+        .min_scan_tasks(2)
+        .open()
+        .await
+        .unwrap();
+    let error = text(&session, scan)
+        .await
+        .expect_err("no worker")
+        .to_string();
+    assert!(error.contains("is no memwal worker"), "{error}");
+}
