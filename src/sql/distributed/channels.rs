@@ -121,7 +121,13 @@ impl NamedWorker {
         // The transport's error is the source of a gRPC status, which its
         // display leaves out.
         let chain = format!("{e:?}");
-        let lost = ["BrokenPipe", "ConnectionReset", "h2 protocol error"];
+        let lost = [
+            "BrokenPipe",
+            "ConnectionReset",
+            "connection closed",
+            "GoAway",
+            "h2 protocol error",
+        ];
         let what = if chain.contains("KeepAliveTimedOut") {
             format!(
                 ": it stopped answering (no answer to a ping for {}s)",
