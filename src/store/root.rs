@@ -25,7 +25,8 @@ pub struct ObjectRoot {
 }
 
 impl ObjectRoot {
-    /// Opens a root from a URL or a plain local path.
+    /// Opens a root from a URL or a plain local path (a location with
+    /// `://` that is not a valid URL is refused, never taken for a path).
     ///
     /// - a plain path or `file:///dir`: a local directory, created if missing;
     /// - `memory://name`: an in-memory store shared by every open of the same
@@ -42,6 +43,12 @@ impl ObjectRoot {
         }
         let url = match Url::parse(location) {
             Ok(url) if url.scheme().len() > 1 => url,
+            // Meant as a URL: never taken for a local path.
+            Err(e) if location.contains("://") => {
+                return Err(Error::invalid(format!(
+                    "root '{location}' is not a valid URL: {e}"
+                )));
+            }
             // No scheme (or a Windows drive letter): a local path.
             _ => return Self::open_local(std::path::Path::new(location), location),
         };
@@ -275,5 +282,12 @@ mod tests {
             ObjectRoot::open("s3://"),
             Err(Error::InvalidInput(_))
         ));
+        // Not a directory named `s3:` in the working directory.
+        for bad in ["s3://bad bucket/x", "s3://[bucket/x"] {
+            match ObjectRoot::open(bad) {
+                Err(Error::InvalidInput(why)) => assert!(why.contains("not a valid URL"), "{why}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }
