@@ -302,20 +302,10 @@ async fn a_worker_of_another_root_or_no_worker_at_all_is_named_for_what_it_is() 
     )
     .await;
     local.close().await.unwrap();
-    let scan = "SELECT count(*), sum(id) FROM t";
     // Workers serving another root.
     let (workers, _) = two_worker_processes(theirs.path().to_str().unwrap());
     let urls: Vec<Url> = workers.iter().map(|w| w.url.clone()).collect();
-    let session = MemwalSession::builder(&root)
-        .workers(urls)
-        .min_scan_tasks(2)
-        .open()
-        .await
-        .unwrap();
-    let error = text(&session, scan)
-        .await
-        .expect_err("another root")
-        .to_string();
+    let error = scan_error(&root, urls).await;
     assert!(
         error.contains("every worker must serve the coordinator's root"),
         "{error}"
@@ -335,15 +325,18 @@ async fn a_worker_of_another_root_or_no_worker_at_all_is_named_for_what_it_is() 
         }
     });
     let url = Url::parse(&format!("http://{address}")).unwrap();
-    let session = MemwalSession::builder(&root)
-        .workers(vec![url.clone(), url])
+    let error = scan_error(&root, vec![url.clone(), url]).await;
+    assert!(error.contains("is no memwal worker"), "{error}");
+}
+
+/// The error of a scan of `t` at `root` that a session sends to `workers`.
+async fn scan_error(root: &str, workers: Vec<Url>) -> String {
+    let session = MemwalSession::builder(root)
+        .workers(workers)
         .min_scan_tasks(2)
         .open()
         .await
         .unwrap();
-    let error = text(&session, scan)
-        .await
-        .expect_err("no worker")
-        .to_string();
-    assert!(error.contains("is no memwal worker"), "{error}");
+    let scan = text(&session, "SELECT count(*), sum(id) FROM t").await;
+    scan.expect_err("answered without a worker").to_string()
 }
