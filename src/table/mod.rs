@@ -14,7 +14,9 @@
 //! shard, and a shard's part that fails because its writer was fenced
 //! before the part became durable provably wrote nothing: the part is put
 //! again through a re-opened writer, with jittered backoff, for up to
-//! [`TAKEOVER_PATIENCE`]. So concurrent writers of one table all succeed; each
+//! [`TAKEOVER_PATIENCE`]. The re-opened writer takes a turn that other
+//! writers wait for, long enough for its replay and its put however slow
+//! the store. So concurrent writers of one table all succeed; each
 //! takeover costs a claim, a fence and a replay of the shard's unflushed
 //! WAL. A part that became durable is never reported as failed, even when
 //! its writer is fenced right after.
@@ -283,7 +285,7 @@ impl Table {
     /// The writer of `shard`, opened (or re-opened after it stopped) if
     /// needed.
     pub(crate) async fn shard_writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
-        self.writer_as(shard, false).await
+        self.writer_as(shard, None).await
     }
 
     /// The counters of this process's writer of `shard`, if it has one
@@ -295,8 +297,13 @@ impl Table {
     }
 
     /// [`Table::writer`]; a writer opened to take the shard back from
-    /// another one takes a turn (see [`ShardWriter::open_as`]).
-    async fn writer_as(&self, shard: u32, taking_back: bool) -> Result<Arc<ShardWriter>> {
+    /// another one (`taking_back`: how long the last open took) takes a
+    /// turn (see [`ShardWriter::open_as`]).
+    async fn writer_as(
+        &self,
+        shard: u32,
+        taking_back: Option<Duration>,
+    ) -> Result<Arc<ShardWriter>> {
         let slot = self.slot(shard)?;
         self.check_owned(shard)?;
         if let Some(w) = self.live_writer(slot) {
@@ -603,14 +610,21 @@ impl Table {
     {
         let started = Instant::now();
         let mut attempt = 0;
+        // How long the last open took, once the shard was taken over.
+        let mut taking_back = None;
         loop {
-            let done = match self.writer_as(shard, attempt > 0).await {
-                Ok(writer) => op(writer).await,
-                Err(e) => Err(e),
+            let (done, open_took) = match self.writer_as(shard, taking_back).await {
+                Ok(writer) => {
+                    let open_took = writer.open_took();
+                    (op(writer).await, Some(open_took))
+                }
+                // Fenced while opening: how long an open takes is not known.
+                Err(e) => (Err(e), None),
             };
             match done {
                 Err(e @ Error::Fenced { .. }) if started.elapsed() < TAKEOVER_PATIENCE => {
                     attempt += 1;
+                    taking_back = open_took.or(taking_back).or(Some(Duration::ZERO));
                     log::debug!(
                         "shard {shard} of {}: {e}; taking it back for {what} (attempt {attempt})",
                         self.location

@@ -332,6 +332,8 @@ struct Shared {
 /// The writer of one shard. See the module doc for what it guarantees.
 pub struct ShardWriter {
     shared: Arc<Shared>,
+    /// How long the open took after its claim (the fence and the replay).
+    open_took: Duration,
     /// The WAL, flush, index and compaction tasks.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -410,21 +412,24 @@ impl ShardWriter {
         schema: Arc<TableSchema>,
         options: WriterOptions,
     ) -> Result<Self> {
-        Self::open_as(store, location, shard, schema, options, false).await
+        Self::open_as(store, location, shard, schema, options, None).await
     }
 
-    /// [`ShardWriter::open`]; with `take_turn`, for a writer taking the
-    /// shard back from another one that took it over: it takes a turn of
-    /// [`WriterOptions::turn`] (other writers wait for its end before they
-    /// claim), and a long replayed WAL tail is sealed at once, so that the
-    /// turn flushes it and the next writer replays little.
+    /// [`ShardWriter::open`]; with `taking_back`, for a writer taking the
+    /// shard back from another one that took it over, where the last open
+    /// took `taking_back` after its claim: it takes a turn (other writers wait for its end
+    /// before they claim) of [`WriterOptions::turn`] plus twice that, so
+    /// that the turn covers this open's own replay as well as the write it
+    /// opens for, however slow the store; and a long replayed WAL tail is
+    /// sealed at once, so that the turn flushes it and the next writer
+    /// replays little.
     pub(crate) async fn open_as(
         store: Arc<dyn ObjectStore>,
         location: &str,
         shard: u32,
         schema: Arc<TableSchema>,
         options: WriterOptions,
-        take_turn: bool,
+        taking_back: Option<Duration>,
     ) -> Result<Self> {
         options.check()?;
         if shard >= schema.shards {
@@ -436,8 +441,9 @@ impl ShardWriter {
         let dir = paths::shard_dir(location, shard);
         let versions = manifest::versions(Arc::clone(&store), &dir, &options.commit);
         let claimed_at = Instant::now();
-        let turn = take_turn.then(|| options.turn());
+        let turn = taking_back.map(|open| (options.turn() + 2 * open).min(CLAIM_PATIENCE));
         let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE).await?;
+        let after_claim = Instant::now();
         let (epoch, replay_after) = (claimed.state.epoch, claimed.state.replay_after);
         let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
         let fence = wal.fence(epoch, replay_after).await?;
@@ -454,7 +460,7 @@ impl ShardWriter {
             fence,
             &schema,
             &options,
-            take_turn,
+            taking_back.is_some(),
         )
         .await?;
         let active_number = generations.last().expect("pushed above").number;
@@ -547,8 +553,15 @@ impl ShardWriter {
         ));
         Ok(Self {
             shared,
+            open_took: after_claim.elapsed(),
             tasks: Mutex::new(vec![wal_task, flush_task, index_task, compaction_task]),
         })
+    }
+
+    /// How long the open took after its claim: the fence and the replay,
+    /// which a turn taken to take the shard back must cover.
+    pub(crate) fn open_took(&self) -> Duration {
+        self.open_took
     }
 
     /// The writer's epoch.

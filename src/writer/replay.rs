@@ -37,7 +37,7 @@ pub(super) async fn replay(
     fence: u64,
     schema: &Arc<TableSchema>,
     options: &WriterOptions,
-    take_turn: bool,
+    taking_back: bool,
 ) -> Result<Replayed> {
     let (epoch, replay_after, generation) =
         (claimed.epoch, claimed.replay_after, claimed.generation);
@@ -119,7 +119,7 @@ pub(super) async fn replay(
         // Taken back in a contest: the writers may keep fencing each
         // other before any of them fills a MemTable, so flush a long
         // tail now rather than replay it at every takeover.
-        Some(g) if take_turn && fence - replay_after > SEAL_REPLAYED_ENTRIES => {
+        Some(g) if taking_back && fence - replay_after > SEAL_REPLAYED_ENTRIES => {
             let next = g.number + 1;
             generations.push(Generation::new(next, schema));
         }
