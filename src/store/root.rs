@@ -6,15 +6,36 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
-use object_store::ObjectStore;
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
+use object_store::{ClientConfigKey, ObjectStore};
 use url::Url;
 
 use crate::error::{Error, Result};
+
+/// Refuses a `.` or `..` segment in the path of the root URL `location`:
+/// URL parsing resolves them (`s3://b/a/../x` is `s3://b/x`), so the root
+/// would silently be another prefix than the one written.
+fn refuse_dot_segments(location: &str) -> Result<()> {
+    let after_scheme = location
+        .split_once("://")
+        .map_or(location, |(_, rest)| rest);
+    let path = after_scheme.split_once('/').map_or("", |(_, path)| path);
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    for segment in path.split('/') {
+        let segment = percent_encoding::percent_decode_str(segment).decode_utf8_lossy();
+        if segment == "." || segment == ".." {
+            return Err(Error::invalid(format!(
+                "root '{location}': a root's path cannot have a '{segment}' segment \
+                 (name the prefix as it is)"
+            )));
+        }
+    }
+    Ok(())
+}
 
 /// An object store already narrowed to memwal's root prefix: every path
 /// memwal uses is relative to it.
@@ -52,6 +73,9 @@ impl ObjectRoot {
             // No scheme (or a Windows drive letter): a local path.
             _ => return Self::open_local(std::path::Path::new(location), location),
         };
+        if url.scheme() != "file" {
+            refuse_dot_segments(location)?;
+        }
         match url.scheme() {
             "file" => {
                 let path = url
@@ -65,21 +89,28 @@ impl ObjectRoot {
                 if bucket.is_empty() {
                     return Err(Error::invalid(format!("no bucket in {location}")));
                 }
-                let store = AmazonS3Builder::from_env()
-                    .with_url(format!("s3://{bucket}"))
-                    .build()?;
-                Ok(Self::with_prefix(Arc::new(store), url.path(), location))
+                let builder = AmazonS3Builder::from_env().with_url(format!("s3://{bucket}"));
+                let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
+                let allow_http = AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp);
+                if let Some(endpoint) = endpoint.filter(|e| e.starts_with("http://"))
+                    && builder.get_config_value(&allow_http).as_deref() != Some("true")
+                {
+                    return Err(Error::invalid(format!(
+                        "root '{location}': the S3 endpoint {endpoint} is plain HTTP, \
+                         which the S3 client refuses unless AWS_ALLOW_HTTP=true"
+                    )));
+                }
+                let store = builder.build()?;
+                let prefix = Path::from_url_path(url.path())
+                    .map_err(|e| Error::invalid(format!("root '{location}': {e}")))?;
+                Ok(Self::with_prefix(Arc::new(store), prefix, location))
             }
             _ => {
                 let env: Vec<(String, String)> = std::env::vars()
                     .map(|(k, v)| (k.to_ascii_lowercase(), v))
                     .collect();
                 let (store, prefix) = object_store::parse_url_opts(&url, env)?;
-                Ok(Self::with_prefix(
-                    Arc::from(store),
-                    prefix.as_ref(),
-                    location,
-                ))
+                Ok(Self::with_prefix(Arc::from(store), prefix, location))
             }
         }
     }
@@ -93,8 +124,8 @@ impl ObjectRoot {
         }
     }
 
-    fn with_prefix(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Self {
-        let prefix = Path::from(prefix.trim_matches('/'));
+    /// A root at `prefix` (decoded from the URL's path) of `store`.
+    fn with_prefix(store: Arc<dyn ObjectStore>, prefix: Path, url: &str) -> Self {
         if prefix.as_ref().is_empty() {
             Self::new(store, url)
         } else {
@@ -289,5 +320,19 @@ mod tests {
                 other => panic!("{bad}: {other:?}"),
             }
         }
+        // Not quietly the prefix `x`, nor `a`.
+        for bad in [
+            "s3://b/a/../x",
+            "s3://b/a/./x",
+            "s3://b/%2e%2e/x",
+            "memory://m/..",
+        ] {
+            match ObjectRoot::open(bad) {
+                Err(Error::InvalidInput(why)) => assert!(why.contains("segment"), "{why}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        // A name with dots in it is a name.
+        ObjectRoot::open("memory://m/a..b/.x").unwrap();
     }
 }

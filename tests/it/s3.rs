@@ -3,8 +3,11 @@
 //! (reported as such); `.ci/run` starts a server on 127.0.0.1 and runs
 //! them with `cargo test --test it s3:: -- --ignored`.
 
+use futures::TryStreamExt;
 use memwal::catalog::Outcome;
 use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectPath, ObjectRoot};
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
 
 fn bucket() -> String {
     std::env::var("MEMWAL_TEST_S3_BUCKET")
@@ -64,4 +67,32 @@ async fn sql_ddl_persists_on_s3() {
         .unwrap();
     let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
     assert_eq!(rows, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs MEMWAL_TEST_S3_BUCKET (bash .ci/run starts a server)"]
+async fn a_root_prefix_holds_the_objects_under_the_name_it_was_given() {
+    let bucket = bucket();
+    // Not percent-encoded a second time (`m%25C3%25A9%2520x`).
+    let top = format!("odd-{:016x}", rand::random::<u64>());
+    let prefix = format!("{top}/mé x");
+    let session = MemwalSession::open(&format!("s3://{bucket}/{prefix}"))
+        .await
+        .unwrap();
+    session.sql("CREATE SCHEMA s").await.unwrap();
+    let store = AmazonS3Builder::from_env()
+        .with_bucket_name(&bucket)
+        .build()
+        .unwrap();
+    let keys: Vec<String> = store
+        .list(None)
+        .map_ok(|meta| meta.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    let ours: Vec<&String> = keys.iter().filter(|k| k.starts_with(&top)).collect();
+    assert!(!ours.is_empty(), "{keys:?}");
+    for key in ours {
+        assert!(key.starts_with(&format!("{prefix}/")), "{key}");
+    }
 }
