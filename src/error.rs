@@ -113,8 +113,10 @@ pub enum Error {
         reason: String,
     },
 
-    /// An object-store call failed.
-    #[error("object store: {0}")]
+    /// An object-store call failed. The message names the causes too (a
+    /// timeout, a refused connection), and shortens an S3 error document
+    /// to its code and message.
+    #[error("object store: {}", store_message(.0))]
     Store(#[from] object_store::Error),
 
     /// Arrow encoding or decoding failed.
@@ -139,6 +141,54 @@ impl Error {
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidInput(msg.into())
     }
+}
+
+/// `e`'s message, followed by each cause its message leaves out (the
+/// HTTP client's "error sending request" says nothing of why: "operation
+/// timed out", "Connection refused"), with an S3 error document reduced
+/// to `Code: Message`.
+fn store_message(e: &object_store::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !message.contains(&text) {
+            message = format!("{message}: {text}");
+        }
+        cause = c.source();
+    }
+    shorten_s3_error_documents(&message)
+}
+
+/// `message` with every S3 error document (`<?xml ...?><Error><Code>C
+/// </Code><Message>M</Message>...</Error>`) in it replaced by `C: M`.
+fn shorten_s3_error_documents(message: &str) -> String {
+    let mut out = String::new();
+    let mut rest = message;
+    while let Some(start) = rest.find("<Error>") {
+        let Some(len) = rest[start..].find("</Error>") else {
+            break;
+        };
+        let document = &rest[start..start + len];
+        let field = |name: &str| {
+            let open = format!("<{name}>");
+            let from = document.find(&open)? + open.len();
+            let to = document[from..].find(&format!("</{name}>"))?;
+            Some(document[from..from + to].to_string())
+        };
+        let head = &rest[..start];
+        let head = head.find("<?xml").map_or(head, |xml| &head[..xml]);
+        out.push_str(head.trim_end());
+        out.push(' ');
+        match (field("Code"), field("Message")) {
+            (Some(code), Some(text)) => out.push_str(&format!("{code}: {text}")),
+            (Some(code), None) => out.push_str(&code),
+            _ => out.push_str(document),
+        }
+        rest = &rest[start + len + "</Error>".len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 impl From<DataFusionError> for Error {
@@ -179,5 +229,38 @@ mod tests {
         let ours: Error = plan.into();
         let again: DataFusionError = ours.into();
         assert!(matches!(again, DataFusionError::Plan(ref s) if s == "bad"));
+    }
+
+    #[test]
+    fn an_s3_error_document_reads_as_its_code_and_message() {
+        let raw = "Server returned non-2xx status code: 404 Not Found: <?xml version=\"1.0\" \
+                   encoding=\"utf-8\"?>\n<Error><Code>NoSuchBucket</Code><Message>The specified \
+                   bucket does not exist</Message><BucketName>b</BucketName><RequestId>X\
+                   </RequestId></Error> (more)";
+        assert_eq!(
+            shorten_s3_error_documents(raw),
+            "Server returned non-2xx status code: 404 Not Found: NoSuchBucket: \
+             The specified bucket does not exist (more)"
+        );
+        assert_eq!(shorten_s3_error_documents("plain"), "plain");
+        assert_eq!(shorten_s3_error_documents("<Error> cut"), "<Error> cut");
+    }
+
+    /// Like the HTTP client's error: a message that leaves its cause out.
+    #[derive(Debug, thiserror::Error)]
+    #[error("error sending request")]
+    struct Sending(#[source] std::io::Error);
+
+    #[test]
+    fn a_store_error_names_its_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "operation timed out");
+        let e = Error::Store(object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(Sending(io)),
+        });
+        assert_eq!(
+            e.to_string(),
+            "object store: Generic S3 error: error sending request: operation timed out"
+        );
     }
 }

@@ -179,11 +179,15 @@ async fn run(args: Args) -> ShellResult {
             session.root().url()
         );
     }
-    if let Err(e) = session.catalog().await {
+    // The interactive shell says at once when the catalog cannot be
+    // loaded; with -c and -f the first statement that uses it says why
+    // (loading it twice would double the wait on a store that hangs).
+    let interactive = args.command.is_empty() && args.file.is_empty();
+    if interactive && let Err(e) = session.catalog().await {
         eprintln!(
-            "Warning: the catalog cannot be loaded ({e}); \
-             statements that use memwal tables will fail until it can be read \
-             (the store answers, and its newest version is intact)"
+            "Warning: the catalog cannot be loaded ({e}); statements that use \
+             memwal tables will fail until the store answers and the catalog's \
+             newest version can be read"
         );
     }
     let result = async {

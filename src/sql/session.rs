@@ -144,9 +144,11 @@ impl SessionBuilder {
     /// Opens the root (see [`ObjectRoot::open`]) and starts the session.
     /// Sessions opened on the same root with the same writer options in one
     /// process share their table handles, so a table has one writer per
-    /// shard in the process however many sessions write it. A catalog that
-    /// cannot be loaded does not fail the open (see the module doc); a root
-    /// that cannot be opened does.
+    /// shard in the process however many sessions write it. The catalog
+    /// is loaded by the first statement that uses it (or by
+    /// [`MemwalSession::catalog`]), so one that cannot be loaded does not
+    /// fail the open (see the module doc); a root that cannot be opened
+    /// does.
     pub async fn open(self) -> Result<MemwalSession> {
         #[cfg(feature = "distributed")]
         for url in &self.workers {
@@ -162,12 +164,6 @@ impl SessionBuilder {
             state
                 .config_mut()
                 .set_extension(Arc::new(MinPartitions(self.min_scan_tasks)));
-        }
-        if let Err(e) = session.catalog().await {
-            log::warn!(
-                "the catalog of {} could not be loaded: {e}",
-                session.root.url()
-            );
         }
         Ok(session)
     }

@@ -332,6 +332,20 @@ fn a_worker_address_without_its_scheme_says_what_a_worker_url_is() {
 }
 
 #[test]
+fn a_plain_http_s3_endpoint_without_allow_http_says_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", "s3://bucket/x", "-c", "SELECT 1"])
+        .env("AWS_ENDPOINT", "http://127.0.0.1:9")
+        .env_remove("AWS_ALLOW_HTTP")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    // Not the HTTP client's "builder error" at the first request.
+    assert!(err.contains("unless AWS_ALLOW_HTTP=true"), "{err}");
+}
+
+#[test]
 fn explain_of_memwal_ddl_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out, err) = memwal(
@@ -414,8 +428,12 @@ fn a_damaged_catalog_still_runs_select_1() {
     let (ok, out, err) = memwal(root, &["-q", "--format", "csv", "-c", "SELECT 1 AS one"]);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "one\n1");
+    // The interactive shell says so at start, naming the damage, and runs on.
+    let (ok, out, err) = memwal_repl(root, "SELECT 1 AS one;\n");
+    assert!(ok, "{err}");
+    assert!(out.contains("one"), "{out}");
     assert!(
-        err.contains("Warning: the catalog cannot be loaded"),
+        err.contains("Warning: the catalog cannot be loaded") && err.contains(name),
         "{err}"
     );
 
