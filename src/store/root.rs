@@ -47,7 +47,9 @@ pub struct ObjectRoot {
 
 impl ObjectRoot {
     /// Opens a root from a URL or a plain local path (a location with
-    /// `://` that is not a valid URL is refused, never taken for a path).
+    /// `://` that is not a valid URL is refused, never taken for a path,
+    /// and so is a `.` or `..` segment in a URL's path). A URL's path is
+    /// the prefix, percent-decoded once (`s3://b/m%C3%A9` is `mé`).
     ///
     /// - a plain path or `file:///dir`: a local directory, created if missing;
     /// - `memory://name`: an in-memory store shared by every open of the same
