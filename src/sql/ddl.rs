@@ -43,6 +43,21 @@ pub(crate) fn is_memwal_ddl(statement: &DFStatement) -> bool {
     )
 }
 
+/// Refuses `CREATE VIEW`: the memwal catalog holds tables and namespaces
+/// only.
+pub(crate) fn refuse_create_view(statement: &DFStatement) -> Result<()> {
+    if let DFStatement::Statement(statement) = statement
+        && let Statement::CreateView(view) = statement.as_ref()
+    {
+        return Err(Error::invalid(format!(
+            "CREATE VIEW {} is not supported: the memwal catalog holds tables and \
+             namespaces only; write the query as a subquery or a WITH clause",
+            view.name
+        )));
+    }
+    Ok(())
+}
+
 /// Refuses `EXPLAIN` (and `EXPLAIN ANALYZE`, `DESCRIBE <statement>`) of
 /// memwal DDL: DataFusion would explain a plan memwal does not run.
 pub(crate) fn refuse_explain(statement: &DFStatement) -> Result<()> {
@@ -143,13 +158,6 @@ pub(crate) async fn try_execute(
                 }
                 return Err(e);
             }
-        }
-        Statement::CreateView(view) => {
-            return Err(Error::invalid(format!(
-                "CREATE VIEW {} is not supported: the memwal catalog holds tables and \
-                 namespaces only; write the query as a subquery or a WITH clause",
-                view.name
-            )));
         }
         _ => return Ok(None),
     }

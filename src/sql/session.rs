@@ -462,11 +462,13 @@ impl MemwalSession {
         // Refusals that must come before anything is read.
         self.files.check_statement(&statement)?;
         ddl::refuse_explain(&statement)?;
+        ddl::refuse_create_view(&statement)?;
         refuse_prepared_delete_limit(&statement)?;
-        let catalog = match self.fresh_catalog().await {
-            Ok(catalog) => Some(catalog),
-            Err(e) if uses_catalog(&self.ctx.state(), &statement)? => return Err(e),
-            Err(_) => None,
+        // A statement that names no table and is no memwal DDL (`SELECT 1`,
+        // `SET`) does not wait for the store.
+        let catalog = match uses_catalog(&self.ctx.state(), &statement)? {
+            true => Some(self.fresh_catalog().await?),
+            false => None,
         };
         let state = self.ctx.state();
         if let Some(catalog) = &catalog {

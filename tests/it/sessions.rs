@@ -615,3 +615,27 @@ async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropp
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
+    use memwal::testing::{FaultyStore, OpKind};
+    // So `SELECT 1` and `SET` answer at once however slowly, or not at
+    // all, the store answers.
+    let faulty = FaultyStore::new(Arc::new(object_store::memory::InMemory::new()));
+    let root = ObjectRoot::new(faulty.clone(), "memory://untouched");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    let session = MemwalSession::new(catalog, WriterOptions::default());
+    query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
+    let kinds = [OpKind::Get, OpKind::Head, OpKind::List, OpKind::Put];
+    let calls = || kinds.map(|k| faulty.calls(k));
+    let before = calls();
+    let answer = query(&session, "SELECT 1 AS one").await;
+    assert!(answer.contains("| 1 "), "{answer}");
+    query(&session, "SET datafusion.execution.batch_size = 4096").await;
+    assert_eq!(calls(), before);
+    // A statement on a memwal table reads the catalog's newest version.
+    query(&session, "SELECT count(*) FROM t").await;
+    assert_ne!(calls(), before);
+}
