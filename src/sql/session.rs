@@ -466,9 +466,10 @@ impl MemwalSession {
         refuse_prepared_delete_limit(&statement)?;
         // A statement that names no table and is no memwal DDL (`SELECT 1`,
         // `SET`) does not wait for the store.
-        let catalog = match uses_catalog(&self.ctx.state(), &statement)? {
-            true => Some(self.fresh_catalog().await?),
-            false => None,
+        let catalog = if uses_catalog(&self.ctx.state(), &statement)? {
+            Some(self.fresh_catalog().await?)
+        } else {
+            None
         };
         let state = self.ctx.state();
         if let Some(catalog) = &catalog {
