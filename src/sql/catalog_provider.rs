@@ -106,9 +106,12 @@ impl SchemaProvider for NamespaceSchemaProvider {
                 "catalog entry of table {path} has no location"
             )));
         };
-        let table = self
-            .tables
-            .get_or_open(self.catalog.root().store(), location, &meta);
+        let table = self.tables.get_or_open(
+            self.catalog.root().store(),
+            location,
+            &meta,
+            Some(&self.catalog),
+        );
         Ok(Some(Arc::new(MemwalTable::new(path, meta, table))))
     }
 

@@ -52,7 +52,7 @@ pub(super) fn text(value: ScalarValue, what: &str, function: &str) -> Result<Str
 /// `memwal."shop.eu"."Items"`); a bare name is in `session`'s default
 /// schema, as in a query.
 pub(super) fn named_table(
-    catalog: &Catalog,
+    catalog: &Arc<Catalog>,
     tables: &TableCache,
     name: &str,
     session: &dyn Session,
@@ -85,7 +85,7 @@ pub(super) fn named_table(
     let location = entry.location.as_deref().ok_or_else(|| {
         DataFusionError::Internal(format!("catalog entry of table {path} has no location"))
     })?;
-    let table = tables.get_or_open(catalog.root().store(), location, &meta);
+    let table = tables.get_or_open(catalog.root().store(), location, &meta, Some(catalog));
     Ok((meta, table))
 }
 

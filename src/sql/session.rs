@@ -390,7 +390,7 @@ impl MemwalSession {
             .ok_or_else(|| Error::NotFound(format!("location of table {path}")))?;
         Ok(self
             .tables
-            .get_or_open(catalog.root().store(), location, &meta))
+            .get_or_open(catalog.root().store(), location, &meta, Some(&catalog)))
     }
 
     /// Makes everything written through this session durable and closes

@@ -47,6 +47,7 @@ mod load;
 use load::Load;
 
 use crate::blob::{self, PackReader};
+use crate::catalog::Catalog;
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable};
 use crate::read::{ShardSnapshot, WalTail};
@@ -120,6 +121,9 @@ pub struct Table {
     /// Set when this process dropped the table: the handle then refuses
     /// everything (a write would open a writer on the dropped data).
     dropped: AtomicBool,
+    /// The catalog that named the table, if it was opened through one:
+    /// asked whether it still does when a writer finds its shard empty.
+    catalog: OnceLock<Arc<Catalog>>,
 }
 
 impl std::fmt::Debug for Table {
@@ -179,6 +183,7 @@ impl Table {
             shards,
             next_append_shard: AtomicU32::new(0),
             dropped: AtomicBool::new(false),
+            catalog: OnceLock::new(),
         }
     }
 
@@ -325,8 +330,34 @@ impl Table {
             )
             .await?,
         );
+        if writer.opened_empty()
+            && let Err(e) = self.check_still_named().await
+        {
+            // Nothing was written through it.
+            let _ = writer.close().await;
+            return Err(e);
+        }
         *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
         Ok(writer)
+    }
+
+    /// Whether the catalog the table was opened through still names it,
+    /// asked (fresh) when a writer found its shard empty, before anything
+    /// is written through that writer. `DROP TABLE` seals the shards it
+    /// finds, after its commit; a shard it did not find was created (or
+    /// emptied by the collection of the dropped data) after that commit,
+    /// so this fresh read sees the drop: the write fails instead of
+    /// acknowledging rows that no table holds. Tables opened without a
+    /// catalog are not checked.
+    async fn check_still_named(&self) -> Result<()> {
+        let Some(catalog) = self.catalog.get() else {
+            return Ok(());
+        };
+        catalog.refresh().await?;
+        match catalog.snapshot().holds_location(&self.location) {
+            true => Ok(()),
+            false => Err(self.dropped_error("dropped before this write reached it")),
+        }
     }
 
     /// The state of `shard`; an error for a shard the table does not have,
@@ -998,22 +1029,31 @@ impl TableCache {
         cache
     }
 
-    /// The table at `location`, opened on first use.
+    /// The table at `location` of the root `store`, opened on first use.
+    /// Given the `catalog` that names it, the table's writers make sure
+    /// it still does before they write to a shard they find empty, so a
+    /// write racing a `DROP TABLE` elsewhere fails instead of being
+    /// acknowledged into a dropped table.
     pub fn get_or_open(
         &self,
         store: &Arc<dyn ObjectStore>,
         location: &str,
         meta: &TableMeta,
+        catalog: Option<&Arc<Catalog>>,
     ) -> Arc<Table> {
         let mut tables = self.tables.lock().expect("table cache poisoned");
-        Arc::clone(tables.entry(location.to_string()).or_insert_with(|| {
+        let table = tables.entry(location.to_string()).or_insert_with(|| {
             Arc::new(Table::new(
                 Arc::clone(store),
                 location,
                 meta,
                 self.options(),
             ))
-        }))
+        });
+        if let Some(catalog) = catalog {
+            table.catalog.get_or_init(|| Arc::clone(catalog));
+        }
+        Arc::clone(table)
     }
 
     /// Closes and forgets every open table whose location `keep` rejects

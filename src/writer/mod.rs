@@ -334,6 +334,8 @@ pub struct ShardWriter {
     shared: Arc<Shared>,
     /// How long the open took after its claim (the fence and the replay).
     open_took: Duration,
+    /// Whether the shard held no rows when this writer opened it.
+    opened_empty: bool,
     /// The WAL, flush, index and compaction tasks.
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -486,6 +488,7 @@ impl ShardWriter {
             wal_done: false,
             error: None,
         });
+        let opened_empty = rows == 0 && claimed.state.sstables.is_empty();
         let sstables = Arc::new(claimed.state.sstables.clone());
         let wal_deleted_through = claimed.state.wal_deleted_through;
         let shared = Arc::new(Shared {
@@ -554,6 +557,7 @@ impl ShardWriter {
         Ok(Self {
             shared,
             open_took: after_claim.elapsed(),
+            opened_empty,
             tasks: Mutex::new(vec![wal_task, flush_task, index_task, compaction_task]),
         })
     }
@@ -562,6 +566,14 @@ impl ShardWriter {
     /// which a turn taken to take the shard back must cover.
     pub(crate) fn open_took(&self) -> Duration {
         self.open_took
+    }
+
+    /// Whether the shard held no rows (no SSTable, nothing in the WAL)
+    /// when this writer opened it: as a shard created by this open does,
+    /// which a drop of its table may not have sealed (see
+    /// [`crate::Table`]'s writer open).
+    pub(crate) fn opened_empty(&self) -> bool {
+        self.opened_empty
     }
 
     /// The writer's epoch.

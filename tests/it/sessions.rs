@@ -198,6 +198,42 @@ async fn a_drop_in_another_process_stops_this_ones_writers() {
     assert!(count(&b, "t").await.contains("| 1 | 1 |"));
 }
 
+/// A write that reaches a shard nobody wrote before only after another
+/// process dropped the table (which sealed only the shards it found) fails
+/// as well, instead of being acknowledged into no table.
+#[tokio::test]
+async fn a_drop_in_another_process_stops_writes_to_shards_nobody_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (a, b) = (isolated(root).await, isolated(root).await);
+    query(
+        &a,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4')",
+    )
+    .await;
+    // One shard written before the drop; the handle is taken before it.
+    query(&a, "INSERT INTO t VALUES (0, 0)").await;
+    let old = isolated(root).await.table("t").await.unwrap();
+    query(&b, "DROP TABLE t").await;
+    for id in 1..17 {
+        let row = RecordBatch::try_new(
+            old.schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![id])),
+                Arc::new(Int64Array::from(vec![id])),
+            ],
+        )
+        .unwrap();
+        let err = old.put(&row).await.unwrap_err();
+        assert!(
+            matches!(&err, memwal::Error::NotFound(m) if m.contains("dropped")),
+            "{id}: {err}"
+        );
+    }
+    query(&b, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    assert!(count(&b, "t").await.contains("| 0 |"));
+}
+
 /// A handle that only reads a table another process drops says so when
 /// it reads next (not that the table's WAL is damaged).
 #[tokio::test]

@@ -59,7 +59,7 @@ impl MemwalCodec {
         let proto = proto.ok_or_else(|| plan_error("an operator without a table".into()))?;
         let location = proto.location.as_str();
         let meta: TableMeta = from_json(&proto.meta, "a plan's table metadata")?;
-        let table = self.tables.get_or_open(&self.store, location, &meta);
+        let table = self.tables.get_or_open(&self.store, location, &meta, None);
         // A location is never reused: other metadata means another root.
         if table.meta() != &meta {
             return Err(plan_error(format!(
