@@ -36,7 +36,7 @@ use futures::TryStreamExt;
 use super::ShardSnapshot;
 use crate::error::{Error, Result};
 use crate::memtable::MemLayer;
-use crate::schema::{Metric, owned_row};
+use crate::schema::{Metric, owned_row, vector_fault};
 use crate::sstable::{ReadMetrics, SstableFile, VectorColumnData, deletions_complete};
 
 /// A layer that could offer fewer rows than this (live rows, or rows the
@@ -119,8 +119,9 @@ impl ShardSnapshot {
     /// a vector are never found). The set is approximate where a graph
     /// serves a layer; the count is not (see the module doc).
     ///
-    /// A query vector of another dimension than the column's, or holding
-    /// a non-finite value, is an [`Error::InvalidInput`]. Distances are the
+    /// A query vector of another dimension than the column's, or one that
+    /// could not be stored (a value not finite, or a squared length
+    /// outside `f32`'s normal range), is an [`Error::InvalidInput`]. Distances are the
     /// column metric's [`Metric::reported`] ones (Euclidean for `l2`).
     pub async fn vector_search(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
         let mut nearest = self.nearest(query).await?;
@@ -150,10 +151,8 @@ impl ShardSnapshot {
                 column.dim
             )));
         }
-        if let Some(bad) = query.vector.iter().find(|v| !v.is_finite()) {
-            return Err(Error::invalid(format!(
-                "the query vector holds a non-finite value ({bad})"
-            )));
+        if let Some(fault) = vector_fault(&query.vector) {
+            return Err(Error::invalid(format!("the query vector holds {fault}")));
         }
         if query.k == 0 {
             return Ok(Vec::new());

@@ -48,6 +48,39 @@ impl Metric {
     }
 }
 
+/// Why `vector` can be neither stored nor searched, if so: as the end of
+/// "holds ...". Its values must be finite, and its squared length within
+/// `f32`'s normal range, where distances computed in `f32` stay exact
+/// enough to rank by: at most `f32::MAX / 4` (about 8.5e37; elements up to
+/// about 3e17 in a 768-d vector), so that no distance between two such
+/// vectors overflows to infinity (every row would tie, or rank as NaN);
+/// and, unless every value is zero, at least `f32::MIN_POSITIVE` (about
+/// 1.2e-38), so that no length underflows to zero (a cosine would see a
+/// zero vector). Checked in `f64`, for every metric alike.
+pub fn vector_fault(vector: &[f32]) -> Option<String> {
+    if let Some(bad) = vector.iter().find(|v| !v.is_finite()) {
+        return Some(match bad.is_nan() {
+            true => "a non-finite value (NaN)".to_string(),
+            false => format!("a value beyond the range of FLOAT ({bad})"),
+        });
+    }
+    let squared: f64 = vector.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let (most, least) = (f64::from(f32::MAX) / 4.0, f64::from(f32::MIN_POSITIVE));
+    if squared > most {
+        Some(format!(
+            "values too large for FLOAT distances (squared length {squared:.2e}, \
+             at most {most:.2e}: scale the vector down)"
+        ))
+    } else if squared > 0.0 && squared < least {
+        Some(format!(
+            "values too small for FLOAT distances (squared length {squared:.2e}, \
+             at least {least:.2e} unless all zeros: scale the vector up)"
+        ))
+    } else {
+        None
+    }
+}
+
 /// Build parameters of a graph.
 ///
 /// A table accepts `m` in [`HnswParams::M`] and `ef_construction` in
@@ -97,5 +130,33 @@ impl Default for HnswParams {
             m: 16,
             ef_construction: 100,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vector_is_refused_where_its_distances_would_leave_f32s_range() {
+        for fine in [
+            vec![0.0; 768],
+            vec![1.0; 768],
+            vec![3e17; 768],
+            vec![1e-19; 2],
+        ] {
+            assert_eq!(vector_fault(&fine), None, "{}", fine[0]);
+            // Every distance between two accepted vectors is finite.
+            let negated: Vec<f32> = fine.iter().map(|v| -v).collect();
+            for metric in [Metric::L2, Metric::Cosine, Metric::Dot] {
+                assert!(metric.distance(&fine, &negated).is_finite(), "{metric:?}");
+            }
+        }
+        let fault = |v: &[f32]| vector_fault(v).unwrap_or_default();
+        assert!(fault(&[f32::NAN]).contains("non-finite value (NaN)"));
+        assert!(fault(&[1.0, f32::INFINITY]).contains("beyond the range of FLOAT (inf)"));
+        assert!(fault(&[3e37, 3e37]).contains("too large"));
+        assert!(fault(&[4e17; 768]).contains("too large"));
+        assert!(fault(&[1e-30, 0.0]).contains("too small"));
     }
 }

@@ -14,7 +14,7 @@ mod metric;
 mod stored;
 
 pub use meta::{ColumnOptions, TableMeta, VectorOptions};
-pub use metric::{HnswParams, Metric};
+pub use metric::{HnswParams, Metric, vector_fault};
 #[cfg(test)]
 pub use stored::stored_schema;
 pub use stored::{

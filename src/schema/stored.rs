@@ -401,10 +401,9 @@ fn check_vectors(name: &str, column: &ArrayRef, dim: i32, rows_before: usize) ->
                 at + 1
             )));
         }
-        let slice = &values.values()[start..start + width];
-        if let Some(bad) = slice.iter().find(|v| !v.is_finite()) {
+        if let Some(fault) = super::vector_fault(&values.values()[start..start + width]) {
             return Err(Error::invalid(format!(
-                "vector column '{name}' holds a non-finite value ({bad}) in row {number}"
+                "vector column '{name}' holds {fault} in row {number}"
             )));
         }
     }
@@ -589,7 +588,8 @@ mod tests {
         values[2] = f32::INFINITY;
         let err = t.to_stored(&batch(&t, values, [true; 2], all)).unwrap_err();
         assert!(
-            err.to_string().contains("non-finite value (inf) in row 1"),
+            err.to_string()
+                .contains("beyond the range of FLOAT (inf) in row 1"),
             "{err}"
         );
     }

@@ -30,7 +30,7 @@ use super::scan_exec::MinPartitions;
 use super::vector_search_exec::VectorSearchExec;
 use crate::catalog::Catalog;
 use crate::read::VectorQuery;
-use crate::schema::Metric;
+use crate::schema::{Metric, vector_fault};
 use crate::table::{Table, TableCache};
 
 const FUNCTION: &str = "vector_search";
@@ -160,8 +160,8 @@ fn query_vector(value: ScalarValue, dim: usize) -> Result<Vec<f32>> {
             at + 1
         );
     }
-    if let Some(bad) = values.values().iter().find(|v| !v.is_finite()) {
-        return plan_err!("vector_search: the query holds a non-finite value ({bad})");
+    if let Some(fault) = vector_fault(values.values()) {
+        return plan_err!("vector_search: the query holds {fault}");
     }
     Ok(values.values().to_vec())
 }
@@ -319,8 +319,8 @@ enum Kind {
 
 /// `name(a, b)` of two vectors (FLOAT[n] columns or number lists) of equal
 /// length: exact, `f32` like the search; NULL if either is NULL. A vector
-/// holding a NULL element is an error (it is no vector: writes and
-/// `vector_search` refuse it too).
+/// holding a NULL element, or values writes and `vector_search` refuse
+/// (see [`vector_fault`]), is an error.
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct DistanceFunction {
     name: &'static str,
@@ -391,6 +391,11 @@ impl ScalarUDFImpl for DistanceFunction {
             }
             let x = &va[oa[i] as usize..oa[i + 1] as usize];
             let y = &vb[ob[i] as usize..ob[i + 1] as usize];
+            for (which, vector) in [("first", x), ("second", y)] {
+                if let Some(fault) = vector_fault(vector) {
+                    return plan_err!("{}: the {which} vector holds {fault}", self.name);
+                }
+            }
             if x.len() != y.len() {
                 return plan_err!(
                     "{}: vectors of different dimensions ({} and {})",

@@ -423,6 +423,8 @@ async fn bad_query_vectors_are_refused() {
             "has 7 values, the column has dimension 8",
         ),
         (vec![f32::NAN; DIM], "non-finite value (NaN)"),
+        (vec![1e19; DIM], "values too large for FLOAT distances"),
+        (vec![1e-30; DIM], "values too small for FLOAT distances"),
     ] {
         let query = VectorQuery {
             column: 2,
