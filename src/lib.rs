@@ -43,7 +43,7 @@ pub use schema::{ColumnOptions, HnswParams, Metric, TableMeta, VectorOptions};
 pub use sql::{MemwalSession, SessionBuilder};
 pub use store::{CommitOptions, ObjectRoot};
 pub use table::{Table, TableCache};
-pub use writer::{ShardSlice, WriterOptions, WriterStats};
+pub use writer::{ShardSlice, WriterOptions, WriterStats, parse_duration};
 
 /// Internals that tests and benchmarks drive directly: the shard writer
 /// and its layers, the fault-injecting store, the HNSW graph and the

@@ -61,7 +61,9 @@ def open(location: Any, allow_file_access: bool = False, **options: Any) -> Root
     path, ``file://``, ``s3://bucket/prefix``, ``memory://``). ``options``
     are writer options by the names of ``SET memwal.<option>``
     (``wal_flush_interval='50ms'``, ``durable=False``, ...); an unknown name
-    raises InvalidInputError. ``allow_file_access`` lets ``Root.sql`` read
+    raises InvalidInputError. ``store_timeout='30s'`` (default 60 s) fails a
+    request to an ``s3://`` root that has not succeeded within it, retries
+    included. ``allow_file_access`` lets ``Root.sql`` read
     and write files outside the root (``SELECT * FROM 'x.parquet'``,
     ``COPY ... TO``), as the shell does."""
     return Root(location, allow_file_access=allow_file_access, **options)

@@ -304,7 +304,8 @@ struct Root {
 impl Root {
     /// Opens the root at `location` (a directory, `file://`, `s3://...`,
     /// `memory://`) with writer options `options` (the names of
-    /// `SET memwal.<option>`, values as strings) and, with
+    /// `SET memwal.<option>`, values as strings; `store_timeout` is the
+    /// session's [`memwal::SessionBuilder::store_timeout`]) and, with
     /// `allow_file_access`, SQL reading and writing files outside the root.
     #[new]
     #[pyo3(signature = (location, options = None, allow_file_access = false))]
@@ -315,14 +316,23 @@ impl Root {
         allow_file_access: bool,
     ) -> PyResult<Self> {
         let mut writer = WriterOptions::default();
+        let mut store_timeout = None;
         for (name, value) in options.iter().flat_map(|o| o.iter()) {
             let name: String = name.extract()?;
             let value = value.str()?.to_string();
-            writer.set(&name, &value).map_err(to_py)?;
+            if name == "store_timeout" {
+                store_timeout = Some(memwal::parse_duration(&name, &value).map_err(to_py)?);
+            } else {
+                writer.set(&name, &value).map_err(to_py)?;
+            }
         }
         writer.check().map_err(to_py)?;
         let session = wait(py, async move {
-            let session = MemwalSession::builder(&location)
+            let mut builder = MemwalSession::builder(&location);
+            if let Some(timeout) = store_timeout {
+                builder = builder.store_timeout(timeout);
+            }
+            let session = builder
                 .writer_options(writer)
                 .allow_file_access(allow_file_access)
                 .open()

@@ -125,6 +125,11 @@ def test_errors_are_typed_with_memwal_messages(root, tmp_path):
         t._native.put(42)
     with pytest.raises(memwal.InvalidInputError, match="unknown writer option"):
         memwal.open(str(tmp_path / "other"), no_such_option=1)
+    with pytest.raises(memwal.InvalidInputError, match="store_timeout"):
+        memwal.open(str(tmp_path / "other"), store_timeout="soon")
+    with pytest.raises(memwal.InvalidInputError, match="more than zero"):
+        memwal.open(str(tmp_path / "other"), store_timeout="0s")
+    memwal.open(str(tmp_path / "other"), store_timeout="30s").close()
     with pytest.raises(memwal.InvalidInputError):
         root.sql("SELECT 1; SELECT 2")
     with pytest.raises(memwal.InvalidInputError):

@@ -45,6 +45,17 @@ struct Args {
     #[arg(long, value_delimiter = ',', value_parser = worker_url)]
     workers: Vec<url::Url>,
 
+    /// Give up on a request to an s3:// root that has not succeeded
+    /// within this long, retries included (100ms, 30s, 2min)
+    #[arg(
+        long,
+        env = "MEMWAL_STORE_TIMEOUT",
+        default_value = "60s",
+        value_parser = store_timeout,
+        global = true
+    )]
+    store_timeout: std::time::Duration,
+
     #[command(subcommand)]
     command_kind: Option<Subcommand>,
 
@@ -107,6 +118,11 @@ fn parse_format(s: &str) -> Result<PrintFormat, String> {
     })
 }
 
+/// `--store-timeout`: a duration in the options' grammar.
+fn store_timeout(s: &str) -> Result<std::time::Duration, String> {
+    memwal::parse_duration("store-timeout", s).map_err(|e| e.to_string())
+}
+
 /// A failure that ends the shell with a non-zero exit code.
 type ShellResult<T = ()> = Result<T, String>;
 
@@ -125,7 +141,7 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> ShellResult {
     if let Some(Subcommand::Worker { listen }) = args.command_kind {
-        return worker(&args.root, listen).await;
+        return worker(&args.root, args.store_timeout, listen).await;
     }
     // The shell's user owns the machine's files: URL tables and COPY TO are
     // on (writes inside the root are refused all the same).
@@ -138,6 +154,7 @@ async fn run(args: Args) -> ShellResult {
     }
     options.check().map_err(|e| e.to_string())?;
     let mut session = MemwalSession::builder(&args.root)
+        .store_timeout(args.store_timeout)
         .allow_file_access(true)
         .writer_options(options);
     #[cfg(feature = "distributed")]
@@ -475,15 +492,20 @@ fn worker_url(text: &str) -> Result<url::Url, String> {
 const NOT_DISTRIBUTED: &str = "this memwal was built without the `distributed` feature";
 
 #[cfg(not(feature = "distributed"))]
-async fn worker(_: &str, _: std::net::SocketAddr) -> ShellResult {
+async fn worker(_: &str, _: std::time::Duration, _: std::net::SocketAddr) -> ShellResult {
     Err(NOT_DISTRIBUTED.into())
 }
 
 /// `memwal worker`: serves query tasks over `root` on `listen` until
 /// SIGINT or SIGTERM.
 #[cfg(feature = "distributed")]
-async fn worker(root: &str, listen: std::net::SocketAddr) -> ShellResult {
-    let root = memwal::ObjectRoot::open(root).map_err(|e| e.to_string())?;
+async fn worker(
+    root: &str,
+    store_timeout: std::time::Duration,
+    listen: std::net::SocketAddr,
+) -> ShellResult {
+    let root =
+        memwal::ObjectRoot::open_with_timeout(root, store_timeout).map_err(|e| e.to_string())?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;

@@ -87,6 +87,7 @@ pub struct SessionBuilder {
     progress: Option<Arc<InsertProgress>>,
     workers: Vec<url::Url>,
     min_scan_tasks: usize,
+    store_timeout: std::time::Duration,
 }
 
 impl SessionBuilder {
@@ -117,6 +118,14 @@ impl SessionBuilder {
     /// [`WriterOptions::default`]).
     pub fn writer_options(mut self, options: WriterOptions) -> Self {
         self.writer = options;
+        self
+    }
+
+    /// Requests to an `s3://` root fail once they have not succeeded within
+    /// about this long, retries included (default 60 s; see
+    /// [`ObjectRoot::open_with_timeout`]).
+    pub fn store_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.store_timeout = timeout;
         self
     }
 
@@ -154,7 +163,7 @@ impl SessionBuilder {
         for url in &self.workers {
             super::distributed::check_worker_url(url)?;
         }
-        let root = ObjectRoot::open(&self.location)?;
+        let root = ObjectRoot::open_with_timeout(&self.location, self.store_timeout)?;
         let tables = TableCache::shared(root.url(), self.writer);
         let session =
             MemwalSession::with_tables(root, tables, self.file_access, self.progress, self.workers);
@@ -189,6 +198,7 @@ impl MemwalSession {
             progress: None,
             workers: Vec::new(),
             min_scan_tasks: 1,
+            store_timeout: crate::store::DEFAULT_STORE_TIMEOUT,
         }
     }
 

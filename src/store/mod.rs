@@ -14,7 +14,7 @@ mod versioned;
 pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
 #[cfg(any(test, feature = "testing"))]
 pub use latency::{Delay, LatencyProfile, LatencyStore, RequestCount, bench_root};
-pub use root::ObjectRoot;
+pub use root::{DEFAULT_STORE_TIMEOUT, ObjectRoot};
 pub use versioned::{CommitOptions, Slot, Versioned, VersionedObjects};
 
 /// Deletes the object at `path`; an object that is already gone is no

@@ -11,7 +11,7 @@ use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
-use object_store::{ClientConfigKey, ObjectStore};
+use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -37,6 +37,33 @@ fn refuse_dot_segments(location: &str) -> Result<()> {
     Ok(())
 }
 
+/// How long a request to a remote store may take, retries included, when
+/// a root is opened without a timeout of its own: long enough for S3's
+/// throttling backoff, short enough that a store that does not answer
+/// fails a statement within a minute.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `builder` giving up on a request after about `budget`: each attempt
+/// times out after half of it (at most 30 s, `object_store`'s default;
+/// `AWS_TIMEOUT` in the environment is kept), and no retry starts once
+/// the budget less half an attempt has passed. A store that never
+/// answers fails a request after two attempts, the budget; one that
+/// fails fast is retried (with backoff) for three quarters of it.
+fn with_timeout(builder: AmazonS3Builder, budget: Duration) -> AmazonS3Builder {
+    let attempt = (budget / 2).min(Duration::from_secs(30));
+    let builder = match std::env::var_os("AWS_TIMEOUT") {
+        Some(_) => builder,
+        None => builder.with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            format!("{}ms", attempt.as_millis().max(1)),
+        ),
+    };
+    builder.with_retry(RetryConfig {
+        retry_timeout: budget.saturating_sub(attempt / 2),
+        ..RetryConfig::default()
+    })
+}
+
 /// An object store already narrowed to memwal's root prefix: every path
 /// memwal uses is relative to it.
 #[derive(Debug, Clone)]
@@ -60,7 +87,26 @@ impl ObjectRoot {
     /// - other schemes that `object_store` was built with (`gs`, `az`,
     ///   `http`, ...) through `object_store::parse_url_opts` with the
     ///   environment as options.
+    ///
+    /// Requests to S3 give up after about 60 s, retries included (see
+    /// [`ObjectRoot::open_with_timeout`]).
     pub fn open(location: &str) -> Result<Self> {
+        Self::open_with_timeout(location, DEFAULT_STORE_TIMEOUT)
+    }
+
+    /// [`ObjectRoot::open`], with requests to an `s3://` root failing once
+    /// they have not succeeded within about `store_timeout`, retries
+    /// included (each attempt gets at most half of it, and 30 s; an
+    /// `AWS_TIMEOUT` set in the environment names the attempt's timeout
+    /// instead; the last attempt may end up to a quarter of it later): a
+    /// store that does not answer fails a statement in that time, where
+    /// `object_store`'s defaults wait 3 minutes. Throttled or failed
+    /// requests are retried (up to 10 times) with backoff within it, so a
+    /// short budget also gives up on a store that is only slow.
+    pub fn open_with_timeout(location: &str, store_timeout: Duration) -> Result<Self> {
+        if store_timeout.is_zero() {
+            return Err(Error::invalid("the store timeout must be more than zero"));
+        }
         if location.is_empty() {
             return Err(Error::invalid("empty root location"));
         }
@@ -92,6 +138,7 @@ impl ObjectRoot {
                     return Err(Error::invalid(format!("no bucket in {location}")));
                 }
                 let builder = AmazonS3Builder::from_env().with_url(format!("s3://{bucket}"));
+                let builder = with_timeout(builder, store_timeout);
                 let endpoint = builder.get_config_value(&AmazonS3ConfigKey::Endpoint);
                 let allow_http = AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp);
                 if let Some(endpoint) = endpoint.filter(|e| e.starts_with("http://"))

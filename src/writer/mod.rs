@@ -56,7 +56,7 @@ use tokio::task::JoinHandle;
 pub(crate) use load::{LoadRun, delete_dead_loads};
 pub use manifest::ShardManifest;
 pub(crate) use manifest::versions as manifest_versions;
-pub use options::{ShardSlice, WriterOptions};
+pub use options::{ShardSlice, WriterOptions, parse_duration};
 use replay::Replayed;
 
 use crate::blob::PackReader;

@@ -432,7 +432,10 @@ fn parse_bytes(name: &str, value: &str) -> Result<usize> {
         .ok_or_else(|| bad(name, value, expected))
 }
 
-fn parse_duration(name: &str, value: &str) -> Result<Duration> {
+/// Reads `value` as a duration the way options are written (`100ms`,
+/// `2s`, `5min`, `1h`; a bare number is milliseconds); the error names
+/// `name`.
+pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
     let expected = "a duration (100ms, 2s, 5min, 1h; a bare number is milliseconds)";
     let (number, unit) = split_unit(value).ok_or_else(|| bad(name, value, expected))?;
     let millis = match unit.as_str() {

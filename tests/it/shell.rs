@@ -345,6 +345,45 @@ fn a_plain_http_s3_endpoint_without_allow_http_says_so() {
     assert!(err.contains("unless AWS_ALLOW_HTTP=true"), "{err}");
 }
 
+/// A store that accepts connections and never answers fails a statement
+/// once the store timeout is spent, and says so (object_store's own
+/// budget is 3 minutes of retries).
+#[test]
+fn a_store_that_never_answers_fails_the_statement_within_the_store_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", silent.local_addr().unwrap());
+    // Accepted (by the kernel's backlog) and never read.
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", "s3://bucket/x", "--store-timeout", "2s"])
+        .args(["-c", "SELECT * FROM t"])
+        .env("AWS_ENDPOINT", &endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env_remove("AWS_TIMEOUT")
+        .env("AWS_ACCESS_KEY_ID", "k")
+        .env("AWS_SECRET_ACCESS_KEY", "s")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    // Each attempt got half the budget: two attempts, then no more.
+    assert!(err.contains("operation timed out"), "{err}");
+    assert!(err.contains("after 1 retries"), "{err}");
+    assert!(err.contains("retry_timeout: 1.5s"), "{err}");
+    drop(silent);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--store-timeout", "0s", "-c", "SELECT 1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the store timeout must be more than zero"),
+        "{err}"
+    );
+}
+
 #[test]
 fn explain_of_memwal_ddl_fails_the_process() {
     let dir = tempfile::tempdir().unwrap();
