@@ -256,12 +256,13 @@ impl WriterOptions {
                 self.max_unflushed_bytes, self.memtable_bytes
             )));
         }
-        if self.lease().is_zero() {
-            let value = format!("{:?}", self.fence_grace);
+        // Shown in milliseconds, the unit `set` reads without one.
+        if self.fence_grace < Duration::from_millis(1) {
+            let value = format!("{}ms", self.fence_grace.as_millis());
             return Err(bad("fence_grace", &value, "at least 1 ms"));
         }
         if self.load_grace < Duration::from_secs(1) {
-            let value = format!("{:?}", self.load_grace);
+            let value = format!("{}ms", self.load_grace.as_millis());
             return Err(bad("load_grace", &value, "at least 1 s"));
         }
         Ok(())
