@@ -42,6 +42,10 @@ pub enum FaultMode {
     /// Perform the operation, then report a failure: the caller cannot tell
     /// whether it took effect (a lost acknowledgement).
     After,
+    /// Perform the operation, lose its answer, and perform it again, as an
+    /// HTTP client retrying by itself does: a put-if-absent then reports
+    /// that the object exists, though it is the caller's own.
+    Retried,
 }
 
 /// One rule: fail calls number `nth ..= nth + times - 1` (1-based) among the
@@ -75,6 +79,13 @@ impl Fault {
     /// Let the operation happen, then report failure.
     pub fn after_write(mut self) -> Self {
         self.mode = FaultMode::After;
+        self
+    }
+
+    /// Let the operation happen, then happen again (see
+    /// [`FaultMode::Retried`]); calls other than puts fail after it.
+    pub fn retried(mut self) -> Self {
+        self.mode = FaultMode::Retried;
         self
     }
 
@@ -302,7 +313,7 @@ impl MultipartUpload for FaultyUpload {
                 let err = err(FaultMode::Before);
                 Box::pin(async move { Err(err) })
             }
-            Some(FaultMode::After) => {
+            Some(FaultMode::After | FaultMode::Retried) => {
                 let (part, err) = (self.inner.put_part(data), err(FaultMode::After));
                 Box::pin(async move {
                     part.await?;
@@ -324,7 +335,7 @@ impl MultipartUpload for FaultyUpload {
 fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
     let when = match mode {
         FaultMode::Before => "before the operation",
-        FaultMode::After => "after the operation took effect",
+        FaultMode::After | FaultMode::Retried => "after the operation took effect",
     };
     object_store::Error::Generic {
         store: "FaultyStore",
@@ -352,6 +363,12 @@ impl ObjectStore for FaultyStore {
             Some(FaultMode::After) => {
                 self.inner.put_opts(location, payload, opts).await?;
                 Err(injected(OpKind::Put, location, FaultMode::After))
+            }
+            Some(FaultMode::Retried) => {
+                self.inner
+                    .put_opts(location, payload.clone(), opts.clone())
+                    .await?;
+                self.inner.put_opts(location, payload, opts).await
             }
         }
     }
@@ -417,7 +434,7 @@ impl ObjectStore for FaultyStore {
                         Some(FaultMode::Before) => {
                             Err(injected(OpKind::Delete, &location, FaultMode::Before))
                         }
-                        Some(FaultMode::After) => {
+                        Some(FaultMode::After | FaultMode::Retried) => {
                             this.inner.delete(&location).await?;
                             Err(injected(OpKind::Delete, &location, FaultMode::After))
                         }
@@ -475,7 +492,7 @@ impl ObjectStore for FaultyStore {
         match self.enter(OpKind::Copy, to).await {
             None => self.inner.copy_opts(from, to, options).await,
             Some(FaultMode::Before) => Err(injected(OpKind::Copy, to, FaultMode::Before)),
-            Some(FaultMode::After) => {
+            Some(FaultMode::After | FaultMode::Retried) => {
                 self.inner.copy_opts(from, to, options).await?;
                 Err(injected(OpKind::Copy, to, FaultMode::After))
             }

@@ -123,45 +123,63 @@ impl CommitOptions {
 }
 
 /// Last bytes of every sealed version.
-const SEAL_MAGIC: &[u8; 4] = b"MWV1";
-/// Version number (u64), CRC-32 (u32), magic, little-endian.
-const SEAL_LEN: usize = 16;
+const SEAL_MAGIC: &[u8; 4] = b"MWV2";
+/// Nonce (u64), version number (u64), CRC-32 (u32), magic, little-endian.
+const SEAL_LEN: usize = 24;
+/// The trailer of versions written before the nonce: version number,
+/// CRC-32, magic.
+const SEAL_MAGIC_V1: &[u8; 4] = b"MWV1";
+const SEAL_LEN_V1: usize = 16;
 
-/// `body` as stored as version `version` in `dir`: followed by the
-/// version number and a CRC-32 over `dir`, the number and `body`.
+/// `body` as stored as version `version` in `dir`: followed by a random
+/// nonce, the version number and a CRC-32 over `dir`, the number, the
+/// nonce and `body`. The nonce makes the bytes of every write unique, so
+/// a writer that finds a version equal to its own bytes knows the write
+/// landed (see [`VersionedObjects::put_version`]), even where another
+/// writer made the same change at the same time.
 pub fn seal(dir: &Path, version: u64, body: &[u8]) -> Bytes {
+    let nonce: u64 = rand::random();
     let mut out = Vec::with_capacity(body.len() + SEAL_LEN);
     out.extend_from_slice(body);
+    out.extend_from_slice(&nonce.to_le_bytes());
     out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&seal_crc(dir, version, body).to_le_bytes());
+    out.extend_from_slice(&seal_crc(dir, version, Some(nonce), body).to_le_bytes());
     out.extend_from_slice(SEAL_MAGIC);
     out.into()
 }
 
-fn seal_crc(dir: &Path, version: u64, body: &[u8]) -> u32 {
+fn seal_crc(dir: &Path, version: u64, nonce: Option<u64>, body: &[u8]) -> u32 {
     let mut crc = crc32fast::Hasher::new();
     crc.update(dir.as_ref().as_bytes());
     crc.update(&version.to_le_bytes());
+    if let Some(nonce) = nonce {
+        crc.update(&nonce.to_le_bytes());
+    }
     crc.update(body);
     crc.finalize()
 }
 
 /// The body of version `version` in `dir` read from `path`, checked (see
-/// [`seal`]); bytes without a trailer are returned whole (written before
-/// versions were sealed).
+/// [`seal`]; versions sealed without a nonce are read too); bytes without
+/// a trailer are returned whole (written before versions were sealed).
 pub fn unseal(dir: &Path, version: u64, path: &Path, bytes: Bytes) -> Result<Bytes> {
-    if bytes.len() < SEAL_LEN || !bytes.ends_with(SEAL_MAGIC) {
+    let (body_len, nonce, trailer) = if bytes.len() >= SEAL_LEN && bytes.ends_with(SEAL_MAGIC) {
+        let body_len = bytes.len() - SEAL_LEN;
+        let nonce = u64::from_le_bytes(bytes[body_len..body_len + 8].try_into().expect("8 bytes"));
+        (body_len, Some(nonce), &bytes[body_len + 8..])
+    } else if bytes.len() >= SEAL_LEN_V1 && bytes.ends_with(SEAL_MAGIC_V1) {
+        let body_len = bytes.len() - SEAL_LEN_V1;
+        (body_len, None, &bytes[body_len..])
+    } else {
         return Ok(bytes);
-    }
-    let body_len = bytes.len() - SEAL_LEN;
-    let trailer = &bytes[body_len..];
+    };
     let stored_version = u64::from_le_bytes(trailer[..8].try_into().expect("8 bytes"));
     let stored_crc = u32::from_le_bytes(trailer[8..12].try_into().expect("4 bytes"));
     let corrupt = |reason: String| Error::Corrupt {
         path: path.to_string(),
         reason,
     };
-    if stored_crc != seal_crc(dir, stored_version, &bytes[..body_len]) {
+    if stored_crc != seal_crc(dir, stored_version, nonce, &bytes[..body_len]) {
         return Err(corrupt("checksum mismatch: the version is damaged".into()));
     }
     if stored_version != version {
@@ -464,11 +482,9 @@ impl VersionedObjects {
                 .await
             {
                 Ok(_) => return Ok(PutOutcome::Written),
-                // After an earlier failed attempt, "exists" may be our own
-                // write that landed after all.
-                Err(object_store::Error::AlreadyExists { .. }) if attempt == 0 => {
-                    return Ok(PutOutcome::Taken);
-                }
+                // "Exists" may be our own write, landed by an attempt whose
+                // answer was lost (the client retries a PUT itself, and its
+                // retry then meets the first one): read back below.
                 Err(e) => e,
             };
             match self.read_slot(version).await {

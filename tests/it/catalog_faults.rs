@@ -75,6 +75,28 @@ async fn ambiguous_write_that_landed_is_committed_once() {
     assert_eq!(catalog.version(), 2);
 }
 
+/// The store's client retried a version write whose answer it lost, and
+/// its retry found the version there: the change is committed, once,
+/// not refused as another writer's (a CREATE said "already exists").
+#[tokio::test]
+async fn a_write_the_client_retried_after_it_landed_is_committed_once() {
+    let (store, catalog) = setup().await;
+    catalog.create_namespace(ns("a"), false).await.unwrap();
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .retried()
+            .on_paths_containing(VERSION),
+    );
+    assert_eq!(
+        catalog.create_namespace(ns("b"), false).await.unwrap(),
+        Outcome::Created
+    );
+    assert_eq!(store.injected(), 1);
+    let after = reopen(&store).await;
+    assert_eq!(ids(&after), ["a", "b"]);
+    assert_eq!(after.version(), 2);
+}
+
 #[tokio::test]
 async fn unknown_outcome_is_reported_and_resolves_on_reopen() {
     let (store, catalog) = setup().await;
