@@ -1097,10 +1097,12 @@ impl TableCache {
 }
 
 /// After `DROP TABLE` committed: seals every shard of the table at
-/// `location` (each found under its `shards/` directory), so a writer of
-/// it still running in another process fails its next append, and no
-/// writer opens on it again, instead of acknowledging rows that no table
-/// holds.
+/// `location` (each found under its `shards/` directory; up to
+/// [`SEALS_AT_ONCE`] at once), so a writer of it still running in another
+/// process fails its next append, and no writer opens on it again,
+/// instead of acknowledging rows that no table holds (a shard created
+/// after the listing is checked by its writer: see
+/// [`Table::check_still_named`]).
 pub(crate) async fn seal_dropped(
     store: &Arc<dyn ObjectStore>,
     location: &str,
@@ -1109,14 +1111,22 @@ pub(crate) async fn seal_dropped(
     let listed = store
         .list_with_delimiter(Some(&paths::shards_dir(location)))
         .await?;
-    for dir in listed.common_prefixes {
-        let Some(shard) = dir.filename().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        crate::writer::seal_dropped_shard(Arc::clone(store), location, shard, commit).await?;
-    }
-    Ok(())
+    let shards: Vec<u32> = listed
+        .common_prefixes
+        .iter()
+        .filter_map(|dir| dir.filename().and_then(|n| n.parse().ok()))
+        .collect();
+    futures::stream::iter(shards)
+        .map(|shard| crate::writer::seal_dropped_shard(Arc::clone(store), location, shard, commit))
+        .buffer_unordered(SEALS_AT_ONCE)
+        .try_collect()
+        .await
 }
+
+/// Shards a drop seals at once: each seal is a few requests in a row
+/// (the manifest's newest version, its sealed successor, a WAL fence),
+/// so a table of many shards on an object store is sealed in seconds.
+const SEALS_AT_ONCE: usize = 16;
 
 /// Defined here, where the write and read paths meet, so that the writer
 /// hands out its layers without knowing how readers use them.
