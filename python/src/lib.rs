@@ -180,11 +180,21 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
             .filter(|t| f.data_type() == t.data_type() || castable(f.data_type(), t.data_type()))
     };
     let conformed = |batch: RecordBatch| -> Result<RecordBatch, ArrowError> {
+        let given = batch.schema_ref().fields();
+        if let Some(twice) = given
+            .iter()
+            .enumerate()
+            .find(|(i, f)| given[..*i].iter().any(|g| g.name() == f.name()))
+        {
+            return Err(ArrowError::InvalidArgumentError(format!(
+                "column '{}' is given twice",
+                twice.1.name()
+            )));
+        }
         let cast_to = |column: &ArrayRef, to: &DataType| match column.data_type() == to {
             true => Ok(Arc::clone(column)),
             false => cast_with_options(column, to, &strict),
         };
-        let given = batch.schema_ref().fields();
         let complete = schema
             .fields()
             .iter()
@@ -233,15 +243,18 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
 
 /// Whether a put casts a column of type `from` to the table's `to`: only
 /// where every value keeps its meaning (other string or binary layouts,
-/// integers to integers or decimals with overflow an error, numbers to
-/// floats, decimals to a finer scale, lists of numbers to vectors, an
-/// all-NULL column); never a rounding to an integer or a parse of text.
+/// dictionary-encoded ones unpacked, integers to integers or decimals
+/// with overflow an error, numbers to floats, rounded to the float's
+/// precision as SQL's `CAST` does, decimals to a finer scale, lists of
+/// numbers to vectors, an all-NULL column); never a rounding to an
+/// integer or a parse of text.
 fn castable(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     let text = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
     let bytes = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView);
     match (from, to) {
         (Null, _) => true,
+        (Dictionary(_, values), b) => values.as_ref() == b || castable(values, b),
         (a, b) if a.is_integer() && (b.is_integer() || matches!(b, Decimal128(..))) => true,
         (a, b) if (a.is_integer() || a.is_floating()) && b.is_floating() => true,
         (Decimal128(_, a), Decimal128(_, b)) => b >= a,

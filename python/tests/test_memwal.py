@@ -234,7 +234,15 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
         t.put({"id": [4], "extra": [1]})
     with pytest.raises(memwal.InvalidInputError, match="missing id"):
         t.put({"n": [1]})
+    # A column given twice is refused, not taken from its first copy.
+    twice = pa.Table.from_arrays([pa.array([20]), pa.array([21])], names=["id", "id"])
+    with pytest.raises(memwal.InvalidInputError, match="column 'id' is given twice"):
+        t.put(twice)
     assert rows(t.scan()) == [(1, 5, None, None), (2, 6, None, None)]
+    # Dictionary-encoded strings (a pandas categorical) are unpacked.
+    notes = pa.array(["a", "b"]).dictionary_encode()
+    assert t.put(pa.table({"id": [7, 8], "note": notes})) == 2
+    assert [r[2] for r in rows(t.get([7, 8]))] == ["a", "b"]
 
 
 def test_a_dropped_or_closed_handle_refuses_writes(tmp_path):
