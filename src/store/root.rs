@@ -75,7 +75,8 @@ pub struct ObjectRoot {
 impl ObjectRoot {
     /// Opens a root from a URL or a plain local path (a location with
     /// `://` that is not a valid URL is refused, never taken for a path,
-    /// and so is a `.` or `..` segment in a URL's path). A URL's path is
+    /// and so are a `.` or `..` segment in a URL's path and a query or
+    /// fragment, which would otherwise be dropped). A URL's path is
     /// the prefix, percent-decoded once (`s3://b/m%C3%A9` is `mé`).
     ///
     /// - a plain path or `file:///dir`: a local directory, created if missing;
@@ -123,6 +124,12 @@ impl ObjectRoot {
         };
         if url.scheme() != "file" {
             refuse_dot_segments(location)?;
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(Error::invalid(format!(
+                "root '{location}': a root URL has no query or fragment (a '?' or '#' \
+                 in a prefix is written %3F or %23)"
+            )));
         }
         match url.scheme() {
             "file" => {
@@ -383,5 +390,19 @@ mod tests {
         }
         // A name with dots in it is a name.
         ObjectRoot::open("memory://m/a..b/.x").unwrap();
+        // Not quietly the prefix `q`, nor the directory `fh`.
+        for bad in [
+            "s3://b/q?x=1",
+            "memory://m/h#f",
+            "file:///tmp/fh#f",
+            "s3://b/q?",
+        ] {
+            match ObjectRoot::open(bad) {
+                Err(Error::InvalidInput(why)) => {
+                    assert!(why.contains("no query or fragment"), "{why}")
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
     }
 }
