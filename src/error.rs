@@ -101,7 +101,10 @@ pub enum Error {
     /// append whose outcome is unknown, exhausted retries): this write and
     /// every later one on it fail, nothing unacknowledged is claimed
     /// durable; a [`crate::Table`]'s next write opens the shard again.
-    #[error("shard writer stopped: {0}; the table's next write opens the shard again")]
+    #[error(
+        "shard writer stopped: {0}; the rows it acknowledged as durable are in the WAL, \
+         and the table's next write opens the shard again"
+    )]
     Poisoned(String),
 
     /// A stored object could not be decoded.

@@ -101,9 +101,9 @@ enum Subcommand {
     /// --workers send, over the root given by --root, until SIGINT or
     /// SIGTERM
     Worker {
-        /// Address to listen on, e.g. 127.0.0.1:7001 (port 0: any free
-        /// port; the address is printed)
-        #[arg(long)]
+        /// Address to listen on, e.g. 127.0.0.1:7001 or localhost:7001
+        /// (port 0: any free port; the address is printed)
+        #[arg(long, value_parser = listen_address)]
         listen: std::net::SocketAddr,
     },
 }
@@ -121,6 +121,16 @@ fn parse_format(s: &str) -> Result<PrintFormat, String> {
 /// `--store-timeout`: a duration in the options' grammar.
 fn store_timeout(s: &str) -> Result<std::time::Duration, String> {
     memwal::parse_duration("store-timeout", s).map_err(|e| e.to_string())
+}
+
+/// `--listen`: an IP address or a host name with a port, resolved (the
+/// first address it names).
+fn listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    s.to_socket_addrs()
+        .map_err(|e| format!("'{s}' is no address to listen on (host:port): {e}"))?
+        .next()
+        .ok_or_else(|| format!("'{s}' names no address"))
 }
 
 /// A failure that ends the shell with a non-zero exit code.
@@ -159,12 +169,6 @@ async fn run(args: Args) -> ShellResult {
         .writer_options(options);
     #[cfg(feature = "distributed")]
     {
-        if args.workers.len() == 1 {
-            eprintln!(
-                "note: with one worker, queries run in this process (a plan of one \
-                 task stays on the coordinator); workers take tasks from two on"
-            );
-        }
         session = session.workers(args.workers.clone());
     }
     #[cfg(not(feature = "distributed"))]
@@ -182,6 +186,13 @@ async fn run(args: Args) -> ShellResult {
         });
     }
     let session = session.open().await.map_err(|e| e.to_string())?;
+    // Once the URL is known to be good.
+    if args.workers.len() == 1 {
+        eprintln!(
+            "note: with one worker, queries run in this process (a plan of one \
+             task stays on the coordinator); workers take tasks from two on"
+        );
+    }
     let mut print_options = PrintOptions {
         format: args.format,
         quiet: args.quiet,
@@ -352,7 +363,7 @@ async fn repl(
                     Ok(command) => {
                         if let Err(e) = backslash(session, print_options, command).await {
                             failed += 1;
-                            eprintln!("{e}");
+                            eprintln!("Error: {e}");
                         }
                     }
                     Err(_) => {
@@ -371,7 +382,7 @@ async fn repl(
                     Ok(statements) => statements,
                     Err(e) => {
                         failed += 1;
-                        eprintln!("{e}");
+                        eprintln!("Error: {e}");
                         continue;
                     }
                 };
@@ -380,7 +391,7 @@ async fn repl(
                         res = exec_statement(session, print_options, statement) => {
                             if let Err(e) = res {
                                 failed += 1;
-                                eprintln!("{e}");
+                                eprintln!("Error: {e}");
                             }
                         }
                         _ = tokio::signal::ctrl_c() => {

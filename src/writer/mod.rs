@@ -1038,12 +1038,15 @@ mod tests {
         let stopped = Arc::new(Error::Poisoned("the flush failed 6 times".into()));
         assert_eq!(
             shared_error(&stopped).to_string(),
-            "shard writer stopped: the flush failed 6 times; the table's next write opens the shard again"
+            "shard writer stopped: the flush failed 6 times; the rows it acknowledged as durable are in the WAL, and the table's next write opens the shard again"
         );
         let other = Arc::new(Error::invalid("bad"));
         assert_eq!(
             shared_error(&other).to_string(),
-            format!("shard writer stopped: {other}; the table's next write opens the shard again")
+            format!(
+                "shard writer stopped: {other}; the rows it acknowledged as durable are in the \
+                 WAL, and the table's next write opens the shard again"
+            )
         );
     }
 }

@@ -265,6 +265,12 @@ fn a_piped_script_with_an_error_fails_the_process() {
     );
     assert!(!ok, "{out}");
     assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
+    // Said as -c and -f say it, so a log can be searched for errors.
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("Error: ") && l.contains("nosuch")),
+        "{err}"
+    );
     // Like an interactive session, it ran on after the error.
     let out = csv(root, "SELECT id FROM t");
     assert_eq!(out.trim(), "id\n1");
@@ -382,6 +388,44 @@ fn a_store_that_never_answers_fails_the_statement_within_the_store_timeout() {
         err.contains("the store timeout must be more than zero"),
         "{err}"
     );
+}
+
+/// A worker listens on a host name too; a shell's bad worker URL is
+/// refused before any note about the workers.
+#[cfg(feature = "distributed")]
+#[test]
+fn a_worker_listens_on_a_host_name_and_a_bad_worker_url_is_refused_first() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["worker", "--listen", "localhost:0", "--root", root])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(worker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    worker.kill().unwrap();
+    worker.wait().unwrap();
+    assert!(line.starts_with("memwal worker on http://"), "{line}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args([
+            "--root",
+            root,
+            "--workers",
+            "https://127.0.0.1:1",
+            "-c",
+            "SELECT 1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("TLS"), "{err}");
+    assert!(!err.contains("note:"), "{err}");
 }
 
 #[test]
