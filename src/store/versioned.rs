@@ -904,6 +904,32 @@ mod tests {
         assert_eq!(*objs.load_latest(0, decode).await.unwrap().state, 7);
     }
 
+    /// Versions sealed before the trailer carried a nonce are read, and
+    /// checked, as they were; two seals of one body differ.
+    #[tokio::test]
+    async fn versions_sealed_without_a_nonce_are_read_and_checked() {
+        let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let objs = objects(Arc::clone(&inner));
+        increment(&objs).await.unwrap();
+        let (dir, body) = (Path::from("m"), b"2:ab".as_slice());
+        let mut v1 = body.to_vec();
+        v1.extend_from_slice(&2u64.to_le_bytes());
+        v1.extend_from_slice(&seal_crc(&dir, 2, None, body).to_le_bytes());
+        v1.extend_from_slice(SEAL_MAGIC_V1);
+        inner
+            .put(&objs.path_of(2), v1.clone().into())
+            .await
+            .unwrap();
+        assert_eq!(*objs.load_latest(0, decode).await.unwrap().state, 2);
+        v1[0] ^= 0x04;
+        inner.put(&objs.path_of(2), v1.into()).await.unwrap();
+        assert!(matches!(
+            objs.load_latest(0, decode).await,
+            Err(Error::Corrupt { .. })
+        ));
+        assert_ne!(seal(&dir, 2, body), seal(&dir, 2, body));
+    }
+
     #[tokio::test]
     async fn stale_missing_or_garbage_hints_still_find_the_tip() {
         let inner: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
