@@ -54,47 +54,32 @@ async fn failed_version_write_is_retried_at_the_same_version() {
     assert_eq!(after.version(), 1);
 }
 
+/// A version write that landed, though its caller was told it failed, or
+/// which the store's client retried after losing its answer (the retry
+/// then finds the version there): the change is committed, once, and not
+/// refused as another writer's (a CREATE said "already exists").
 #[tokio::test]
 async fn ambiguous_write_that_landed_is_committed_once() {
-    let (store, catalog) = setup().await;
-    catalog.create_namespace(ns("a"), false).await.unwrap();
-    store.inject(
-        Fault::nth(OpKind::Put, 1)
-            .after_write()
-            .on_paths_containing(VERSION),
-    );
-    assert_eq!(
-        catalog.create_namespace(ns("b"), false).await.unwrap(),
-        Outcome::Created
-    );
-    assert_eq!(store.injected(), 1);
-    // Not applied twice: version 2 holds it and no version 3 was made.
-    let after = reopen(&store).await;
-    assert_eq!(ids(&after), ["a", "b"]);
-    assert_eq!(after.version(), 2);
-    assert_eq!(catalog.version(), 2);
-}
-
-/// The store's client retried a version write whose answer it lost, and
-/// its retry found the version there: the change is committed, once,
-/// not refused as another writer's (a CREATE said "already exists").
-#[tokio::test]
-async fn a_write_the_client_retried_after_it_landed_is_committed_once() {
-    let (store, catalog) = setup().await;
-    catalog.create_namespace(ns("a"), false).await.unwrap();
-    store.inject(
-        Fault::nth(OpKind::Put, 1)
-            .retried()
-            .on_paths_containing(VERSION),
-    );
-    assert_eq!(
-        catalog.create_namespace(ns("b"), false).await.unwrap(),
-        Outcome::Created
-    );
-    assert_eq!(store.injected(), 1);
-    let after = reopen(&store).await;
-    assert_eq!(ids(&after), ["a", "b"]);
-    assert_eq!(after.version(), 2);
+    for retried in [false, true] {
+        let (store, catalog) = setup().await;
+        catalog.create_namespace(ns("a"), false).await.unwrap();
+        let fault = Fault::nth(OpKind::Put, 1).on_paths_containing(VERSION);
+        store.inject(match retried {
+            false => fault.after_write(),
+            true => fault.retried(),
+        });
+        assert_eq!(
+            catalog.create_namespace(ns("b"), false).await.unwrap(),
+            Outcome::Created,
+            "retried: {retried}"
+        );
+        assert_eq!(store.injected(), 1);
+        // Not applied twice: version 2 holds it and no version 3 was made.
+        let after = reopen(&store).await;
+        assert_eq!(ids(&after), ["a", "b"]);
+        assert_eq!(after.version(), 2);
+        assert_eq!(catalog.version(), 2);
+    }
 }
 
 #[tokio::test]
