@@ -156,6 +156,12 @@ async fn drop_table_stops_its_writers_and_a_new_table_of_that_name_starts_empty(
     assert!(old.put(&batch).await.is_err());
 }
 
+/// The row (`id`, `id`) of a table of two BIGINT columns.
+fn id_row(table: &memwal::Table, id: i64) -> RecordBatch {
+    let column = || Arc::new(Int64Array::from(vec![id])) as _;
+    RecordBatch::try_new(table.schema(), vec![column(), column()]).unwrap()
+}
+
 #[tokio::test]
 async fn a_drop_in_another_process_stops_this_ones_writers() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,16 +173,7 @@ async fn a_drop_in_another_process_stops_this_ones_writers() {
     )
     .await;
     let old = a.table("t").await.unwrap();
-    let row = |id: i64| {
-        RecordBatch::try_new(
-            old.schema(),
-            vec![
-                Arc::new(Int64Array::from(vec![id])),
-                Arc::new(Int64Array::from(vec![id])),
-            ],
-        )
-        .unwrap()
-    };
+    let row = |id| id_row(&old, id);
     // A's writers are open and writing when B drops the table.
     for id in 0..8 {
         old.put(&row(id)).await.unwrap();
@@ -216,15 +213,7 @@ async fn a_drop_in_another_process_stops_writes_to_shards_nobody_wrote() {
     let old = isolated(root).await.table("t").await.unwrap();
     query(&b, "DROP TABLE t").await;
     for id in 1..17 {
-        let row = RecordBatch::try_new(
-            old.schema(),
-            vec![
-                Arc::new(Int64Array::from(vec![id])),
-                Arc::new(Int64Array::from(vec![id])),
-            ],
-        )
-        .unwrap();
-        let err = old.put(&row).await.unwrap_err();
+        let err = old.put(&id_row(&old, id)).await.unwrap_err();
         assert!(
             matches!(&err, memwal::Error::NotFound(m) if m.contains("dropped")),
             "{id}: {err}"
