@@ -139,8 +139,9 @@ impl Shared {
         }
     }
 
-    /// Runs `attempt` until it succeeds, up to the writer's retry budget;
-    /// a fence is never retried.
+    /// Runs `attempt` until it succeeds, up to the writer's retry budget
+    /// (see [`super::WriterOptions::append_retries`]); a fence is never
+    /// retried.
     async fn retrying<T, F: Future<Output = Result<T>>>(
         &self,
         what: &str,
@@ -148,17 +149,17 @@ impl Shared {
     ) -> Result<T> {
         let mut failures = 0;
         loop {
+            let tried = std::time::Instant::now();
             match attempt().await {
                 Ok(t) => return Ok(t),
                 Err(e @ Error::Fenced { .. }) => return Err(e),
-                Err(e) if failures >= self.options.append_retries => {
-                    return Err(Error::Poisoned(format!(
-                        "{what} failed {} times; last error: {e}",
-                        failures + 1
-                    )));
-                }
                 Err(e) => {
                     failures += 1;
+                    if !self.options.retry(failures, tried.elapsed()) {
+                        return Err(Error::Poisoned(format!(
+                            "{what} failed {failures} times; last error: {e}"
+                        )));
+                    }
                     log::debug!("{what} failed, retrying: {e}");
                     tokio::time::sleep(self.options.commit.backoff(failures)).await;
                 }

@@ -55,7 +55,12 @@ pub struct WriterOptions {
     /// writer's own process keep what they read until they end, whatever
     /// this is.
     pub sstable_grace: Duration,
-    /// Attempts at one WAL position after the first fails (default 5).
+    /// Attempts at one WAL position (and at a blob pack, an SSTable, an
+    /// ownership check) after the first fails (default 5). Only a failure
+    /// that came within a second is tried again: one that took longer was
+    /// retried by the object store's client already, within its store
+    /// timeout, so trying again would only multiply the wait of a
+    /// statement on a store that does not answer.
     pub append_retries: u32,
     /// Commit behaviour of the shard manifest (and the retry backoff).
     /// Shard manifests are committed a few times per writer, and writers
@@ -216,12 +221,23 @@ impl Default for WriterOptions {
     }
 }
 
+/// A failed store call that took at least this long was retried by the
+/// store's own client (see [`WriterOptions::append_retries`]).
+const QUICK_FAILURE: Duration = Duration::from_secs(1);
+
 impl WriterOptions {
     /// How long a confirmation of ownership lets the writer append (and
     /// how long an append may take unconfirmed): a quarter of
     /// [`WriterOptions::fence_grace`].
     pub(super) fn lease(&self) -> Duration {
         self.fence_grace / 4
+    }
+
+    /// Whether a store call that failed `failures` times, the last after
+    /// `failed_after`, is tried again (see
+    /// [`WriterOptions::append_retries`]).
+    pub(super) fn retry(&self, failures: u32, failed_after: Duration) -> bool {
+        failures <= self.append_retries && failed_after < QUICK_FAILURE
     }
 
     /// How often a running bulk load rewrites its markers: a quarter of
@@ -454,6 +470,17 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_quick_failures_are_retried_and_only_append_retries_times() {
+        let o = WriterOptions::default();
+        let quick = Duration::from_millis(20);
+        assert!(o.retry(1, quick));
+        assert!(o.retry(o.append_retries, quick));
+        assert!(!o.retry(o.append_retries + 1, quick));
+        // The store's client retried this one already.
+        assert!(!o.retry(1, QUICK_FAILURE));
+    }
 
     #[test]
     fn sets_every_named_option_and_refuses_what_does_not_parse() {

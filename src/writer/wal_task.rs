@@ -262,6 +262,7 @@ impl Shared {
             let lease = self.options.lease();
             let mut attempt = 0;
             while !self.owned_within(lease) {
+                let asked = Instant::now();
                 match self.newer_claim().await {
                     Ok(None) => {}
                     Ok(Some(fenced)) => {
@@ -269,7 +270,7 @@ impl Shared {
                         return true;
                     }
                     // Nothing was written: a store error is retried.
-                    Err(e) if attempt < self.options.append_retries => {
+                    Err(e) if self.options.retry(attempt + 1, asked.elapsed()) => {
                         attempt += 1;
                         log::debug!("checking ownership of {} failed: {e}", self.shard_dir);
                         tokio::time::sleep(self.options.commit.backoff(attempt)).await;
@@ -382,9 +383,10 @@ impl Shared {
         let path = paths::blob_pack(&self.shard_dir, position, self.epoch);
         let mut attempt = 0;
         loop {
+            let tried = Instant::now();
             match blob::put_pack(&self.store, &path, bytes.clone()).await {
                 Ok(()) => return Ok(()),
-                Err(e) if attempt < self.options.append_retries => {
+                Err(e) if self.options.retry(attempt + 1, tried.elapsed()) => {
                     attempt += 1;
                     log::debug!("retrying blob pack {path}: {e}");
                     tokio::time::sleep(self.options.commit.backoff(attempt)).await;
@@ -450,6 +452,7 @@ impl Shared {
     async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
         let mut attempt = 0;
         loop {
+            let tried = Instant::now();
             let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
                 Ok(()) => return Ok(()),
                 Err(e @ Error::Fenced { .. }) => return Err(e),
@@ -469,7 +472,7 @@ impl Shared {
                 }
             }
             attempt += 1;
-            if attempt > self.options.append_retries {
+            if !self.options.retry(attempt, tried.elapsed()) {
                 return Err(Error::Poisoned(format!(
                     "WAL append at {} failed {attempt} times; last error: {err}",
                     self.wal.path_of(position)
