@@ -348,6 +348,14 @@ impl ScalarUDFImpl for DistanceFunction {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let rows = args.number_rows;
+        // A constant (the query of `ORDER BY cosine_distance(emb, [...])`)
+        // is the same vector on every row: checked once.
+        let constant = args
+            .args
+            .iter()
+            .map(|a| matches!(a, ColumnarValue::Scalar(_)))
+            .collect::<Vec<_>>();
+        let mut checked = [false; 2];
         let list_type = DataType::List(Arc::new(Field::new_list_field(DataType::Float32, true)));
         let lists = args
             .args
@@ -391,10 +399,14 @@ impl ScalarUDFImpl for DistanceFunction {
             }
             let x = &va[oa[i] as usize..oa[i + 1] as usize];
             let y = &vb[ob[i] as usize..ob[i + 1] as usize];
-            for (which, vector) in [("first", x), ("second", y)] {
+            for (arg, (which, vector)) in [("first", x), ("second", y)].into_iter().enumerate() {
+                if checked[arg] {
+                    continue;
+                }
                 if let Some(fault) = vector_fault(vector) {
                     return plan_err!("{}: the {which} vector holds {fault}", self.name);
                 }
+                checked[arg] = constant[arg];
             }
             if x.len() != y.len() {
                 return plan_err!(

@@ -419,12 +419,12 @@ impl ShardWriter {
 
     /// [`ShardWriter::open`]; with `taking_back`, for a writer taking the
     /// shard back from another one that took it over, where the last open
-    /// took `taking_back` after its claim: it takes a turn (other writers wait for its end
-    /// before they claim) of [`WriterOptions::turn`] plus twice that, so
-    /// that the turn covers this open's own replay as well as the write it
-    /// opens for, however slow the store; and a long replayed WAL tail is
-    /// sealed at once, so that the turn flushes it and the next writer
-    /// replays little.
+    /// took `taking_back` after its claim: it takes a turn (other writers
+    /// wait for its end before they claim) of [`WriterOptions::turn`] plus
+    /// twice that, so that the turn covers this open's own replay as well
+    /// as the write it opens for, however slow the store; and a long
+    /// replayed WAL tail is sealed at once, so that the turn flushes it and
+    /// the next writer replays little.
     pub(crate) async fn open_as(
         store: Arc<dyn ObjectStore>,
         location: &str,
