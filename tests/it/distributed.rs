@@ -201,7 +201,12 @@ async fn a_worker_that_stops_answering_fails_the_query_instead_of_hanging_it() {
     let answer = answer.expect("the query still waits for the frozen worker");
     let error = answer.expect_err("answered without a worker").to_string();
     assert!(error.contains(workers[1].url.as_str()), "{error}");
-    assert!(error.contains("it stopped answering"), "{error}");
+    // Which error arrives first depends on timing: the unanswered ping's,
+    // or a broken pipe on a stream to the frozen worker (seen under load).
+    assert!(
+        error.contains("it stopped answering") || error.contains("the connection to it broke"),
+        "{error}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "{:?}",
