@@ -217,9 +217,8 @@ impl Shared {
         // again, so it stops (and its table opens a new one).
         let committed = match committed {
             Err(e @ Error::Fenced { .. }) => {
-                let e = Arc::new(e);
                 self.stop(shared_error(&e));
-                return Err(shared_error(&e));
+                return Err(e);
             }
             other => other?,
         };

@@ -40,8 +40,8 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
+use super::ShardWriter;
 use super::manifest::{ShardManifest, now_ms};
-use super::{ShardWriter, shared_error};
 use crate::blob;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
@@ -529,7 +529,7 @@ impl ShardWriter {
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
         match &done.error {
-            Some(e) => Err(shared_error(e)),
+            Some(stop) => Err(stop.tell()),
             None => Ok(()),
         }
     }

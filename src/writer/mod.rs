@@ -175,7 +175,23 @@ struct Progress {
     flushed_generation: u64,
     /// The WAL task ended: no append is in flight, none will start.
     wal_done: bool,
-    error: Option<Arc<Error>>,
+    error: Option<Arc<Stop>>,
+}
+
+/// Why a writer stopped, and whether a call has failed with it.
+#[derive(Debug)]
+struct Stop {
+    error: Error,
+    told: AtomicBool,
+}
+
+impl Stop {
+    /// The error, for a call it fails: [`ShardWriter::close`] does not
+    /// report it again.
+    fn tell(&self) -> Error {
+        self.told.store(true, Ordering::Release);
+        shared_error(&self.error)
+    }
 }
 
 impl Progress {
@@ -376,15 +392,13 @@ impl Durability {
         if done(&progress) || progress.durable_through(generation, target) {
             return Ok(());
         }
-        Err(shared_error(
-            progress.error.as_ref().expect("checked above"),
-        ))
+        Err(progress.error.as_ref().expect("checked above").tell())
     }
 }
 
 /// A typed copy of an error many waiters share.
-fn shared_error(error: &Arc<Error>) -> Error {
-    match error.as_ref() {
+fn shared_error(error: &Error) -> Error {
+    match error {
         Error::Fenced {
             path,
             epoch,
@@ -633,7 +647,7 @@ impl ShardWriter {
             .borrow()
             .error
             .as_ref()
-            .map(shared_error)
+            .map(|stop| shared_error(&stop.error))
     }
 
     /// [`Error::LostRows`] if this writer acknowledged puts before they
@@ -763,7 +777,7 @@ impl ShardWriter {
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
         match &ready.error {
-            Some(e) => Err(shared_error(e)),
+            Some(stop) => Err(stop.tell()),
             None => Ok(()),
         }
     }
@@ -842,10 +856,11 @@ impl ShardWriter {
 
     /// Makes everything put so far durable, flushes every MemTable to an
     /// SSTable, stops the writer's tasks and reports the error that stopped
-    /// the writer, if any. A writer fenced by a newer one closes without
-    /// error unless it lost rows ([`ShardWriter::lost_rows`]): every put
-    /// it acknowledged is in the WAL, and the newer writer replayed or
-    /// will replay it (the puts it had not acknowledged failed themselves).
+    /// the writer, unless a call already failed with it. A writer fenced by
+    /// a newer one closes without error unless it lost rows
+    /// ([`ShardWriter::lost_rows`], always reported): every put it
+    /// acknowledged is in the WAL, and the newer writer replayed or will
+    /// replay it (the puts it had not acknowledged failed themselves).
     pub async fn close(&self) -> Result<()> {
         {
             let _no_put_in_flight = self
@@ -871,15 +886,21 @@ impl ShardWriter {
         if let Some(lost) = self.lost_rows() {
             return Err(lost);
         }
-        match self.stopped() {
-            Some(Error::Fenced { by_epoch, .. }) => {
+        let stop = self.shared.progress.borrow().error.clone();
+        match stop.as_deref() {
+            Some(Stop {
+                error: Error::Fenced { by_epoch, .. },
+                ..
+            }) => {
                 log::debug!(
                     "shard writer of epoch {} closed after a writer of epoch {by_epoch} took over",
                     self.shared.epoch
                 );
                 Ok(())
             }
-            Some(e) => Err(e),
+            // A call failed with it already.
+            Some(stop) if stop.told.load(Ordering::Acquire) => Ok(()),
+            Some(stop) => Err(shared_error(&stop.error)),
             None => Ok(()),
         }
     }
@@ -907,8 +928,8 @@ impl Shared {
     /// Whether the writer still takes puts: the error that stopped it, or
     /// that it is closed. Called under the append lock.
     fn accepting(&self) -> Result<()> {
-        if let Some(e) = &self.progress.borrow().error {
-            return Err(shared_error(e));
+        if let Some(stop) = &self.progress.borrow().error {
+            return Err(stop.tell());
         }
         if self.closing.load(Ordering::Acquire) {
             return Err(Error::Poisoned("the shard writer is closed".into()));
@@ -995,7 +1016,10 @@ impl Shared {
             _ => log::warn!("shard writer of epoch {} stopped: {error}", self.epoch),
         }
         self.progress.send_modify(|p| {
-            p.error.get_or_insert(Arc::new(error));
+            p.error.get_or_insert(Arc::new(Stop {
+                error,
+                told: AtomicBool::new(false),
+            }));
         });
         self.wake.notify_one();
         self.flush_wake.notify_one();
@@ -1035,12 +1059,12 @@ mod tests {
 
     #[test]
     fn a_stop_is_said_once() {
-        let stopped = Arc::new(Error::Poisoned("the flush failed 6 times".into()));
+        let stopped = Error::Poisoned("the flush failed 6 times".into());
         assert_eq!(
             shared_error(&stopped).to_string(),
             "shard writer stopped: the flush failed 6 times; the rows it acknowledged as durable are in the WAL, and the table's next write opens the shard again"
         );
-        let other = Arc::new(Error::invalid("bad"));
+        let other = Error::invalid("bad");
         assert_eq!(
             shared_error(&other).to_string(),
             format!(
