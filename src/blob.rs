@@ -366,9 +366,11 @@ pub const PACK_PART_BYTES: usize = 16 << 20;
 
 /// Writes `bytes` as the pack at `path`: one PUT, or a multipart upload
 /// above [`PACK_PART_BYTES`] that is aborted (its parts deleted) when a
-/// part fails.
+/// part fails. A completion that fails is checked: a pack of the full size
+/// at `path` is written.
 pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPayload) -> Result<()> {
     use tokio::io::AsyncWriteExt;
+    let size = bytes.content_length() as u64;
     let mut object = object_store::buffered::BufWriter::with_capacity(
         Arc::clone(store),
         path.clone(),
@@ -383,12 +385,22 @@ pub async fn put_pack(store: &Arc<dyn ObjectStore>, path: &Path, bytes: PutPaylo
         object.shutdown().await?;
         Ok::<_, Error>(())
     };
-    let result = written.await;
-    if result.is_err() && !completing {
-        // A failed completion cleans up its own parts.
-        let _ = object.abort().await;
+    match written.await {
+        Ok(()) => Ok(()),
+        Err(e) if completing => {
+            // A failed completion cleans up its own parts; it may have
+            // landed with its answer lost.
+            if crate::store::landed(store.as_ref(), path, size).await {
+                log::debug!("pack {path} was written, though its completion failed: {e}");
+                return Ok(());
+            }
+            Err(e)
+        }
+        Err(e) => {
+            let _ = object.abort().await;
+            Err(e)
+        }
     }
-    result
 }
 
 /// The size of each value of a blob column, from the column's inline

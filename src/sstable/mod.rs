@@ -534,7 +534,7 @@ pub async fn write_stream(
     let mut object = object_store::buffered::BufWriter::new(Arc::clone(store), path.clone());
     let mut encoder = checksum::Encoder::new(schema, ROW_GROUP_ROWS, codec)?;
     let (mut count, mut bytes) = (0u64, 0u64);
-    let mut shutting_down = false;
+    let (mut sealed, mut shutting_down) = (None, false);
     let written = async {
         while let Some(batch) = rows.next().await {
             let batch = batch?;
@@ -548,12 +548,17 @@ pub async fn write_stream(
         bytes += rest.len() as u64;
         object.put(rest).await?;
         encoded();
-        shutting_down = true;
+        (sealed, shutting_down) = (Some(checksum), true);
         object.shutdown().await?;
-        Ok::<_, Error>(checksum)
+        Ok::<_, Error>(())
     };
     let checksum = match written.await {
-        Ok(checksum) => checksum,
+        Ok(()) => sealed.expect("set before the upload completes"),
+        // A completion whose answer was lost after it landed.
+        Err(e) if shutting_down && crate::store::landed(store.as_ref(), &path, bytes).await => {
+            log::debug!("SSTable {path} was written, though its completion failed: {e}");
+            sealed.expect("set before the upload completes")
+        }
         Err(e) => {
             // Nothing names it yet: no upload part or object stays behind
             // (a failed completion cleans up its own parts).

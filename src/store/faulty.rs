@@ -32,6 +32,9 @@ pub enum OpKind {
     Delete,
     /// `copy_opts`.
     Copy,
+    /// The completion of a multipart upload (`After` and `Retried`: it
+    /// completes, and its answer is lost).
+    Complete,
 }
 
 /// When the injected failure happens relative to the real operation.
@@ -324,7 +327,21 @@ impl MultipartUpload for FaultyUpload {
     }
 
     async fn complete(&mut self) -> object_store::Result<PutResult> {
-        self.inner.complete().await
+        let fired = self
+            .state
+            .lock()
+            .expect("fault state poisoned")
+            .on_call(OpKind::Complete, self.path.as_ref());
+        match fired {
+            None => self.inner.complete().await,
+            Some(FaultMode::Before) => {
+                Err(injected(OpKind::Complete, &self.path, FaultMode::Before))
+            }
+            Some(mode) => {
+                self.inner.complete().await?;
+                Err(injected(OpKind::Complete, &self.path, mode))
+            }
+        }
     }
 
     async fn abort(&mut self) -> object_store::Result<()> {

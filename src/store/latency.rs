@@ -121,7 +121,7 @@ impl LatencyProfile {
 
     fn delay(&self, kind: OpKind) -> &Delay {
         match kind {
-            OpKind::Put => &self.put,
+            OpKind::Put | OpKind::Complete => &self.put,
             OpKind::Get | OpKind::Head => &self.get,
             OpKind::List => &self.list,
             OpKind::Delete | OpKind::Copy => &self.delete,

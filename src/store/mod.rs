@@ -14,8 +14,22 @@ mod versioned;
 pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
 #[cfg(any(test, feature = "testing"))]
 pub use latency::{Delay, LatencyProfile, LatencyStore, RequestCount, bench_root};
+pub(crate) use root::QUICK_FAILURE;
 pub use root::{DEFAULT_STORE_TIMEOUT, ObjectRoot};
 pub use versioned::{CommitOptions, Slot, Versioned, VersionedObjects};
+
+/// Whether an object of `size` bytes is at `path`, for a name only one
+/// writer ever writes: how a write whose answer was lost after it landed
+/// (a multipart upload's completion, which the client's own retry then
+/// finds gone) is told from one that failed.
+pub(crate) async fn landed(
+    store: &dyn object_store::ObjectStore,
+    path: &object_store::path::Path,
+    size: u64,
+) -> bool {
+    use object_store::ObjectStoreExt;
+    matches!(store.head(path).await, Ok(meta) if meta.size == size)
+}
 
 /// Deletes the object at `path`; an object that is already gone is no
 /// error (a delete repeated after a crash, or raced by another cleaner).

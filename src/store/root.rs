@@ -43,6 +43,11 @@ fn refuse_dot_segments(location: &str) -> Result<()> {
 /// fails a statement within a minute.
 pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// A failed store call that took at least this long was retried by the
+/// store's own client already (a remote store retries within its timeout):
+/// a caller retries only quicker failures, or its waits multiply.
+pub(crate) const QUICK_FAILURE: Duration = Duration::from_secs(1);
+
 /// `builder` giving up on a request after about `budget`: each attempt
 /// times out after half of it (at most 30 s, `object_store`'s default;
 /// `AWS_TIMEOUT` in the environment is kept), and no retry starts once

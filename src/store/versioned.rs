@@ -55,7 +55,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::store::paths;
+use crate::store::{QUICK_FAILURE, paths};
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
@@ -73,7 +73,9 @@ pub struct CommitOptions {
     pub backoff_base: Duration,
     /// Ceiling of the backoff (default 500 ms).
     pub backoff_max: Duration,
-    /// Retries of one version write that failed without landing (default 3).
+    /// Retries of one version write that failed without landing (default
+    /// 3), if it failed within a second: the store's client already
+    /// retried a slower failure, within its timeout.
     pub transient_retries: u32,
     /// Versions kept by garbage collection, newest first (default 5).
     pub keep_versions: u64,
@@ -476,6 +478,7 @@ impl VersionedObjects {
         let mut attempt = 0;
         loop {
             let payload = PutPayload::from_bytes(bytes.clone());
+            let started = Instant::now();
             let err = match self
                 .store
                 .put_opts(&path, payload, PutMode::Create.into())
@@ -487,11 +490,14 @@ impl VersionedObjects {
                 // retry then meets the first one): read back below.
                 Err(e) => e,
             };
+            let failed_after = started.elapsed();
             match self.read_slot(version).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
-                Ok(None) if attempt < self.options.transient_retries => {
+                Ok(None)
+                    if attempt < self.options.transient_retries && failed_after < QUICK_FAILURE =>
+                {
                     attempt += 1;
                     log::debug!("retrying write of {path} after: {err}");
                     tokio::time::sleep(self.options.backoff(attempt)).await;
@@ -975,6 +981,22 @@ mod tests {
         let done = increment(&objs).await.unwrap();
         assert_eq!((done.version, *done.state), (1, 1));
         assert_eq!(faulty.injected(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_failed_slowly_is_not_tried_again() {
+        // The store's client retried it already, within its timeout.
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let objs = objects(faulty.clone());
+        let base = objs.load_latest(0, decode).await.unwrap();
+        faulty.inject(Fault::nth(OpKind::Put, 1).on_paths_containing(".txt"));
+        faulty.set_latency(QUICK_FAILURE);
+        let err = objs
+            .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("after 1 attempts"), "{err}");
+        assert_eq!(faulty.calls(OpKind::Put), 1);
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::CommitOptions;
+use crate::store::{CommitOptions, QUICK_FAILURE};
 
 /// How a table's shard writers make puts durable, flush and compact.
 #[derive(Debug, Clone)]
@@ -220,10 +220,6 @@ impl Default for WriterOptions {
         }
     }
 }
-
-/// A failed store call that took at least this long was retried by the
-/// store's own client (see [`WriterOptions::append_retries`]).
-const QUICK_FAILURE: Duration = Duration::from_secs(1);
 
 impl WriterOptions {
     /// How long a confirmation of ownership lets the writer append (and

@@ -495,6 +495,31 @@ async fn a_large_pack_uploads_in_parts_and_a_failed_part_leaves_none_behind() {
     session.close().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_whose_completion_landed_with_its_answer_lost_counts_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let store = FaultyStore::new(Arc::new(local));
+    let session = open(&store).await;
+    run(&session, CREATE_MEDIA).await;
+    // 40 MB: a multipart upload; it completes and its answer is lost.
+    store.inject(
+        Fault::nth(OpKind::Complete, 1)
+            .after_write()
+            .on_paths_containing("/blobs/"),
+    );
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'big', CAST(repeat('m', 40000000) AS BYTEA))",
+    )
+    .await;
+    assert_eq!(store.injected(), 1);
+    assert_eq!(store.calls(OpKind::Complete), 1, "uploaded once");
+    let values = text(&session, VALUES).await;
+    assert!(values.contains("| 1  | 40000000 |"), "{values}");
+    session.close().await.unwrap();
+}
+
 /// Creates `media` with ten 8 KiB values in one pack and ten short
 /// inline ones (flushed), then gives eight of the long ones new values in
 /// a second pack (flushed): a fifth of the first pack stays live, and
