@@ -136,16 +136,32 @@ fn listen_address(s: &str) -> Result<std::net::SocketAddr, String> {
 /// A failure that ends the shell with a non-zero exit code.
 type ShellResult<T = ()> = Result<T, String>;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// Stack of the thread that plans statements and of the runtime's
+/// threads (address space, used as needed): DataFusion clones and walks
+/// expressions recursively, and a generated expression thousands of terms
+/// long (`1 + 1 + ...`) overflows the 8 MiB a main thread gets.
+const STACK_BYTES: usize = 256 << 20;
+
+fn main() -> std::process::ExitCode {
     env_logger::init();
     let args = Args::parse();
-    match run(args).await {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(STACK_BYTES)
+        .build()
+        .expect("a Tokio runtime");
+    let shell = std::thread::Builder::new()
+        .name("memwal".into())
+        .stack_size(STACK_BYTES)
+        .spawn(move || runtime.block_on(run(args)))
+        .expect("the shell's thread");
+    match shell.join() {
+        Ok(Ok(())) => std::process::ExitCode::SUCCESS,
+        Ok(Err(e)) => {
             eprintln!("Error: {e}");
             std::process::ExitCode::FAILURE
         }
+        Err(panic) => std::panic::resume_unwind(panic),
     }
 }
 

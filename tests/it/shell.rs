@@ -328,6 +328,92 @@ fn a_failed_script_still_shows_what_closing_found() {
     assert!(err.contains("SSTable write failed"), "{err}");
 }
 
+/// A long generated expression is planned on a thread with a stack of its
+/// own: with the main thread's (8 MiB), `1 + 1 + ...` of 8,000 terms
+/// aborted the shell. Here the main thread gets 256 KiB, where 1,000 terms
+/// aborted it.
+#[test]
+fn a_long_expression_does_not_overflow_the_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!("SELECT {} AS n", vec!["1"; 1_000].join(" + "));
+    let out = Command::new("sh")
+        .args(["-c", "ulimit -s 256 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_memwal"))
+        .args([
+            "--root",
+            dir.path().to_str().unwrap(),
+            "-q",
+            "--format",
+            "csv",
+        ])
+        .args(["-c", &sql])
+        .output()
+        .expect("run memwal");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout, "n\n1000\n");
+}
+
+/// A statement that stops a writer shows why; the shell's exit does not
+/// show it a second time (nothing acknowledged was lost).
+#[test]
+fn a_stopped_writer_is_reported_once() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .current_dir(cwd.path())
+        .args(["--root", dir.path().to_str().unwrap(), "-q"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run memwal");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(
+            b"SET memwal.append_retries = '0';\n\
+              CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '1');\n\
+              INSERT INTO t VALUES (1);\n",
+        )
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("| 1 ") {
+        line.clear();
+        assert_ne!(stdout.read_line(&mut line).unwrap(), 0, "no INSERT count");
+    }
+    // The row is in the WAL; every next WAL position is taken by a
+    // directory, so the next append fails and stops the writer.
+    let tables = dir.path().join("tables");
+    let table = std::fs::read_dir(&tables).unwrap().next().unwrap().unwrap();
+    let wal = table.path().join("shards/0/wal");
+    let last = std::fs::read_dir(&wal)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy()[..20].parse::<u64>())
+        .map(Result::unwrap)
+        .max()
+        .unwrap();
+    for position in last + 1..last + 20 {
+        std::fs::create_dir(wal.join(format!("{position:020}.arrow"))).unwrap();
+    }
+    stdin.write_all(b"INSERT INTO t VALUES (2);\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("shard writer stopped").count(), 1, "{err}");
+    assert!(err.contains("WAL append at"), "{err}");
+    // The acknowledged row is there; the refused one is not.
+    for position in last + 1..last + 20 {
+        std::fs::remove_dir(wal.join(format!("{position:020}.arrow"))).unwrap();
+    }
+    let root = dir.path().to_str().unwrap();
+    assert_eq!(csv(root, "SELECT id FROM t"), "id\n1\n");
+}
+
 #[test]
 fn a_worker_address_without_its_scheme_says_what_a_worker_url_is() {
     let dir = tempfile::tempdir().unwrap();
