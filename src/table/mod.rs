@@ -853,6 +853,8 @@ impl Table {
         reader.refreshed = None;
         // Whether to resolve the newest manifest in full (see `moved`).
         let mut resolve = false;
+        // The last attempt's WAL entries were of a writer no manifest named.
+        let mut unclaimed = false;
         for _ in 0..SNAPSHOT_ATTEMPTS {
             let manifest = match reader.manifest.take() {
                 Some(known) if !resolve && !reader.versions.has_newer(&known).await? => {
@@ -880,6 +882,7 @@ impl Table {
             // newer writer than the manifest names, or a gap, has the
             // newest version resolved in full.
             let claimed = reader.tail.newest_epoch() > manifest.state.epoch;
+            unclaimed = claimed;
             let moved = claimed
                 || reader.versions.has_newer(&manifest).await?
                 || (gone.is_some()
@@ -901,6 +904,21 @@ impl Table {
                 }
                 _ => {}
             }
+        }
+        let manifest = reader.manifest.as_ref().expect("set by every attempt");
+        if unclaimed {
+            // A writer claims the shard in a manifest version before it
+            // writes, and a claim never changes ten times in a row here.
+            return Err(Error::Corrupt {
+                path: reader.versions.path_of(manifest.version + 1).to_string(),
+                reason: format!(
+                    "missing: the WAL holds entries of writer epoch {}, which no shard \
+                     manifest version names (the newest, version {}, names epoch {})",
+                    reader.tail.newest_epoch(),
+                    manifest.version,
+                    manifest.state.epoch
+                ),
+            });
         }
         Err(Error::CommitConflict {
             what: format!("a consistent snapshot of {}", self.location),

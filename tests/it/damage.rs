@@ -311,3 +311,55 @@ async fn a_graph_swapped_for_another_valid_one_never_changes_an_answer() {
     }
     session.close().await.unwrap();
 }
+
+/// The newest shard manifest version deleted while the WAL holds entries
+/// of the writer that version claimed the shard for: an error naming the
+/// missing version, not a commit conflict among writers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_newest_shard_manifest_version_is_named() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    let session = MemwalSession::open(&root).await.unwrap();
+    run(
+        &session,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '1')",
+    )
+    .await;
+    run(&session, "INSERT INTO t VALUES (1), (2)").await;
+    session.close().await.unwrap();
+    // A shell claims the shard (a new manifest version) and is killed with
+    // its row in the WAL.
+    let mut shell = std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", &root, "-q"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = shell.stdin.take().unwrap();
+    stdin.write_all(b"INSERT INTO t VALUES (3);\n").unwrap();
+    let mut stdout = BufReader::new(shell.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("| 1 ") {
+        line.clear();
+        assert_ne!(stdout.read_line(&mut line).unwrap(), 0, "no INSERT count");
+    }
+    shell.kill().unwrap();
+    shell.wait().unwrap();
+    let newest = files(dir.path())
+        .into_iter()
+        .filter(|p| p.to_str().unwrap().contains("/shards/0/manifest/v"))
+        .max()
+        .unwrap();
+    std::fs::remove_file(&newest).unwrap();
+    let session = MemwalSession::open(&root).await.unwrap();
+    let err = match session.sql("SELECT count(*) FROM t").await {
+        Ok(frame) => frame.collect().await.unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
+    let name = newest.strip_prefix(dir.path()).unwrap().to_str().unwrap();
+    assert!(
+        err.contains(&format!("corrupt object {name}: missing")),
+        "{err}"
+    );
+}
