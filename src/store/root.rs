@@ -48,6 +48,13 @@ pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(60);
 /// a caller retries only quicker failures, or its waits multiply.
 pub(crate) const QUICK_FAILURE: Duration = Duration::from_secs(1);
 
+/// Whether a store call that failed `failures` times, the last after
+/// `failed_after`, is tried again by a caller allowed `retries` retries:
+/// only a failure quicker than [`QUICK_FAILURE`].
+pub(crate) fn retry_store_call(failures: u32, retries: u32, failed_after: Duration) -> bool {
+    failures <= retries && failed_after < QUICK_FAILURE
+}
+
 /// `builder` giving up on a request after about `budget`: each attempt
 /// times out after half of it (at most 30 s, `object_store`'s default;
 /// `AWS_TIMEOUT` in the environment is kept), and no retry starts once

@@ -55,7 +55,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::store::{QUICK_FAILURE, paths};
+use crate::store::{paths, retry_store_call};
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
@@ -496,7 +496,11 @@ impl VersionedObjects {
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
                 Ok(None)
-                    if attempt < self.options.transient_retries && failed_after < QUICK_FAILURE =>
+                    if retry_store_call(
+                        attempt + 1,
+                        self.options.transient_retries,
+                        failed_after,
+                    ) =>
                 {
                     attempt += 1;
                     log::debug!("retrying write of {path} after: {err}");
@@ -728,7 +732,7 @@ impl VersionedObjects {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Fault, FaultyStore, OpKind};
+    use crate::store::{Fault, FaultyStore, OpKind, QUICK_FAILURE};
     use object_store::memory::InMemory;
 
     /// A counter state: bytes are "<value>:<random id>" so each attempt's

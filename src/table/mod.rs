@@ -905,8 +905,8 @@ impl Table {
                 _ => {}
             }
         }
-        let manifest = reader.manifest.as_ref().expect("set by every attempt");
         if unclaimed {
+            let manifest = reader.manifest.as_ref().expect("set by every attempt");
             // A writer claims the shard in a manifest version before it
             // writes, and a claim never changes ten times in a row here.
             return Err(Error::Corrupt {

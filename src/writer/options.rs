@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::{CommitOptions, QUICK_FAILURE};
+use crate::store::{CommitOptions, retry_store_call};
 
 /// How a table's shard writers make puts durable, flush and compact.
 #[derive(Debug, Clone)]
@@ -233,7 +233,7 @@ impl WriterOptions {
     /// `failed_after`, is tried again (see
     /// [`WriterOptions::append_retries`]).
     pub(super) fn retry(&self, failures: u32, failed_after: Duration) -> bool {
-        failures <= self.append_retries && failed_after < QUICK_FAILURE
+        retry_store_call(failures, self.append_retries, failed_after)
     }
 
     /// How often a running bulk load rewrites its markers: a quarter of
@@ -466,6 +466,7 @@ pub fn parse_duration(name: &str, value: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::QUICK_FAILURE;
 
     #[test]
     fn only_quick_failures_are_retried_and_only_append_retries_times() {
