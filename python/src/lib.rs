@@ -88,12 +88,18 @@ fn to_py(error: Error) -> PyErr {
     }
 }
 
+/// The stack size of the runtime's threads (address space, used as
+/// needed): DataFusion plans recursively, and a generated expression
+/// thousands of terms long overflows the stack a caller's thread has.
+const STACK_BYTES: usize = 256 << 20;
+
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("memwal")
+            .thread_stack_size(STACK_BYTES)
             .build()
             .expect("a tokio runtime")
     })
@@ -106,6 +112,21 @@ where
     F::Output: Send,
 {
     Ok(py.detach(|| runtime().block_on(future)))
+}
+
+/// Like [`wait`], but runs `future` on one of the runtime's threads (a
+/// large stack) instead of the caller's: for SQL, which is planned there.
+fn wait_on_runtime<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let task = runtime().spawn(future);
+    match py.detach(|| runtime().block_on(task)) {
+        Ok(output) => Ok(output),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(MemwalError::new_err(e.to_string())),
+    }
 }
 
 /// The foreign session's logical extension codec, from the object
@@ -363,7 +384,7 @@ impl Root {
     /// (DDL and DML return their one-row result).
     fn sql(&self, py: Python<'_>, query: String) -> PyResult<ArrowStream> {
         let session = Arc::clone(&self.session);
-        let (schema, batches) = wait(py, async move {
+        let (schema, batches) = wait_on_runtime(py, async move {
             let frame = session.sql(&query).await?;
             let schema = Arc::new(frame.schema().as_arrow().clone());
             let batches = frame.collect().await?;

@@ -309,3 +309,24 @@ def test_stats_latency_percentiles_stay_within_the_max(root):
     s = t.stats()[0]
     assert 0 < s["append_p50_ms"] <= s["append_p99_ms"] <= s["append_max_ms"]
     assert round(s["append_max_ms"], 3) == s["append_max_ms"]
+
+
+def test_a_long_expression_does_not_overflow_the_callers_stack(tmp_path):
+    # DataFusion plans recursively; a generated expression thousands of terms
+    # long used to overflow the calling thread's stack and kill the process.
+    location = str(tmp_path / "root")
+    script = textwrap.dedent(f"""
+        import threading
+        import memwal
+        threading.stack_size(256 * 1024)
+        out = []
+        def run():
+            with memwal.open({location!r}) as r:
+                out.append(r.sql("SELECT " + " + ".join(["1"] * 1000) + " AS n").to_pylist())
+        th = threading.Thread(target=run)
+        th.start()
+        th.join()
+        assert out == [[{{"n": 1000}}]], out
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=os.environ)
+    assert done.returncode == 0
