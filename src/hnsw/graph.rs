@@ -577,19 +577,32 @@ impl Graph {
         results.into_sorted_vec()
     }
 
-    /// Keeps at most `m` of `candidates` (nearest first): a candidate is
-    /// kept only if it is nearer to the base than to every kept one, so
-    /// links spread in all directions (the paper's heuristic).
-    fn select(&self, candidates: &[(D, u32)], m: usize) -> Vec<(D, u32)> {
+    /// Keeps at most `m` of `candidates` (nearest first) as links of
+    /// `base`: a candidate is kept only if it is nearer to the base than to
+    /// every kept one, so links spread in all directions (the paper's
+    /// heuristic). Copies of the base (the same vector) are the exception:
+    /// they are as near to every candidate as the base is, so they prune
+    /// nothing, and at most [`COPY_LINKS`] of them are kept. Without that
+    /// rule, a vector stored more times than a list holds links (rows with
+    /// the same embedding; versions of a row whose vector did not change)
+    /// made copies link only to copies: a group no search could leave.
+    fn select(&self, base: u32, candidates: &[(D, u32)], m: usize) -> Vec<(D, u32)> {
+        let base_vector = self.vector(self.node(base));
         let mut kept: Vec<(D, u32)> = Vec::with_capacity(m);
-        let mut ids: Vec<u32> = Vec::with_capacity(m);
+        let mut spread: Vec<u32> = Vec::with_capacity(m);
+        let mut copies = 0;
         for &(d, c) in candidates {
             if kept.len() >= m {
                 break;
             }
-            if self.none_nearer(&self.node_query(c), &ids, d) {
+            if self.vector(self.node(c)) == base_vector {
+                if copies < COPY_LINKS {
+                    kept.push((d, c));
+                    copies += 1;
+                }
+            } else if self.none_nearer(&self.node_query(c), &spread, d) {
                 kept.push((d, c));
-                ids.push(c);
+                spread.push(c);
             }
         }
         kept
@@ -647,7 +660,8 @@ impl Graph {
                 visited,
             );
             found.retain(|&(_, n)| n != id);
-            let chosen = self.select(&found, self.params.m);
+            newest_first_among_ties(&mut found);
+            let chosen = self.select(id, &found, self.params.m);
             self.set_links(id, l, &chosen);
             for &(_, n) in &chosen {
                 self.link(n, id, l);
@@ -706,8 +720,11 @@ impl Graph {
         let mut distances = Vec::with_capacity(ids.len());
         self.distances(&q, &ids, &mut distances);
         let mut all: Vec<(D, u32)> = distances.into_iter().zip(ids).collect();
-        all.sort_unstable();
-        self.select(&all, max).into_iter().map(|(_, n)| n).collect()
+        newest_first_among_ties(&mut all);
+        self.select(base, &all, max)
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect()
     }
 
     /// Adds `new` to the list of `base` at `level`, re-selecting the list
@@ -893,6 +910,16 @@ impl Graph {
     }
 }
 
+/// The most links a node keeps to copies of itself (see [`Graph::select`]).
+const COPY_LINKS: usize = 2;
+
+/// Sorts `nodes` nearest first, and among nodes as near the newest
+/// (highest id) first: of the versions of a row with one vector, links go
+/// to the newest, the one a search accepts.
+fn newest_first_among_ties(nodes: &mut [(D, u32)]) {
+    nodes.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+}
+
 fn locate(id: u32) -> (usize, usize) {
     let n = id as usize / FIRST_SEGMENT + 1;
     let segment = (usize::BITS - 1 - n.leading_zeros()) as usize;
@@ -957,6 +984,7 @@ mod tests {
     use crate::hnsw::distance;
     use datafusion::arrow::array::Float32Array;
     use datafusion::arrow::datatypes::{DataType, Field};
+    use std::collections::{HashMap, HashSet};
     use std::sync::Arc;
 
     #[test]
@@ -1264,6 +1292,102 @@ mod tests {
                 read_list(a.list(id, level), &mut x);
                 read_list(b.list(id, level), &mut y);
                 assert_eq!(x, y);
+            }
+        }
+    }
+
+    /// A vector stored many times (rows sharing an embedding; versions of
+    /// a row whose vector did not change, which stay in the graph) neither
+    /// traps searches for other vectors nor hides the newest version of a
+    /// row. Copies used to link only to copies: in 14 of 20 builds of this
+    /// shape some searches along the line missed their nearest rows.
+    #[test]
+    fn vectors_stored_many_times_neither_trap_searches_nor_hide_new_versions() {
+        use rand::{Rng, SeedableRng};
+        let copy = [1.0f32, 2.0, 3.0];
+        for seed in 0..6u64 {
+            let graph = Graph::new(3, Metric::L2, HnswParams::default(), seed);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            // Row of each key's newest version, and every row's vector.
+            let (mut newest, mut stored) = (HashMap::new(), Vec::new());
+            for round in 0..300u64 {
+                // Ten keys of 100 get a new version (the same vector), then
+                // a new key gets the vector every such key has.
+                let mut put: Vec<(u64, [f32; 3])> = (0..10)
+                    .map(|_| rng.random_range(0..100u64))
+                    .map(|key| (key, [key as f32, 1.0, 0.0]))
+                    .collect();
+                put.sort_by_key(|&(key, _)| key);
+                put.dedup_by_key(|&mut (key, _)| key);
+                put.push((1_000 + round, copy));
+                for part in [&put[..put.len() - 1], &put[put.len() - 1..]] {
+                    let flat: Vec<f32> = part.iter().flat_map(|(_, v)| *v).collect();
+                    graph.add(&array(&flat, 3), stored.len() as u64, 1 + seed as usize % 2);
+                    for &(key, v) in part {
+                        newest.insert(key, stored.len() as u64);
+                        stored.push(v);
+                    }
+                }
+            }
+            let live: HashSet<u64> = newest.values().copied().collect();
+            let accept = |row: u64| live.contains(&row);
+            for key in 0..100 {
+                let query = [key as f32, 1.0, 0.0];
+                let mut exact: Vec<f32> = (0..stored.len())
+                    .filter(|&row| accept(row as u64))
+                    .map(|row| distance::l2(&query, &stored[row]))
+                    .collect();
+                exact.sort_by(f32::total_cmp);
+                let found: Vec<f32> = graph
+                    .search(&query, 5, 64, &accept)
+                    .iter()
+                    .map(|hit| hit.distance)
+                    .collect();
+                assert_eq!(found, exact[..5], "seed {seed}, key {key}");
+            }
+            let at_copy = graph.search(&copy, 10, 64, &accept);
+            assert!(at_copy.iter().all(|hit| hit.distance == 0.0), "seed {seed}");
+            assert_eq!(at_copy.len(), 10);
+        }
+    }
+
+    /// Rows rewritten many times with their vectors unchanged (an UPDATE of
+    /// another column) are found at their newest version, the only one a
+    /// search accepts, however many rows were written since.
+    #[test]
+    fn the_newest_of_many_versions_with_one_vector_is_found() {
+        use rand::{Rng, SeedableRng};
+        let dim = 8;
+        let data = vectors(Shape::Gaussian, 200, dim, 7, 0);
+        for seed in 0..4u64 {
+            let graph = Graph::new(dim, Metric::L2, HnswParams::default(), seed);
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let mut newest: Vec<u64> = (0..200).collect();
+            graph.add(&array(&data, dim), 0, 1);
+            let mut row = 200;
+            for _ in 0..400 {
+                // Twenty keys get a new version, the same vector.
+                let mut keys: Vec<usize> = (0..20).map(|_| rng.random_range(0..200)).collect();
+                keys.sort_unstable();
+                keys.dedup();
+                let flat: Vec<f32> = keys
+                    .iter()
+                    .flat_map(|&k| data[k * dim..][..dim].to_vec())
+                    .collect();
+                graph.add(&array(&flat, dim), row, 1 + seed as usize % 2);
+                for &key in &keys {
+                    newest[key] = row;
+                    row += 1;
+                }
+            }
+            let live: HashSet<u64> = newest.iter().copied().collect();
+            for (key, query) in data.chunks(dim).enumerate() {
+                let hit = graph.search(query, 1, 64, &|row| live.contains(&row));
+                assert_eq!(
+                    hit.first().map(|h| h.row),
+                    Some(newest[key]),
+                    "seed {seed}, key {key}"
+                );
             }
         }
     }

@@ -439,3 +439,84 @@ async fn bad_query_vectors_are_refused() {
     }
     writer.close().await.unwrap();
 }
+
+/// The outside report: in the process that wrote them, rows upserted many
+/// times with their vectors unchanged, beside many rows sharing one vector,
+/// hid nearest rows from `vector_search` (the MemTable's graph), whatever
+/// the ef; a reader in another process (a graph of the newest versions)
+/// was right. Every search along the line must equal the exact top 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upserts_with_unchanged_vectors_beside_copies_keep_the_nearest_rows() {
+    use crate::helpers::run;
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = Duration::ZERO;
+    let session = memwal::MemwalSession::builder(dir.path().to_str().unwrap())
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    run(
+        &session,
+        "CREATE TABLE kv (id BIGINT PRIMARY KEY, emb FLOAT[3])",
+    )
+    .await;
+    // A fixed sequence of ten keys of 100 a round (an LCG), each with the
+    // vector [key, 1, 0], then one new key with [1, 2, 3].
+    let mut state = 7u64;
+    for round in 0..300 {
+        let keys: Vec<String> = (0..10)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((state >> 33) % 100).to_string()
+            })
+            .collect();
+        run(
+            &session,
+            &format!(
+                "INSERT INTO kv SELECT value, [value, 1.0, 0.0] FROM generate_series(0, 99) \
+                 WHERE value IN ({})",
+                keys.join(", ")
+            ),
+        )
+        .await;
+        run(
+            &session,
+            &format!("INSERT INTO kv VALUES ({}, [1.0, 2.0, 3.0])", 1_000 + round),
+        )
+        .await;
+    }
+    let distances = |batches: Vec<RecordBatch>| -> Vec<f64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::Float64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    };
+    for key in 0..100 {
+        let q = format!("[{key}.0, 1.0, 0.0]");
+        let found = run(
+            &session,
+            &format!(
+                "SELECT CAST(_distance AS DOUBLE) FROM vector_search('kv', 'emb', {q}, 3) \
+                 ORDER BY 1"
+            ),
+        )
+        .await;
+        let exact = run(
+            &session,
+            &format!(
+                "SELECT CAST(l2_distance(emb, {q}) AS DOUBLE) AS d FROM kv ORDER BY d LIMIT 3"
+            ),
+        )
+        .await;
+        assert_eq!(distances(found), distances(exact), "key {key}");
+    }
+    session.close().await.unwrap();
+}
