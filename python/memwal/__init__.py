@@ -16,7 +16,8 @@
 
 The catalog, tables and ``vector_search`` cross to datafusion-python through
 DataFusion's FFI (the same major version, 55, on both sides); Arrow data
-crosses through the Arrow C stream interface without a copy. DataFusion 55
+crosses through the Arrow C stream interface (results without a copy; puts
+and keys are copied once, so memwal keeps no pyarrow buffer). DataFusion 55
 does not forward DELETE over its FFI: ``DELETE`` in a datafusion-python
 session fails; use ``Table.delete`` or ``Root.sql``. DDL runs through
 ``Root.sql`` too: in a datafusion-python session ``CREATE`` is refused with

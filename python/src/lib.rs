@@ -12,8 +12,10 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
-    ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader, new_null_array,
+    ArrayData, ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader, make_array,
+    new_null_array,
 };
+use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
@@ -166,13 +168,42 @@ where
     PyCapsule::new_with_value(py, made, name)
 }
 
+/// A copy of `column` in memory memwal allocated. Data from Python is
+/// never kept past the call that gave it: a MemTable held pyarrow's
+/// buffers until a flush, and one released from memwal's threads while
+/// the interpreter exited, after pyarrow's allocator was gone, aborted the
+/// process ("cannot create default memory pool", or a bad free).
+fn owned(column: &ArrayRef) -> ArrayRef {
+    make_array(owned_data(&column.to_data()))
+}
+
+/// `data` with every buffer copied, its children's too.
+fn owned_data(data: &ArrayData) -> ArrayData {
+    let copy = |buffer: &Buffer| Buffer::from_slice_ref(buffer.as_slice());
+    let nulls = data.nulls().map(|n| {
+        let bits = n.inner();
+        NullBuffer::new(BooleanBuffer::new(
+            copy(bits.inner()),
+            bits.offset(),
+            bits.len(),
+        ))
+    });
+    let builder = data
+        .clone()
+        .into_builder()
+        .buffers(data.buffers().iter().map(copy).collect())
+        .child_data(data.child_data().iter().map(owned_data).collect())
+        .nulls(nulls);
+    // SAFETY: the same layout and bytes as `data`, as valid as it is.
+    unsafe { builder.build_unchecked() }
+}
+
 /// The record batches of any object with `__arrow_c_stream__` (a pyarrow
 /// Table or RecordBatchReader, a polars or DuckDB result...), as columns
-/// of `schema`: columns go by name, a nullable column left out is NULL,
-/// and a column whose type differs is cast where that keeps its values
-/// (see [`castable`]). Other columns keep the producer's buffers: nothing
-/// is copied. Batches that do not fit pass as they are, for memwal to
-/// refuse with its message.
+/// of `schema`, copied (see [`owned`]): columns go by name, a nullable
+/// column left out is NULL, and a column whose type differs is cast where
+/// that keeps its values (see [`castable`]). Batches that do not fit pass
+/// as they are, for memwal to refuse with its message.
 fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBatch>> {
     if !data.hasattr("__arrow_c_stream__")? {
         return Err(InvalidInputError::new_err(format!(
@@ -228,7 +259,7 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
                 .iter()
                 .map(|t| match batch.column_by_name(t.name()) {
                     None => Ok(new_null_array(t.data_type(), batch.num_rows())),
-                    Some(c) => cast_to(c, t.data_type()),
+                    Some(c) => cast_to(c, t.data_type()).map(|c| owned(&c)),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let fields: Vec<_> = schema

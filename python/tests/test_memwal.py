@@ -330,3 +330,21 @@ def test_a_long_expression_does_not_overflow_the_callers_stack(tmp_path):
     """)
     done = subprocess.run([sys.executable, "-c", script], env=os.environ)
     assert done.returncode == 0
+
+
+def test_puts_and_keys_keep_no_pyarrow_memory(root):
+    # memwal copies what it is given: a MemTable holding pyarrow's buffers
+    # released them from memwal's threads, and at interpreter exit, after
+    # pyarrow's allocator was gone, that aborted the process.
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, v STRING)")
+    t = root.table("t")
+    before = pa.total_allocated_bytes()
+    n = 50_000
+    data = pa.table({"id": pa.array(range(n), pa.int64()), "v": [f"value {i}" for i in range(n)]})
+    keys = pa.table({"id": pa.array(range(0, n, 2), pa.int64())})
+    assert pa.total_allocated_bytes() > before + 500_000
+    t.put(data)
+    assert t.delete(keys) == n // 2
+    del data, keys
+    assert pa.total_allocated_bytes() == before
+    assert t.scan().num_rows == n // 2
