@@ -10,6 +10,7 @@
 //! drives the query. DELETE is not forwarded by DataFusion 55's FFI; use
 //! [`crate::Table::delete`] or SQL through [`MemwalSession`].
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -18,12 +19,22 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{
     CatalogProvider, SchemaProvider, Session, TableFunctionArgs, TableFunctionImpl,
 };
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{Constraints, Statistics, TableReference};
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::Result as DfResult;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{Expr, LogicalPlan, TableProviderFilterPushDown};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::ChildrenPropertiesMode::Recompute;
+use datafusion::physical_plan::execution_plan::EmissionType;
+use datafusion::physical_plan::metrics::MetricsSet;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    InputDistributionRequirements, PlanProperties, ReplaceChildrenOptions,
+};
 use datafusion_ffi::catalog_provider::FFI_CatalogProvider;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::table_provider::{FFI_TableProvider, ForeignTableProvider};
@@ -33,7 +44,8 @@ use tokio::runtime::Handle;
 use crate::catalog::{Catalog, ObjectPath, ObjectType};
 use crate::error::{Error, Result};
 use crate::sql::{
-    CATALOG_NAME, MemwalSession, namespace_to_schema, schema_to_namespace, table_path,
+    CATALOG_NAME, MemwalSession, namespace_to_schema, plan_properties, schema_to_namespace,
+    table_path,
 };
 
 /// The session's catalog (namespaces as schemas, tables with INSERT) for
@@ -176,6 +188,171 @@ impl<T: ?Sized> OnRuntime<T> {
             let _entered = runtime.enter();
             future.as_mut().poll(cx)
         })
+    }
+}
+
+/// A plan (INSERT's `DataSinkExec`) whose input is kept to one partition,
+/// as it requires: a foreign session's optimizer does not see that
+/// requirement (DataFusion 55's FFI does not carry
+/// `required_input_distribution`), spread the input over partitions
+/// round-robin, and the sink, which reads the first, lost every other
+/// batch of an `INSERT ... SELECT` without an error. Inputs with more
+/// than one partition are merged inside this plan: the foreign side sees
+/// its own inputs as the children (a merge it saw would be planned and
+/// run as a foreign plan, off memwal's runtime).
+#[derive(Debug)]
+struct OneInputPartition {
+    /// The plan, its inputs merged.
+    plan: Arc<dyn ExecutionPlan>,
+    /// The inputs as given.
+    inputs: Vec<Arc<dyn ExecutionPlan>>,
+}
+
+impl OneInputPartition {
+    fn wrap(plan: Arc<dyn ExecutionPlan>) -> DfResult<Arc<dyn ExecutionPlan>> {
+        let inputs: Vec<_> = plan.children().into_iter().cloned().collect();
+        let spread = |c: &Arc<dyn ExecutionPlan>| c.output_partitioning().partition_count() > 1;
+        let plan = match inputs.iter().any(spread) {
+            true => {
+                let merged = inputs.iter().cloned().map(merged).collect();
+                plan.replace_children(merged, ReplaceChildrenOptions::new(Recompute))?
+            }
+            false => plan,
+        };
+        Ok(Arc::new(Self { plan, inputs }))
+    }
+}
+
+/// `plan` with one output partition.
+fn merged(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    match plan.output_partitioning().partition_count() > 1 {
+        true => Arc::new(Merged::new(plan)),
+        false => plan,
+    }
+}
+
+/// The partitions of a foreign plan as one, polled in the task that polls
+/// this plan's stream. DataFusion's `CoalescePartitionsExec` would poll
+/// them on tasks of memwal's runtime, where the foreign plan's operators
+/// (a `RepartitionExec` that spawns on first poll) find no runtime of
+/// their own.
+#[derive(Debug)]
+struct Merged {
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+impl Merged {
+    fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        let properties = plan_properties(input.schema(), 1, EmissionType::Incremental);
+        Self { input, properties }
+    }
+}
+
+impl DisplayAs for Merged {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "MemwalMergedInput")
+    }
+}
+
+impl ExecutionPlan for Merged {
+    fn name(&self) -> &str {
+        "MemwalMergedInput"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(children.remove(0))))
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        let parts = self.input.output_partitioning().partition_count();
+        let streams = (0..parts)
+            .map(|p| self.input.execute(p, Arc::clone(&context)))
+            .collect::<DfResult<Vec<_>>>()?;
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.input.schema(),
+            futures::stream::select_all(streams),
+        )))
+    }
+}
+
+impl DisplayAs for OneInputPartition {
+    fn fmt_as(&self, format: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        self.plan.fmt_as(format, f)
+    }
+}
+
+impl ExecutionPlan for OneInputPartition {
+    fn name(&self) -> &str {
+        self.plan.name()
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.plan.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.inputs.iter().collect()
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        options: ReplaceChildrenOptions,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        Self::wrap(Arc::clone(&self.plan).replace_children(children, options)?)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DfResult<Arc<dyn ExecutionPlan>> {
+        self.replace_children(children, ReplaceChildrenOptions::new(Recompute))
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.plan.input_distribution_requirements()
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> DfResult<TreeNodeRecursion>,
+    ) -> DfResult<TreeNodeRecursion> {
+        self.plan.apply_expressions(f)
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        self.plan.metrics()
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DfResult<SendableRecordBatchStream> {
+        self.plan.execute(partition, context)
     }
 }
 
@@ -327,8 +504,10 @@ impl TableProvider for OnRuntime<dyn TableProvider> {
         input: Arc<dyn ExecutionPlan>,
         insert_op: InsertOp,
     ) -> DfResult<Arc<dyn ExecutionPlan>> {
-        self.on(self.inner.insert_into(state, input, insert_op))
-            .await
+        let plan = self
+            .on(self.inner.insert_into(state, input, insert_op))
+            .await?;
+        OneInputPartition::wrap(plan)
     }
 
     async fn delete_from(

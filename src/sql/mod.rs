@@ -34,6 +34,7 @@ pub use insert_sink::{InsertProgress, InsertSink};
 pub use scan_exec::{ScanExec, ScanMode};
 pub(crate) use session::table_path;
 pub use session::{MemwalSession, SessionBuilder};
+pub(crate) use streams::properties as plan_properties;
 pub use table::MemwalTable;
 pub use vector::{DEFAULT_EF, DISTANCE_COLUMN, MAX_K, VectorSearchFunction, distance_functions};
 pub use vector_search_exec::VectorSearchExec;

@@ -14,7 +14,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 
 /// Properties of a bounded plan with `partitions` unknown partitions.
-pub(super) fn properties(
+pub(crate) fn properties(
     schema: SchemaRef,
     partitions: usize,
     emission: EmissionType,
