@@ -302,7 +302,8 @@ impl VersionedObjects {
         paths::version_file(&self.dir, version, self.ext)
     }
 
-    async fn exists(&self, version: u64) -> Result<bool> {
+    /// Whether version `version` exists (a tombstone counts).
+    pub async fn exists(&self, version: u64) -> Result<bool> {
         Ok(self.size(version).await?.is_some())
     }
 

@@ -953,6 +953,16 @@ impl Shared {
             if claim.is_some() {
                 return Ok(claim);
             }
+        } else if known.version > 0 && !self.versions.exists(known.version).await? {
+            // The tip this writer made is gone with nothing after it: the
+            // table was dropped and its objects collected (a seal would
+            // have been a newer version). Appending would write into a
+            // location no table has.
+            return Err(Error::NotFound(format!(
+                "the shard at {} (its manifest version {} is gone: the table was dropped; \
+                 open it again by name)",
+                self.shard_dir, known.version
+            )));
         } else {
             // Confirmed as the tip: the next check is one existence check.
             let mut layers = self.layers.write().expect("layers poisoned");

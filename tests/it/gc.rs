@@ -209,3 +209,49 @@ fn table_dirs(tables: &std::path::Path) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect()
 }
+
+/// A table handle held across a DROP in another process, whose location
+/// was then collected, refuses a put once its lease runs out instead of
+/// acknowledging rows into a location no table has (found by review: the
+/// writer saw no manifest version after its own and appended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_dropped_table_was_collected_refuses_puts() {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let mut options = WriterOptions::default();
+    options.fence_grace = Duration::from_millis(200);
+    let writer = MemwalSession::builder(root)
+        .writer_options(options)
+        .open()
+        .await
+        .unwrap();
+    writer
+        .sql("CREATE TABLE kv (id BIGINT PRIMARY KEY)")
+        .await
+        .unwrap();
+    let table = writer.table("kv").await.unwrap();
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    let rows = |id: i64| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from(vec![id]))],
+        )
+        .unwrap()
+    };
+    table.put(&rows(1)).await.unwrap();
+    // Another process drops the table and collects its location at once.
+    let other = MemwalSession::open(root).await.unwrap();
+    other.sql("DROP TABLE kv").await.unwrap();
+    let catalog = other.catalog().await.unwrap();
+    catalog
+        .collect_dropped_tables(&[], Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(count_files(&dir.path().join("tables")), 0);
+    // Past the writer's lease (a quarter of its fence grace).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let refused = table.put(&rows(2)).await.unwrap_err();
+    assert!(refused.to_string().contains("dropped"), "{refused}");
+    assert_eq!(count_files(&dir.path().join("tables")), 0);
+}
