@@ -84,7 +84,9 @@ pub struct WriterOptions {
     /// assumes clocks of writers of one shard differ by less than half of
     /// it, and that a writer's host is not suspended for more than a quarter
     /// of it between a confirmation and an append (the monotonic clock that
-    /// measures the lease stops while a machine sleeps).
+    /// measures the lease stops while a machine sleeps). Every process
+    /// that writes a table must use the same value: a writer with a shorter
+    /// grace deletes fences that another writer's lease still relies on.
     pub fence_grace: Duration,
     /// A write given as a stream ([`crate::Table::put_stream`], SQL
     /// `INSERT`) holds at most about this many bytes of rows in memory; a
