@@ -1312,7 +1312,7 @@ mod tests {
             let (mut newest, mut stored) = (HashMap::new(), Vec::new());
             for round in 0..300u64 {
                 // Ten keys of 100 get a new version (the same vector), then
-                // a new key gets the vector every such key has.
+                // one new key gets `copy`, the vector all the new keys share.
                 let mut put: Vec<(u64, [f32; 3])> = (0..10)
                     .map(|_| rng.random_range(0..100u64))
                     .map(|key| (key, [key as f32, 1.0, 0.0]))

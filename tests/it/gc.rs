@@ -216,7 +216,6 @@ fn table_dirs(tables: &std::path::Path) -> Vec<String> {
 /// writer saw no manifest version after its own and appended).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_whose_dropped_table_was_collected_refuses_puts() {
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
     let mut options = WriterOptions::default();
@@ -231,16 +230,12 @@ async fn a_writer_whose_dropped_table_was_collected_refuses_puts() {
         .await
         .unwrap();
     let table = writer.table("kv").await.unwrap();
-    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
     let rows = |id: i64| {
-        RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![Arc::new(Int64Array::from(vec![id]))],
-        )
-        .unwrap()
+        RecordBatch::try_new(table.schema(), vec![Arc::new(Int64Array::from(vec![id]))]).unwrap()
     };
     table.put(&rows(1)).await.unwrap();
-    // Another process drops the table and collects its location at once.
+    // Another session (as another process would) drops the table and
+    // collects its location at once.
     let other = MemwalSession::open(root).await.unwrap();
     other.sql("DROP TABLE kv").await.unwrap();
     let catalog = other.catalog().await.unwrap();
