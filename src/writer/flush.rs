@@ -33,7 +33,7 @@
 //!    deleted, and so are blob packs nothing names any more (see
 //!    [`Shared::delete_unnamed_packs`]), then and after every compaction.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
@@ -1051,13 +1051,15 @@ impl Shared {
     /// replay cursor (the WAL entry that named one, if it landed, is in
     /// SSTables) or named by no WAL entry (see [`blob::UNLOGGED`]: a
     /// compaction's or a bulk load's, named by its SSTables once they are
-    /// committed) while no load of the shard is alive, named by no SSTable
-    /// of the newest manifest, live or retired, and older than
-    /// [`super::WriterOptions::sstable_grace`] (a query that read a
-    /// MemTable row naming one before its flush has that long to finish,
-    /// as one reading a retired SSTable does). Packs of appends that never
-    /// landed, and of loads that never committed, go the same way. A
-    /// failed delete is tried again by the next call.
+    /// committed) while no load of the shard is alive, and named by no
+    /// SSTable of the newest manifest, live or retired, for
+    /// [`super::WriterOptions::sstable_grace`] since this writer first saw
+    /// it so (a query that read a MemTable row naming one before its flush
+    /// has that long to finish, as one reading a retired SSTable does; a
+    /// pack's own age says nothing of when its rows stopped being read).
+    /// Packs of appends that never landed, and of loads that never
+    /// committed, go the same way. A failed delete is tried again by the
+    /// next call.
     async fn delete_unnamed_packs(&self) -> Result<()> {
         if self.schema.blobs.is_empty() {
             return Ok(());
@@ -1091,18 +1093,28 @@ impl Shared {
             .filter(|meta| settled(meta).is_some())
             .map(|meta| meta.size)
             .sum();
-        let dead: Vec<(Path, u64)> = listed
+        let unnamed: Vec<(Path, u64)> = listed
             .into_iter()
             .filter(|meta| {
                 settled(meta).is_some_and(|(position, epoch)| {
                     let loads_may_name = loading && position & blob::UNLOGGED != 0;
-                    !loads_may_name
-                        && !m.names_pack(epoch, position)
-                        && now - meta.last_modified.timestamp_millis() >= grace
+                    !loads_may_name && !m.names_pack(epoch, position)
                 })
             })
             .map(|meta| (meta.location, meta.size))
             .collect();
+        let dead: Vec<(Path, u64)> = {
+            let mut since = self.unnamed_packs.lock().unwrap();
+            let seen: HashMap<Path, i64> = unnamed
+                .iter()
+                .map(|(path, _)| (path.clone(), since.get(path).copied().unwrap_or(now)))
+                .collect();
+            *since = seen;
+            unnamed
+                .into_iter()
+                .filter(|(path, _)| now - since[path] >= grace)
+                .collect()
+        };
         let store = &self.store;
         let deleted: Vec<Result<u64>> = futures::stream::iter(dead)
             .map(|(path, size)| async move {

@@ -736,6 +736,71 @@ async fn a_pack_whose_rows_were_all_replaced_goes_after_the_next_flush() {
     session.close().await.unwrap();
 }
 
+/// A pack written long ago whose rows are replaced: its grace period
+/// starts when a collection first finds it named by nothing, so a snapshot
+/// taken before the flush still reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pack_stays_for_its_grace_period_after_its_rows_were_flushed_over_however_old() {
+    use datafusion::arrow::array::{AsArray, Int64Array};
+    use datafusion::execution::memory_pool::{MemoryPool, UnboundedMemoryPool};
+    let dir = tempfile::tempdir().unwrap();
+    let local = object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap();
+    let store = FaultyStore::new(Arc::new(local));
+    let graceful = |o: &mut WriterOptions| o.sstable_grace = std::time::Duration::from_secs(3600);
+    let session = open_with(&store, graceful).await;
+    create_media(&session).await;
+    let [old] = packs(&store).await.try_into().unwrap();
+    // Written two hours ago, as far as the store can tell.
+    let file = std::fs::File::options()
+        .write(true)
+        .open(dir.path().join(old.as_ref()))
+        .unwrap();
+    let hours_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(7200);
+    file.set_modified(hours_ago).unwrap();
+    let table = session.table("media").await.unwrap();
+    let before = table.snapshot(0, std::time::Duration::ZERO).await.unwrap();
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'one', CAST('1' AS BYTEA)), (2, 'two', CAST('2' AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    // The next writer's collection, after the flush that dropped the rows.
+    let next = open_with(&store, graceful).await;
+    next.table("media").await.unwrap().compact().await.unwrap();
+    assert!(
+        packs(&store).await.contains(&old),
+        "the pack outlives the flush that dropped its rows"
+    );
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let rows = before.collect(&pool).await.unwrap();
+    let mut lengths: Vec<(i64, usize)> = Vec::new();
+    for batch in &rows {
+        let ids = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let raw = batch.column(2).as_binary::<i32>();
+        lengths.extend((0..batch.num_rows()).map(|i| (ids.value(i), raw.value(i).len())));
+    }
+    lengths.sort();
+    assert_eq!(lengths, [(1, 8192), (2, 16384), (3, 1)], "the old values");
+    next.close().await.unwrap();
+
+    // Without a grace period the next writer's collection takes it.
+    let session = open(&store).await;
+    session
+        .table("media")
+        .await
+        .unwrap()
+        .compact()
+        .await
+        .unwrap();
+    assert!(!packs(&store).await.contains(&old));
+    session.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_repack_leaves_a_damaged_value_in_place_and_goes_on() {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
