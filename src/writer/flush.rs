@@ -462,11 +462,13 @@ impl Shared {
     }
 
     /// Deletes the fences the manifest lists that are older than the
-    /// grace period; the next commit drops them from the list. Failures
-    /// are logged: the fence stays for a later try.
+    /// longest grace period of the writers that claimed the shard; the
+    /// next commit drops them from the list. Failures are logged: the
+    /// fence stays for a later try.
     async fn delete_expired_fences(&self) {
         let manifest = self.manifest();
-        let grace = self.options.fence_grace.as_millis() as u64;
+        let own = self.options.fence_grace.as_millis() as u64;
+        let grace = manifest.state.fence_grace_ms.max(own);
         let now = now_ms();
         let expired: Vec<u64> = manifest
             .state

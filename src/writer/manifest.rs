@@ -39,11 +39,17 @@ pub struct ShardManifest {
     /// Fences at or below `replay_after`, by position. A stale writer's
     /// next append is at a later epoch's fence and must collide with it
     /// (see [`crate::wal::WalLog::fence`]), so a fence is deleted only
-    /// [`super::WriterOptions::fence_grace`] after it was written, when no
+    /// [`ShardManifest::fence_grace_ms`] after it was written, when no
     /// writer can still be about to append there (see the writer's module
     /// doc).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fences: Vec<Fence>,
+    /// The longest [`super::WriterOptions::fence_grace`] (ms) of the
+    /// writers that claimed the shard: fences are kept at least that
+    /// long, so a writer whose lease is longer than its successor's still
+    /// collides with the fence that ends it. 0: none recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub fence_grace_ms: u64,
     /// WAL data entries at or below this are deleted.
     #[serde(default)]
     pub wal_deleted_through: u64,
@@ -167,11 +173,13 @@ pub fn versions(
 /// anyway). With `turn`, the claim takes a turn of that length itself: a
 /// writer taking the shard back from another one does, so that writers
 /// contending for a shard take turns instead of fencing each other at
-/// every write.
+/// every write. The claim records `fence_grace` if it is longer than any
+/// recorded ([`ShardManifest::fence_grace_ms`]).
 pub async fn claim(
     versions: &VersionedObjects,
     turn: Option<Duration>,
     patience: Duration,
+    fence_grace: Duration,
 ) -> Result<Versioned<ShardManifest>> {
     let started = Instant::now();
     loop {
@@ -197,6 +205,7 @@ pub async fn claim(
                     epoch: current.epoch + 1,
                     generation: current.generation.max(1),
                     turn_until_ms: turn.map_or(0, |t| now + t.as_millis() as u64),
+                    fence_grace_ms: current.fence_grace_ms.max(fence_grace.as_millis() as u64),
                     ..current.clone()
                 };
                 let bytes = next.encode()?;
@@ -287,23 +296,42 @@ mod tests {
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
         let versions = versions(store, &Path::from("s"), &CommitOptions::default());
         let patience = Duration::from_secs(30);
-        let first = claim(&versions, None, patience).await.unwrap();
+        let first = claim(&versions, None, patience, MINUTE).await.unwrap();
         assert_eq!((first.state.epoch, first.state.turn_until_ms), (1, 0));
         // No turn: the next claim goes ahead at once and takes one.
         let turn = Duration::from_millis(300);
         let before = now_ms();
-        let second = claim(&versions, Some(turn), patience).await.unwrap();
+        let second = claim(&versions, Some(turn), patience, MINUTE)
+            .await
+            .unwrap();
         assert_eq!(second.state.epoch, 2);
         assert!(second.state.turn_until_ms >= before + 300);
         // The third waits for the end of that turn.
-        let third = claim(&versions, None, patience).await.unwrap();
+        let third = claim(&versions, None, patience, MINUTE).await.unwrap();
         assert_eq!((third.state.epoch, third.state.turn_until_ms), (3, 0));
         assert!(now_ms() >= second.state.turn_until_ms);
         // Unless it has waited long enough already.
-        claim(&versions, Some(Duration::from_secs(3600)), patience)
+        claim(&versions, Some(Duration::from_secs(3600)), patience, MINUTE)
             .await
             .unwrap();
-        let impatient = claim(&versions, None, Duration::ZERO).await.unwrap();
+        let impatient = claim(&versions, None, Duration::ZERO, MINUTE)
+            .await
+            .unwrap();
         assert_eq!(impatient.state.epoch, 5);
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[tokio::test]
+    async fn claims_record_the_longest_fence_grace_of_any_writer() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let versions = versions(store, &Path::from("s"), &CommitOptions::default());
+        let patience = Duration::from_secs(30);
+        let mut recorded = Vec::new();
+        for grace in [MINUTE, Duration::from_millis(1), 10 * MINUTE, MINUTE] {
+            let claimed = claim(&versions, None, patience, grace).await.unwrap();
+            recorded.push(claimed.state.fence_grace_ms);
+        }
+        assert_eq!(recorded, [60_000, 60_000, 600_000, 600_000]);
     }
 }

@@ -21,10 +21,11 @@
 //!   and replays every entry after the manifest's replay cursor into
 //!   MemTables, one per recorded generation, so everything acknowledged by
 //!   any earlier writer is in an SSTable or in the new writer's MemTables;
-//! - fences are deleted once [`WriterOptions::fence_grace`] old (so
+//! - fences are deleted once as old as the longest
+//!   [`WriterOptions::fence_grace`] of the shard's writers (so
 //!   storage stays bounded however often writers open). That stays safe
 //!   because no writer relies on a fence older than that: a writer starts
-//!   no append more than a quarter of the grace after it last confirmed
+//!   no append more than a quarter of its own grace after it last confirmed
 //!   that it owns the shard (an append of its own that landed, or the
 //!   shard manifest still naming its epoch), and an append that took more
 //!   than a quarter of the grace is acknowledged only after the manifest
@@ -462,7 +463,7 @@ impl ShardWriter {
         let versions = manifest::versions(Arc::clone(&store), &dir, &options.commit);
         let claimed_at = Instant::now();
         let turn = taking_back.map(|open| (options.turn() + 2 * open).min(CLAIM_PATIENCE));
-        let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE).await?;
+        let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE, options.fence_grace).await?;
         let after_claim = Instant::now();
         let (epoch, replay_after) = (claimed.state.epoch, claimed.state.replay_after);
         let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));

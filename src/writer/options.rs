@@ -84,9 +84,9 @@ pub struct WriterOptions {
     /// assumes clocks of writers of one shard differ by less than half of
     /// it, and that a writer's host is not suspended for more than a quarter
     /// of it between a confirmation and an append (the monotonic clock that
-    /// measures the lease stops while a machine sleeps). Every process
-    /// that writes a table must use the same value: a writer with a shorter
-    /// grace deletes fences that another writer's lease still relies on.
+    /// measures the lease stops while a machine sleeps). Processes may use
+    /// different values: a shard keeps its fences for the longest grace of
+    /// any writer that claimed it (recorded in its manifest).
     pub fence_grace: Duration,
     /// A write given as a stream ([`crate::Table::put_stream`], SQL
     /// `INSERT`) holds at most about this many bytes of rows in memory; a
@@ -346,7 +346,7 @@ impl WriterOptions {
             "append_retries" => "attempts at one WAL position after the first fails",
             "owner_check_interval" => "point reads trust the writer's ownership this long",
             "index_threads" => "threads inserting vectors into MemTable graphs",
-            "fence_grace" => "WAL fences are deleted this long after they were written",
+            "fence_grace" => "WAL fences are kept at least this long after they were written",
             "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
             "load_grace" => "runs of a load silent this long are a crashed load's, deleted",
             "blob_inline_bytes" => "longer blob values are stored out of line, in packs",

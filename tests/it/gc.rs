@@ -250,3 +250,43 @@ async fn a_writer_whose_dropped_table_was_collected_refuses_puts() {
     assert!(refused.to_string().contains("dropped"), "{refused}");
     assert_eq!(count_files(&dir.path().join("tables")), 0);
 }
+
+/// A writer with a shorter fence grace than the one it took the shard
+/// from keeps the fence as long as the longer grace: the older writer,
+/// still inside its lease, appends at the fence's position, and must
+/// collide with it (found by review: the fence went after the shorter
+/// grace, the stale append landed below the new writer's replay cursor
+/// and its acknowledged row was never read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shorter_fence_grace_elsewhere_keeps_the_fence_an_older_writer_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let with_grace = |grace: Duration| {
+        let mut options = WriterOptions::default();
+        options.fence_grace = grace;
+        MemwalSession::builder(root).writer_options(options).open()
+    };
+    let first = with_grace(Duration::from_secs(3600)).await.unwrap();
+    first
+        .sql("CREATE TABLE kv (id BIGINT PRIMARY KEY)")
+        .await
+        .unwrap();
+    let table = first.table("kv").await.unwrap();
+    let rows = |id: i64| {
+        RecordBatch::try_new(table.schema(), vec![Arc::new(Int64Array::from(vec![id]))]).unwrap()
+    };
+    table.put(&rows(1)).await.unwrap();
+    // Another process takes the shard over, flushes past its fence and,
+    // its own grace long over, collects.
+    let second = with_grace(Duration::from_millis(1)).await.unwrap();
+    let taking_over = second.table("kv").await.unwrap();
+    taking_over.put(&rows(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    second.close().await.unwrap();
+    // The first writer's lease (a quarter of an hour) has not run out.
+    table.put(&rows(3)).await.unwrap();
+    first.close().await.unwrap();
+    let reader = MemwalSession::open(root).await.unwrap();
+    let table = reader.table("kv").await.unwrap();
+    assert_eq!(scanned_rows(&table).await, 3, "every acknowledged row");
+}
