@@ -65,13 +65,20 @@ fn split(
     Ok(out)
 }
 
-/// Writes (or rewrites) each of a load's `markers`, empty.
+/// Writes (or rewrites) each of a load's `markers`, empty, up to
+/// [`OPENS`] at a time.
 async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
-    for marker in markers {
-        store.put(marker, PutPayload::new()).await?;
-    }
+    futures::stream::iter(markers.iter().cloned())
+        .map(|marker| async move { store.put(&marker, PutPayload::new()).await })
+        .buffer_unordered(OPENS)
+        .try_collect::<Vec<_>>()
+        .await?;
     Ok(())
 }
+
+/// Markers written, and shard writers opened, at once: each is a few
+/// requests' latency on an object store.
+const OPENS: usize = 32;
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
 pub(super) struct Load {
@@ -173,11 +180,13 @@ impl Load {
                     self.runs.iter().flatten().map(|r| r.file.clone()).collect();
                 sstable::discard_all(store, &files).await;
             }
-            for marker in &self.markers {
-                if let Err(e) = delete_if_present(store.as_ref(), marker).await {
-                    log::debug!("deleting the load marker {marker}: {e}");
-                }
-            }
+            futures::stream::iter(&self.markers)
+                .for_each_concurrent(OPENS, |marker| async move {
+                    if let Err(e) = delete_if_present(store.as_ref(), marker).await {
+                        log::debug!("deleting the load marker {marker}: {e}");
+                    }
+                })
+                .await;
         };
         if tokio::time::timeout(CLEANUP_PATIENCE, cleanup)
             .await
@@ -330,14 +339,18 @@ impl Table {
     async fn spill(&self, load: &mut Load) -> Result<()> {
         load.written().await?;
         let (id, seq) = (load.id, load.runs_written + 1);
-        for (shard, pending) in load.pending.iter_mut().enumerate() {
-            if pending.is_empty() {
-                continue;
-            }
-            // The shard's writer now (another process may have taken the
-            // shard over since the last run: a run is no manifest change).
-            let writer = self.shard_writer(shard as u32).await?;
-            let rows = std::mem::take(pending);
+        // The shards' writers now (another process may have taken a shard
+        // over since the last run: a run is no manifest change).
+        let shards: Vec<usize> = (0..load.pending.len())
+            .filter(|&shard| !load.pending[shard].is_empty())
+            .collect();
+        let writers: Vec<Arc<ShardWriter>> = futures::stream::iter(shards.clone())
+            .map(|shard| self.shard_writer(shard as u32))
+            .buffered(OPENS)
+            .try_collect()
+            .await?;
+        for (shard, writer) in shards.into_iter().zip(writers) {
+            let rows = std::mem::take(&mut load.pending[shard]);
             let permits = Arc::clone(&load.permits);
             load.writing.spawn(async move {
                 let permit = permits.acquire_owned().await;
