@@ -81,7 +81,7 @@ async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
 const OPENS: usize = 32;
 
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
-pub(super) struct Load {
+struct Load {
     /// Names its runs and markers (see [`paths::load_marker`]).
     id: u64,
     /// Its marker in every shard, rewritten by `heartbeat` while it runs.
@@ -100,7 +100,7 @@ pub(super) struct Load {
 }
 
 impl Load {
-    pub(super) fn new(table_location: &str, shards: usize, grace: Duration) -> Self {
+    fn new(table_location: &str, shards: usize, grace: Duration) -> Self {
         let id = rand::random();
         let grace_ms = grace.as_millis() as u64;
         Self {
@@ -146,11 +146,7 @@ impl Load {
     /// Writes the load's markers, and rewrites them every `heartbeat`
     /// until [`Load::end`]: runs are written only after, so a writer of
     /// the shard never takes them for a crashed load's.
-    pub(super) async fn begin(
-        &mut self,
-        store: &Arc<dyn ObjectStore>,
-        heartbeat: Duration,
-    ) -> Result<()> {
+    async fn begin(&mut self, store: &Arc<dyn ObjectStore>, heartbeat: Duration) -> Result<()> {
         mark(store, &self.markers).await?;
         let (store, markers) = (Arc::clone(store), self.markers.clone());
         self.heartbeat.spawn(async move {
@@ -171,7 +167,7 @@ impl Load {
     /// before this leaves everything) ages: once the markers are older
     /// than the load's grace, the next load, or the shard's writer, deletes
     /// the runs no manifest names.
-    pub(super) async fn end(&mut self, store: &Arc<dyn ObjectStore>, failed: bool) {
+    async fn end(&mut self, store: &Arc<dyn ObjectStore>, failed: bool) {
         self.heartbeat.abort_all();
         let cleanup = async {
             if failed {
@@ -235,11 +231,47 @@ impl Table {
     }
 
     /// The bulk load of [`Table::put_stream`]: `first` (stored, the
-    /// first `rows_read` rows), then `rest`. Half the memory budget holds
+    /// first `rows_read` rows), then `rest`. The runs of crashed loads are
+    /// deleted, the load's markers written and the writers of the shards
+    /// this process writes opened at once: each is a few requests' latency
+    /// on an object store.
+    pub(super) async fn bulk_load<S>(
+        &self,
+        first: Vec<RecordBatch>,
+        rows_read: usize,
+        rest: S,
+    ) -> Result<u64>
+    where
+        S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
+    {
+        let grace = self.options.load_grace;
+        let mut load = Load::new(&self.location, self.shards.len(), grace);
+        let owned =
+            (0..self.shards.len() as u32).filter(|&s| self.options.owned_shards.contains(s));
+        let open = futures::stream::iter(owned)
+            .map(|shard| self.shard_writer(shard))
+            .buffer_unordered(OPENS)
+            .try_collect::<Vec<_>>();
+        let heartbeat = self.options.load_heartbeat();
+        let (_, begun, opened) = futures::join!(
+            self.delete_dead_loads(),
+            load.begin(&self.store, heartbeat),
+            open
+        );
+        let loaded = match begun.and(opened) {
+            Ok(_) => self.load(&mut load, first, rows_read, rest).await,
+            Err(e) => Err(e),
+        };
+        load.end(&self.store, loaded.is_err()).await;
+        loaded
+    }
+
+    /// The load of [`Table::bulk_load`]: `first` (stored, the first
+    /// `rows_read` rows), then `rest`. Half the memory budget holds
     /// rows read, the other half the runs being sorted and written
     /// meanwhile. Batches are split by shard on tasks of their own while
     /// the next is read.
-    pub(super) async fn load<S>(
+    async fn load<S>(
         &self,
         load: &mut Load,
         first: Vec<RecordBatch>,

@@ -44,8 +44,6 @@ use object_store::ObjectStore;
 
 mod load;
 
-use load::Load;
-
 use crate::blob::{self, PackReader};
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
@@ -511,14 +509,7 @@ impl Table {
             held += batch.get_array_memory_size() + batch.num_rows() * PUT_ROW_BYTES;
             stored.push(batch);
             if held > budget {
-                self.delete_dead_loads().await;
-                let grace = self.options.load_grace;
-                let mut load = Load::new(&self.location, self.shards.len(), grace);
-                load.begin(&self.store, self.options.load_heartbeat())
-                    .await?;
-                let loaded = self.load(&mut load, stored, rows, batches).await;
-                load.end(&self.store, loaded.is_err()).await;
-                return loaded;
+                return self.bulk_load(stored, rows, batches).await;
             }
         }
         match stored.is_empty() {
