@@ -3,6 +3,7 @@
 //! runs of bounded size (see the writer's `load` module), and every
 //! shard's runs are committed at once, shard by shard.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use datafusion::arrow::compute::take_record_batch;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinSet;
 
 use super::Table;
@@ -93,9 +94,13 @@ struct Load {
     /// Runs written, by shard, oldest first.
     runs: Vec<Vec<LoadRun>>,
     runs_written: u64,
-    /// The runs being written (aborted if the load is dropped), at most
-    /// [`LOAD_CONCURRENCY`] of them sorting and encoding at a time.
-    writing: JoinSet<(usize, Result<LoadRun>)>,
+    /// The runs being written, by spill, oldest first (aborted if the
+    /// load is dropped), at most [`LOAD_CONCURRENCY`] of them sorting and
+    /// encoding at a time.
+    writing: VecDeque<JoinSet<(usize, Result<LoadRun>)>>,
+    /// Each run of the last spill until its rows are encoded (and
+    /// dropped: what is left of it is the upload).
+    encoding: Vec<oneshot::Receiver<()>>,
     permits: Arc<Semaphore>,
 }
 
@@ -113,7 +118,8 @@ impl Load {
             bytes: 0,
             runs: vec![Vec::new(); shards],
             runs_written: 0,
-            writing: JoinSet::new(),
+            writing: VecDeque::new(),
+            encoding: Vec::new(),
             permits: Arc::new(Semaphore::new(LOAD_CONCURRENCY)),
         }
     }
@@ -132,12 +138,21 @@ impl Load {
 
     /// Waits for the runs being written; the first error, once all ended.
     async fn written(&mut self) -> Result<()> {
+        self.written_but(0).await
+    }
+
+    /// Waits for the runs of every spill but the last `spills` to be
+    /// written; the first error, once they ended.
+    async fn written_but(&mut self, spills: usize) -> Result<()> {
         let mut failed = None;
-        while let Some(joined) = self.writing.join_next().await {
-            match joined {
-                Ok((shard, Ok(run))) => self.runs[shard].push(run),
-                Ok((_, Err(e))) => failed = Some(e),
-                Err(e) => failed = Some(Error::Poisoned(format!("writing a load's run: {e}"))),
+        while self.writing.len() > spills {
+            let mut spill = self.writing.pop_front().expect("more than none");
+            while let Some(joined) = spill.join_next().await {
+                match joined {
+                    Ok((shard, Ok(run))) => self.runs[shard].push(run),
+                    Ok((_, Err(e))) => failed = Some(e),
+                    Err(e) => failed = Some(Error::Poisoned(format!("writing a load's run: {e}"))),
+                }
             }
         }
         failed.map_or(Ok(()), Err)
@@ -367,9 +382,16 @@ impl Table {
     }
 
     /// Starts writing every shard's pending rows of `load` as a run, once
-    /// the runs started before are written.
+    /// the runs of the spill before are encoded and those of the one
+    /// before that written: memory holds the rows read, the rows being
+    /// encoded and the encoded runs of one spill being uploaded (their
+    /// uploads take requests' latency, not the cores).
     async fn spill(&self, load: &mut Load) -> Result<()> {
-        load.written().await?;
+        load.written_but(1).await?;
+        for encoded in std::mem::take(&mut load.encoding) {
+            // A run that failed before it was encoded says so when joined.
+            let _ = encoded.await;
+        }
         let (id, seq) = (load.id, load.runs_written + 1);
         // The shards' writers now (another process may have taken a shard
         // over since the last run: a run is no manifest change).
@@ -381,17 +403,22 @@ impl Table {
             .buffered(OPENS)
             .try_collect()
             .await?;
+        let mut spill = JoinSet::new();
         for (shard, writer) in shards.into_iter().zip(writers) {
             let rows = std::mem::take(&mut load.pending[shard]);
             let permits = Arc::clone(&load.permits);
-            load.writing.spawn(async move {
+            let (encoded, encoding) = oneshot::channel();
+            load.encoding.push(encoding);
+            spill.spawn(async move {
                 let permit = permits.acquire_owned().await;
-                (
-                    shard,
-                    writer.write_run(rows, id, seq, || drop(permit)).await,
-                )
+                let encoded = move || {
+                    drop(permit);
+                    let _ = encoded.send(());
+                };
+                (shard, writer.write_run(rows, id, seq, encoded).await)
             });
         }
+        load.writing.push_back(spill);
         load.bytes = 0;
         load.runs_written = seq;
         Ok(())

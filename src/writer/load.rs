@@ -204,8 +204,8 @@ impl ShardWriter {
     /// Writes `batches` (stored form, rows of this shard, oldest first) as
     /// one sorted run of a load, numbered `seq` (later runs have higher
     /// numbers and win over earlier ones), not yet part of the shard.
-    /// `encoded` is called once the rows are sorted and encoded, before
-    /// the upload ends: what is left is waiting on the store.
+    /// `encoded` is called once the rows are sorted, encoded and dropped,
+    /// before the upload ends: what is left is waiting on the store.
     pub(crate) async fn write_run(
         &self,
         batches: Vec<RecordBatch>,
@@ -263,10 +263,12 @@ impl ShardWriter {
             .step_by(RUN_BATCH_ROWS)
             .map(|at| Ok(body.slice(at, RUN_BATCH_ROWS.min(body.num_rows() - at))))
             .collect();
+        // The rows go as they are encoded (see `encoded`).
         let rows = Box::pin(RecordBatchStreamAdapter::new(
             body.schema(),
             futures::stream::iter(slices),
         ));
+        drop(body);
         let path = paths::new_load_run(&shared.shard_dir, load, seq, shared.epoch);
         let mut file = sstable::write_stream(
             &shared.store,
