@@ -23,7 +23,7 @@ use crate::store::{delete_if_present, paths};
 use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
 
 /// Runs of a bulk load sorted and encoded at once (their uploads end
-/// without holding a turn), and shards committed at once.
+/// without holding a turn), and shards whose runs are counted at once.
 const LOAD_CONCURRENCY: usize = 2;
 
 /// How long the end of a load waits on the store to delete what a
@@ -348,21 +348,33 @@ impl Table {
             writer.hold_compaction();
             held.0.push(writer);
         }
+        // Counting runs takes the cores, their commit requests' latency.
+        let counting = Semaphore::new(LOAD_CONCURRENCY);
         let rows = futures::stream::iter(shards)
-            .map(|(shard, runs)| self.commit_runs(shard, runs))
-            .buffer_unordered(LOAD_CONCURRENCY)
+            .map(|(shard, runs)| self.commit_runs(shard, runs, &counting))
+            .buffer_unordered(OPENS)
             .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
             .await?;
         drop(held);
         Ok(rows)
     }
 
-    /// Counts and commits the runs of a load of `shard`; when another
+    /// Counts (holding a permit of `counting`) and commits the runs of a
+    /// load of `shard`; when another
     /// process took the shard over meanwhile, takes it back and commits
     /// them again (for up to [`super::TAKEOVER_PATIENCE`]), like a put. Returns
     /// the rows the shard holds for them.
-    async fn commit_runs(&self, shard: u32, mut runs: Vec<LoadRun>) -> Result<u64> {
-        let counted = self.shard_writer(shard).await?.finish_runs(&mut runs).await;
+    async fn commit_runs(
+        &self,
+        shard: u32,
+        mut runs: Vec<LoadRun>,
+        counting: &Semaphore,
+    ) -> Result<u64> {
+        let writer = self.shard_writer(shard).await?;
+        let counted = {
+            let _turn = counting.acquire().await;
+            writer.finish_runs(&mut runs).await
+        };
         let files: Vec<SstableFile> = runs.into_iter().map(|r| r.file).collect();
         let rows = match counted {
             Ok(rows) => rows,
