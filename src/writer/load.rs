@@ -488,13 +488,19 @@ impl ShardWriter {
             return Ok(());
         }
         // A load silent for longer than `load_grace` (a stalled host) may
-        // have lost its runs to a writer that took it for crashed: never
-        // name a run that is gone.
-        let objects = runs.iter().flat_map(|run| {
-            std::iter::once(&run.path).chain(run.deletions.iter().map(|d| &d.path))
+        // have lost its runs, or their blob packs, to a writer that took it
+        // for crashed: never name a run or a pack that is gone.
+        let packs = runs.iter().flat_map(|run| &run.packs).flat_map(|packs| {
+            (packs.first..=packs.last)
+                .map(|pack| paths::blob_pack(&shared.shard_dir, pack, packs.epoch))
         });
+        let objects = runs
+            .iter()
+            .flat_map(|run| std::iter::once(&run.path).chain(run.deletions.iter().map(|d| &d.path)))
+            .map(|path| Path::from(path.as_str()))
+            .chain(packs);
         let present = objects.map(|path| async move {
-            match shared.store.head(&path.as_str().into()).await {
+            match shared.store.head(&path).await {
                 Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
                     "{path} of this bulk load (deleted as a crashed load's: the load \
                      was silent for longer than load_grace)"

@@ -921,3 +921,33 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
     assert_eq!(text(&session, md5s).await, expected);
     session.close().await.unwrap();
 }
+
+/// A load whose packs were deleted before it committed (a writer took it
+/// for crashed: it was silent for longer than `load_grace`) fails instead
+/// of naming values that are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open_with(&store, |o| o.load_memory_bytes = 64 << 10).await;
+    run(&session, CREATE_MEDIA).await;
+    let held = store.gate(OpKind::Head, "/blobs/");
+    let insert = failure(
+        &session,
+        "INSERT INTO media SELECT value, 'c', CAST(repeat('v', 10000) AS BYTEA) \
+         FROM generate_series(1, 40)",
+    );
+    tokio::pin!(insert);
+    tokio::select! {
+        err = &mut insert => panic!("the load ended without looking for its packs: {err}"),
+        () = held.arrived(1) => {}
+    }
+    for pack in packs(&store).await {
+        store.delete(&pack).await.unwrap();
+    }
+    held.open();
+    let err = insert.await;
+    assert!(err.contains("crashed load"), "{err}");
+    let count = text(&session, "SELECT count(*) AS n FROM media").await;
+    assert!(count.contains("| 0 |"), "no row: {count}");
+    session.close().await.unwrap();
+}
