@@ -1009,12 +1009,19 @@ impl Shared {
         let manifest = self.manifest();
         let grace = self.options.sstable_grace.as_millis() as u64;
         let now = now_ms();
-        // Queries of this process keep what they read, whatever the grace.
+        // Queries of this process keep what they read (SSTables and their
+        // deletion vectors), whatever the grace.
         let read: HashSet<String> = {
             let layers = self.layers.read().expect("layers poisoned");
             let held = layers.replaced.iter().filter_map(std::sync::Weak::upgrade);
-            held.flat_map(|files| files.iter().map(|f| f.path.clone()).collect::<Vec<_>>())
-                .collect()
+            held.flat_map(|files| {
+                let vectors = files.iter().filter_map(|f| f.deletions.as_ref());
+                let paths = files.iter().map(|f| f.path.clone());
+                paths
+                    .chain(vectors.map(|d| d.path.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
         };
         let expired: Vec<String> = manifest
             .state

@@ -277,8 +277,8 @@ struct Layers {
     manifest: Versioned<ShardManifest>,
     sstables: Arc<Vec<SstableFile>>,
     /// Earlier `sstables` lists that readers (snapshots) may still hold:
-    /// a retired SSTable in one that is still held is not deleted,
-    /// whatever the grace period.
+    /// a retired SSTable or deletion vector in one that is still held is
+    /// not deleted, whatever the grace period.
     replaced: Vec<Weak<Vec<SstableFile>>>,
 }
 

@@ -307,6 +307,66 @@ async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     assert!(m.sstables.len() <= 4, "{} SSTables", m.sstables.len());
 }
 
+/// A deletion vector a flush replaced stays while a query of the writer's
+/// process holds a snapshot that reads it, like a retired SSTable, even
+/// with no grace period; it goes at the first collection after.
+#[tokio::test]
+async fn a_replaced_deletion_vector_a_snapshot_holds_is_kept_whatever_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let mut whole = tiny(64);
+    whole.memtable_bytes = WriterOptions::default().memtable_bytes;
+    // Keys 1 to 3, then key 1 again, which marks it in the first SSTable.
+    for ops in [
+        &[Op::Put(1, 1), Op::Put(2, 1), Op::Put(3, 1)][..],
+        &[Op::Put(1, 2)],
+    ] {
+        let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), whole.clone())
+            .await
+            .unwrap();
+        for &op in ops {
+            apply(&writer, op).await.unwrap();
+        }
+        writer.close().await.unwrap();
+    }
+    // Every put is flushed on its own; no grace period.
+    let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(64))
+        .await
+        .unwrap();
+    let held = writer.snapshot();
+    let vector = held
+        .sstables
+        .iter()
+        .find_map(|f| f.deletions.clone())
+        .expect("the first SSTable is marked")
+        .path;
+    let vector = Path::from(vector.as_str());
+    // Key 2 again: its flush marks the first SSTable in a new vector.
+    apply(&writer, Op::Put(2, 2)).await.unwrap();
+    while writer.stats().flushes == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    writer.compact().await.unwrap();
+    assert!(store.head(&vector).await.is_ok(), "the held vector stays");
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let rows: usize = held
+        .collect(&pool)
+        .await
+        .unwrap()
+        .iter()
+        .map(RecordBatch::num_rows)
+        .sum();
+    assert_eq!(rows, 3, "the snapshot reads as it was");
+    drop(held);
+    writer.compact().await.unwrap();
+    assert!(store.head(&vector).await.is_err(), "then it goes");
+    assert_eq!(
+        scan(&writer).await,
+        BTreeMap::from([(1, 2), (2, 2), (3, 1)])
+    );
+    writer.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn overlapping_sstables_are_read_unmerged_through_their_deletion_vectors() {
     let dir = tempfile::tempdir().unwrap();
