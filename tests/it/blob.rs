@@ -951,3 +951,66 @@ async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
     assert!(count.contains("| 0 |"), "no row: {count}");
     session.close().await.unwrap();
 }
+
+/// A load whose writers another process fences while its runs wait to be
+/// written writes them all the same and commits, taking the shards back
+/// (found from outside: a blob load beside another shell's writes failed
+/// with the fence its writers had met meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_goes_on_when_its_writers_are_fenced_before_its_runs_are_written() {
+    use datafusion::arrow::array::{BinaryArray, Int64Array, RecordBatch, StringArray};
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open_with(&store, |o| o.load_memory_bytes = 64 << 10).await;
+    run(
+        &session,
+        "CREATE TABLE media (id BIGINT PRIMARY KEY, caption TEXT, raw BYTEA) \
+         WITH ('raw.blob' = 'true', 'shards' = '4')",
+    )
+    .await;
+    // Two runs (one at a time per core) hold at their packs' upload; the
+    // other shards' runs wait for them.
+    let held = store.gate(OpKind::Put, "/blobs/");
+    let insert = session
+        .sql(
+            "INSERT INTO media SELECT value, 'c', CAST(repeat('v', 10000) AS BYTEA) \
+             FROM generate_series(1, 40)",
+        )
+        .await
+        .unwrap()
+        .collect();
+    tokio::pin!(insert);
+    tokio::select! {
+        done = &mut insert => panic!("the load ended before its packs were written: {done:?}"),
+        () = held.arrived(2) => {}
+    }
+    // Another process takes every shard over; this one's writers meet its
+    // fences with their next puts (short values: no pack) and take the
+    // shards back.
+    let other = open(&store).await;
+    other.table("media").await.unwrap().compact().await.unwrap();
+    other.close().await.unwrap();
+    let table = session.table("media").await.unwrap();
+    let ids: Vec<i64> = (100..140).collect();
+    let columns: Vec<datafusion::arrow::array::ArrayRef> = vec![
+        Arc::new(Int64Array::from(ids.clone())),
+        Arc::new(StringArray::from(vec!["p"; ids.len()])),
+        Arc::new(BinaryArray::from(vec![&b"p"[..]; ids.len()])),
+    ];
+    let schema = table.schema();
+    let columns = columns
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| datafusion::arrow::compute::cast(c, f.data_type()).unwrap())
+        .collect();
+    let puts = RecordBatch::try_new(schema, columns).unwrap();
+    table.put(&puts).await.unwrap();
+    held.open();
+    insert.await.expect("the load commits");
+    let count = text(
+        &session,
+        "SELECT count(*) AS n, sum(length(raw)) AS bytes FROM media",
+    )
+    .await;
+    assert!(count.contains("| 80 | 400040 |"), "{count}");
+    session.close().await.unwrap();
+}
