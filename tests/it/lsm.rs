@@ -307,21 +307,17 @@ async fn two_hundred_generations_settle_into_at_most_max_sstables() {
     assert!(m.sstables.len() <= 4, "{} SSTables", m.sstables.len());
 }
 
-/// A deletion vector a flush replaced stays while a query of the writer's
-/// process holds a snapshot that reads it, like a retired SSTable, even
-/// with no grace period; it goes at the first collection after.
-#[tokio::test]
-async fn a_replaced_deletion_vector_a_snapshot_holds_is_kept_whatever_the_grace() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = local(&dir);
-    let mut whole = tiny(64);
-    whole.memtable_bytes = WriterOptions::default().memtable_bytes;
-    // Keys 1 to 3, then key 1 again, which marks it in the first SSTable.
+/// Writes one SSTable of keys 1 to 3, then one of key 1 again, which
+/// marks a third of the first (not enough for a merge, with room for 64
+/// SSTables), each by a writer of its own; returns their options.
+async fn one_marked_sstable(store: &Arc<dyn ObjectStore>) -> WriterOptions {
+    let mut options = tiny(64);
+    options.memtable_bytes = WriterOptions::default().memtable_bytes;
     for ops in [
         &[Op::Put(1, 1), Op::Put(2, 1), Op::Put(3, 1)][..],
         &[Op::Put(1, 2)],
     ] {
-        let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), whole.clone())
+        let writer = ShardWriter::open(Arc::clone(store), LOCATION, 0, table(), options.clone())
             .await
             .unwrap();
         for &op in ops {
@@ -329,6 +325,17 @@ async fn a_replaced_deletion_vector_a_snapshot_holds_is_kept_whatever_the_grace(
         }
         writer.close().await.unwrap();
     }
+    options
+}
+
+/// A deletion vector a flush replaced stays while a query of the writer's
+/// process holds a snapshot that reads it, like a retired SSTable, even
+/// with no grace period; it goes at the first collection after.
+#[tokio::test]
+async fn a_replaced_deletion_vector_a_snapshot_holds_is_kept_whatever_the_grace() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    one_marked_sstable(&store).await;
     // Every put is flushed on its own; no grace period.
     let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(64))
         .await
@@ -447,25 +454,10 @@ async fn overlapping_sstables_are_read_unmerged_through_their_deletion_vectors()
 
     // One damaged byte of a vector is an error naming it, never another
     // answer. On a shard of its own, so that no compaction merges the
-    // marked file away first: one SSTable of three keys, then one of the
-    // first again, which marks a third of the first (not enough for a
-    // merge, with room for 64 SSTables).
+    // marked file away first (see `one_marked_sstable`).
     let dir = tempfile::tempdir().unwrap();
     let store = local(&dir);
-    let mut options = tiny(64);
-    options.memtable_bytes = WriterOptions::default().memtable_bytes;
-    for ops in [
-        &[Op::Put(1, 1), Op::Put(2, 1), Op::Put(3, 1)][..],
-        &[Op::Put(1, 2)],
-    ] {
-        let writer = ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), options.clone())
-            .await
-            .unwrap();
-        for &op in ops {
-            apply(&writer, op).await.unwrap();
-        }
-        writer.close().await.unwrap();
-    }
+    let options = one_marked_sstable(&store).await;
     let m = manifest(&store).await;
     let vector = m
         .sstables
