@@ -264,7 +264,7 @@ impl Table {
         let owned =
             (0..self.shards.len() as u32).filter(|&s| self.options.owned_shards.contains(s));
         let open = futures::stream::iter(owned)
-            .map(|shard| self.shard_writer(shard))
+            .map(|shard| self.load_writer(shard))
             .buffer_unordered(OPENS)
             .try_collect::<Vec<_>>();
         let heartbeat = self.options.load_heartbeat();
@@ -344,7 +344,7 @@ impl Table {
         // Compaction of the shards committed first waits for the others.
         let mut held = CompactionHold(Vec::with_capacity(shards.len()));
         for (shard, _) in &shards {
-            let writer = self.shard_writer(*shard).await?;
+            let writer = self.load_writer(*shard).await?;
             writer.hold_compaction();
             held.0.push(writer);
         }
@@ -359,6 +359,14 @@ impl Table {
         Ok(rows)
     }
 
+    /// The writer of `shard` for a load: opened, and taken back from other
+    /// writers that claim the shard while it opens, like a put's (for up
+    /// to [`super::TAKEOVER_PATIENCE`]).
+    async fn load_writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
+        self.on_shard(shard, "a load", |writer| async move { Ok(writer) })
+            .await
+    }
+
     /// Counts (holding a permit of `counting`) and commits the runs of a
     /// load of `shard`; when another
     /// process took the shard over meanwhile, takes it back and commits
@@ -370,7 +378,7 @@ impl Table {
         mut runs: Vec<LoadRun>,
         counting: &Semaphore,
     ) -> Result<u64> {
-        let writer = self.shard_writer(shard).await?;
+        let writer = self.load_writer(shard).await?;
         let counted = {
             let _turn = counting.acquire().await;
             writer.finish_runs(&mut runs).await
@@ -411,7 +419,7 @@ impl Table {
             .filter(|&shard| !load.pending[shard].is_empty())
             .collect();
         let writers: Vec<Arc<ShardWriter>> = futures::stream::iter(shards.clone())
-            .map(|shard| self.shard_writer(shard as u32))
+            .map(|shard| self.load_writer(shard as u32))
             .buffered(OPENS)
             .try_collect()
             .await?;

@@ -282,12 +282,6 @@ impl Table {
     /// needed (for tests: users write through the table).
     #[cfg(any(test, feature = "testing"))]
     pub async fn writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
-        self.shard_writer(shard).await
-    }
-
-    /// The writer of `shard`, opened (or re-opened after it stopped) if
-    /// needed.
-    pub(crate) async fn shard_writer(&self, shard: u32) -> Result<Arc<ShardWriter>> {
         self.writer_as(shard, None).await
     }
 
