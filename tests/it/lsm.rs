@@ -97,6 +97,13 @@ fn model(ops: &[Op]) -> BTreeMap<i64, i64> {
     rows
 }
 
+/// The rows a snapshot reads, by a full scan.
+async fn collected_rows(snapshot: &memwal::ShardSnapshot) -> usize {
+    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
+    let batches = snapshot.collect(&pool).await.unwrap();
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
 /// Every live row a writer's readers see, by a full scan.
 async fn scan(writer: &ShardWriter) -> BTreeMap<i64, i64> {
     let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
@@ -230,14 +237,7 @@ async fn a_snapshot_held_in_the_writers_process_keeps_its_sstables_whatever_the_
         );
         store.head(&Path::from(f.path.as_str())).await.unwrap();
     }
-    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-    let rows: usize = held
-        .collect(&pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(RecordBatch::num_rows)
-        .sum();
+    let rows = collected_rows(&held).await;
     assert_eq!(rows, model(&ops).len(), "the held snapshot reads");
 
     drop(held);
@@ -355,14 +355,7 @@ async fn a_replaced_deletion_vector_a_snapshot_holds_is_kept_whatever_the_grace(
     }
     writer.compact().await.unwrap();
     assert!(store.head(&vector).await.is_ok(), "the held vector stays");
-    let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
-    let rows: usize = held
-        .collect(&pool)
-        .await
-        .unwrap()
-        .iter()
-        .map(RecordBatch::num_rows)
-        .sum();
+    let rows = collected_rows(&held).await;
     assert_eq!(rows, 3, "the snapshot reads as it was");
     drop(held);
     writer.compact().await.unwrap();
