@@ -141,7 +141,9 @@ impl Shared {
 
     /// Runs `attempt` until it succeeds, up to the writer's retry budget
     /// (see [`super::WriterOptions::append_retries`]); a fence is never
-    /// retried.
+    /// retried, and a failure after another writer claimed the shard
+    /// (whose collection may have deleted what the attempt reads) is that
+    /// fence.
     async fn retrying<T, F: Future<Output = Result<T>>>(
         &self,
         what: &str,
@@ -154,6 +156,10 @@ impl Shared {
                 Ok(t) => return Ok(t),
                 Err(e @ Error::Fenced { .. }) => return Err(e),
                 Err(e) => {
+                    if let Ok(Some(fenced)) = self.newer_claim().await {
+                        log::debug!("{what} failed after a newer writer claimed the shard: {e}");
+                        return Err(fenced);
+                    }
                     failures += 1;
                     if !self.options.retry(failures, tried.elapsed()) {
                         return Err(Error::Poisoned(format!(

@@ -585,3 +585,41 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
     // Most faults stop the writer.
     assert!(stopped * 2 > cases, "{stopped} of {cases} runs stopped");
 }
+
+/// A writer whose flush meets SSTables that a newer writer merged and
+/// deleted at once (no grace period) stops as fenced, at the first failed
+/// attempt, instead of retrying against the missing files until its
+/// retries run out and stopping as broken (found from outside: a bulk load
+/// beside another shell's compactions failed with "deletion vectors of a
+/// flush failed 6 times").
+#[tokio::test]
+async fn a_flush_over_sstables_a_newer_writer_deleted_stops_as_fenced() {
+    let inner: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let options = one_marked_sstable(&inner).await;
+    // A put left in the WAL by a writer still running.
+    let running = ShardWriter::open(Arc::clone(&inner), LOCATION, 0, table(), options.clone())
+        .await
+        .unwrap();
+    apply(&running, Op::Put(2, 3)).await.unwrap();
+    // This writer takes it over and flushes it at its close, its SSTable
+    // held at the upload.
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let held = faulty.gate(OpKind::Put, "/sst/");
+    let store: Arc<dyn ObjectStore> = faulty.clone();
+    let writer = ShardWriter::open(store, LOCATION, 0, table(), options.clone())
+        .await
+        .unwrap();
+    let closing = tokio::spawn(async move { writer.close().await });
+    held.arrived(1).await;
+    // Meanwhile a newer writer merges the two SSTables and deletes them.
+    let newer = ShardWriter::open(Arc::clone(&inner), LOCATION, 0, table(), options)
+        .await
+        .unwrap();
+    newer.compact().await.unwrap();
+    held.open();
+    // Fenced, with no rows of its own acknowledged: a close without error.
+    closing.await.unwrap().unwrap();
+    assert_eq!(scan(&newer).await, BTreeMap::from([(1, 2), (2, 3), (3, 1)]));
+    newer.close().await.unwrap();
+    let _ = running.close().await;
+}
