@@ -107,6 +107,26 @@ pub enum Error {
     )]
     Poisoned(String),
 
+    /// A write to several shards (a put, a delete, a bulk load) took
+    /// effect in some shards and failed in others. Each shard's part is
+    /// in whole or not at all: the `written` shards hold theirs, the
+    /// `failed` ones none of it (unless `cause` says a commit's outcome
+    /// is unknown).
+    #[error(
+        "the write took effect in shards {written:?} ({rows} rows) and failed in shards \
+         {failed:?}, each shard's part in whole or not at all: {cause}"
+    )]
+    PartlyWritten {
+        /// Shards whose part took effect.
+        written: Vec<u32>,
+        /// The rows the `written` shards hold for it.
+        rows: u64,
+        /// Shards whose part failed.
+        failed: Vec<u32>,
+        /// The first failure, by shard.
+        cause: Box<Error>,
+    },
+
     /// A stored object could not be decoded.
     #[error("corrupt object {path}: {reason}")]
     Corrupt {

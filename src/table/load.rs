@@ -349,14 +349,18 @@ impl Table {
             held.0.push(writer);
         }
         // Counting runs takes the cores, their commit requests' latency.
+        // Every shard's commit ends, whatever the others' outcome.
         let counting = Semaphore::new(LOAD_CONCURRENCY);
-        let rows = futures::stream::iter(shards)
-            .map(|(shard, runs)| self.commit_runs(shard, runs, &counting))
+        let outcomes: Vec<(u32, Result<u64>)> = futures::stream::iter(shards)
+            .map(|(shard, runs)| {
+                let counting = &counting;
+                async move { (shard, self.commit_runs(shard, runs, counting).await) }
+            })
             .buffer_unordered(OPENS)
-            .try_fold(0, |sum, rows| async move { Ok(sum + rows) })
-            .await?;
+            .collect()
+            .await;
         drop(held);
-        Ok(rows)
+        super::gather(outcomes)
     }
 
     /// The writer of `shard` for a load: opened, and taken back from other

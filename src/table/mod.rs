@@ -66,6 +66,36 @@ const SNAPSHOT_ATTEMPTS: usize = 10;
 /// store requests when the shard is written by another process).
 const SNAPSHOTS_IN_FLIGHT: usize = 32;
 
+/// The rows a write to several shards wrote, from each shard's outcome:
+/// the failure alone if no shard's part took effect, otherwise
+/// [`Error::PartlyWritten`] naming the shards that did.
+fn gather(mut outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
+    outcomes.sort_by_key(|(shard, _)| *shard);
+    let (mut written, mut rows, mut failed, mut cause) = (Vec::new(), 0, Vec::new(), None);
+    for (shard, outcome) in outcomes {
+        match outcome {
+            Ok(n) => {
+                written.push(shard);
+                rows += n;
+            }
+            Err(e) => {
+                failed.push(shard);
+                cause.get_or_insert(e);
+            }
+        }
+    }
+    match cause {
+        None => Ok(rows),
+        Some(cause) if written.is_empty() => Err(cause),
+        Some(cause) => Err(Error::PartlyWritten {
+            written,
+            rows,
+            failed,
+            cause: Box::new(cause),
+        }),
+    }
+}
+
 impl Part {
     /// The rows the shard will hold for the part: one per distinct key,
     /// every row without a key.
@@ -461,7 +491,8 @@ impl Table {
     /// they become visible and durable at once, and a crash keeps all of
     /// a shard's part or none of it (shards are independent). Every batch
     /// is checked before anything is written. Returns what
-    /// [`Table::put`] returns.
+    /// [`Table::put`] returns; when the parts of some shards fail and
+    /// others' take effect, [`Error::PartlyWritten`] names them.
     pub async fn put_all(&self, batches: &[RecordBatch]) -> Result<u64> {
         let mut rows_before = 0;
         let mut stored = Vec::with_capacity(batches.len());
@@ -474,7 +505,7 @@ impl Table {
 
     /// Puts the rows of a stream of batches as one write, like
     /// [`Table::put_all`] (all or none per shard, across crashes; the same
-    /// count), holding at most about [`WriterOptions::load_memory_bytes`]
+    /// count and errors), holding at most about [`WriterOptions::load_memory_bytes`]
     /// of rows in memory whatever the stream's size. A write within that
     /// bound (its rows' bytes, and about 128 bytes a row that a put's key
     /// index takes) is one put per shard; a larger one is a bulk load: each
@@ -537,9 +568,13 @@ impl Table {
         for part in &parts {
             Self::report_lost_rows(self.slot(part.shard)?)?;
         }
-        let rows = parts.iter().map(Part::rows_held).sum();
-        futures::future::try_join_all(parts.into_iter().map(|part| self.write_part(part))).await?;
-        Ok(rows)
+        // Every shard's part ends, whatever the others' outcome.
+        let outcomes = futures::future::join_all(parts.into_iter().map(|part| async move {
+            let (shard, rows) = (part.shard, part.rows_held());
+            (shard, self.write_part(part).await.map(|()| rows))
+        }))
+        .await;
+        gather(outcomes)
     }
 
     /// Splits stored rows by shard, each row's key encoded once (for

@@ -221,6 +221,71 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
     session.close().await.unwrap();
 }
 
+/// A write whose part fails in one shard and takes effect in the others
+/// (a put, then a bulk load) says which shards hold it, and they do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_fails_in_one_shard_names_the_shards_that_hold_it() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let root = ObjectRoot::new(faulty.clone(), "memory://faulty");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    let mut o = options();
+    o.append_retries = 1;
+    let session = MemwalSession::new(catalog, o);
+    let table = create(&session, "t", true).await;
+    let schema = table.schema();
+    table.put(&batch(&schema, 0..100, 1)).await.unwrap();
+    // Shard 1 can append to its WAL no more.
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/shards/1/wal/"),
+    );
+    let partly = |err: memwal::Error, v: i64, rows: &BTreeMap<i64, i64>| match err {
+        memwal::Error::PartlyWritten {
+            written,
+            rows: held,
+            failed,
+            ..
+        } => {
+            assert_eq!((written, failed), (vec![0, 2, 3], vec![1]));
+            let new = rows.values().filter(|&&x| x == v).count() as u64;
+            assert_eq!(held, new, "the rows the written shards hold");
+            assert!(
+                new > 0 && (new as usize) < rows.len(),
+                "{new} of {}",
+                rows.len()
+            );
+        }
+        other => panic!("{other}"),
+    };
+    let err = table.put(&batch(&schema, 0..100, 2)).await.unwrap_err();
+    assert!(err.to_string().contains("shards [0, 2, 3]"), "{err}");
+    let got = rows(&table).await;
+    assert_eq!(got.len(), 100);
+    partly(err, 2, &got);
+    // The next write opens shard 1 again; then its manifest takes no
+    // commit, and a load larger than its memory budget commits the others.
+    faulty.clear();
+    table.put(&batch(&schema, 0..100, 1)).await.unwrap();
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/shards/1/manifest/"),
+    );
+    let load = (0..20).map(|i| Ok(batch(&schema, i * 500..(i + 1) * 500, 3)));
+    let err = table
+        .put_stream(futures::stream::iter(load))
+        .await
+        .unwrap_err();
+    partly(err, 3, &rows(&table).await);
+    faulty.clear();
+    table.put(&batch(&schema, 0..10_000, 4)).await.unwrap();
+    assert!(rows(&table).await.values().all(|&v| v == 4));
+    session.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_survives_another_writer_taking_its_shards_over() {
     let dir = tempfile::tempdir().unwrap();
