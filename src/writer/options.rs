@@ -86,7 +86,9 @@ pub struct WriterOptions {
     /// of it between a confirmation and an append (the monotonic clock that
     /// measures the lease stops while a machine sleeps). Processes may use
     /// different values: a shard keeps its fences for the longest grace of
-    /// any writer that claimed it (recorded in its manifest).
+    /// any writer that claimed it (recorded in its manifest). At least
+    /// 100 ms; on an object store, more than four times an append's
+    /// latency.
     pub fence_grace: Duration,
     /// A write given as a stream ([`crate::Table::put_stream`], SQL
     /// `INSERT`) holds at most about this many bytes of rows in memory; a
@@ -271,9 +273,13 @@ impl WriterOptions {
             )));
         }
         // Shown in milliseconds, the unit `set` reads without one.
-        if self.fence_grace < Duration::from_millis(1) {
+        // Below this the lease (a quarter) is shorter than an append to a
+        // local disk under load: most appends would need a confirmation,
+        // and the clocks of a shard's writers would have to agree to
+        // within 50 ms.
+        if self.fence_grace < Duration::from_millis(100) {
             let value = format!("{}ms", self.fence_grace.as_millis());
-            return Err(bad("fence_grace", &value, "at least 1 ms"));
+            return Err(bad("fence_grace", &value, "at least 100 ms"));
         }
         if self.load_grace < Duration::from_secs(1) {
             let value = format!("{}ms", self.load_grace.as_millis());
@@ -524,7 +530,7 @@ mod tests {
         assert_eq!(format!("{o:?}"), before, "a refused value changes nothing");
         assert!(o.check().is_ok());
         for (name, value) in [
-            ("fence_grace", "0"),
+            ("fence_grace", "99ms"),
             ("load_grace", "999ms"),
             ("load_memory_bytes", "0"),
             ("max_sstables", "0"),

@@ -278,10 +278,10 @@ async fn a_shorter_fence_grace_elsewhere_keeps_the_fence_an_older_writer_needs()
     table.put(&rows(1)).await.unwrap();
     // Another process takes the shard over, flushes past its fence and,
     // its own grace long over, collects.
-    let second = with_grace(Duration::from_millis(1)).await.unwrap();
+    let second = with_grace(Duration::from_millis(100)).await.unwrap();
     let taking_over = second.table("kv").await.unwrap();
     taking_over.put(&rows(2)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
     second.close().await.unwrap();
     // The first writer's lease (a quarter of an hour) has not run out.
     table.put(&rows(3)).await.unwrap();
