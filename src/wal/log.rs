@@ -132,23 +132,17 @@ impl WalLog {
         Ok(positions)
     }
 
-    /// Every entry after `after` up to the tip, in position order (read a
-    /// few at a time). The listing gives only the tip: every position up
-    /// to it is read, so an entry a listing missed (a directory's listing
-    /// is no snapshot) is read all the same. A position with no entry, or
-    /// an entry that fails its checksum, is an error naming the object.
-    pub async fn replay(&self, after: u64) -> Result<Vec<(u64, WalEntry)>> {
-        let tip = self
-            .positions_after(after)
-            .await?
-            .last()
-            .copied()
-            .unwrap_or(after);
-        futures::stream::iter(after + 1..=tip)
+    /// Every entry after `after` and before `below` (a fence this writer
+    /// wrote, see [`WalLog::fence`]), in position order, read a few at a
+    /// time without a listing: every position below a fence holds an
+    /// entry, so one that holds none, or an entry that fails its checksum,
+    /// is an error naming the object.
+    pub async fn replay(&self, after: u64, below: u64) -> Result<Vec<(u64, WalEntry)>> {
+        futures::stream::iter(after + 1..below)
             .map(|position| async move {
                 let entry = self.read(position).await?.ok_or_else(|| Error::Corrupt {
                     path: self.path_of(position).to_string(),
-                    reason: format!("WAL position missing (the tip is {tip})"),
+                    reason: format!("WAL position missing (the fence is at {below})"),
                 })?;
                 Ok((position, entry))
             })
@@ -278,7 +272,7 @@ mod tests {
             // An attempt that landed, retried: not a fence.
             wal.append(i as u64 + 1, 1, bytes).await.unwrap();
         }
-        let replayed = wal.replay(1).await.unwrap();
+        let replayed = wal.replay(1, 4).await.unwrap();
         assert_eq!(replayed.iter().map(|(p, _)| *p).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(replayed[1].1, entry(1, &[5, 6]));
         assert_eq!(wal.positions_after(0).await.unwrap(), [1, 2, 3]);
@@ -308,7 +302,7 @@ mod tests {
             }
             other => panic!("expected Fenced, got {other}"),
         }
-        let replayed = wal.replay(0).await.unwrap();
+        let replayed = wal.replay(0, 3).await.unwrap();
         assert_eq!(replayed.len(), 2);
         assert_eq!(replayed[1].1.kind, EntryKind::Fence);
         // A second fence goes after the first.
@@ -339,7 +333,7 @@ mod tests {
             Error::Fenced { by_epoch: 2, .. }
         ));
         // 4 is not plugged: replay reports it.
-        let err = wal.replay(0).await.unwrap_err().to_string();
+        let err = wal.replay(0, 6).await.unwrap_err().to_string();
         assert!(err.contains("00000000000000000004.arrow"), "{err}");
         assert!(wal.explains_gap(3, 2).await.unwrap());
         assert!(!wal.explains_gap(5, 4).await.unwrap());
@@ -369,7 +363,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn replay_reads_an_entry_its_listing_missed() {
+    async fn replay_reads_an_entry_a_listing_misses() {
         let store = crate::store::FaultyStore::new(Arc::new(InMemory::new()));
         let wal = WalLog::new(store.clone(), paths::wal_dir(&paths::shard_dir("t", 0)));
         for position in 1..=3 {
@@ -377,7 +371,7 @@ mod tests {
             wal.append(position, 1, bytes).await.unwrap();
         }
         store.hide_from_listings(wal.path_of(2).to_string(), 1);
-        let replayed = wal.replay(0).await.unwrap();
+        let replayed = wal.replay(0, 4).await.unwrap();
         assert_eq!(
             replayed.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
             [1, 2, 3]
@@ -394,7 +388,7 @@ mod tests {
         wal.append(3, 1, wal.encode(3, &entry(1, &[3])).unwrap())
             .await
             .unwrap();
-        let err = wal.replay(0).await.unwrap_err().to_string();
+        let err = wal.replay(0, 4).await.unwrap_err().to_string();
         assert!(
             err.contains("00000000000000000002.arrow") && err.contains("missing"),
             "{err}"
@@ -408,7 +402,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let err = wal.replay(0).await.unwrap_err();
+        let err = wal.replay(0, 4).await.unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }));
         assert!(
             err.to_string().contains("00000000000000000002.arrow"),

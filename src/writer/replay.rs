@@ -48,7 +48,7 @@ pub(super) async fn replay(
     let now_ms = manifest::now_ms();
     let mut fences = BTreeMap::from([(fence, now_ms)]);
     let (mut rows, mut bytes) = (0, 0);
-    let replayed = match wal.replay(replay_after).await {
+    let replayed = match wal.replay(replay_after, fence).await {
         Ok(replayed) => replayed,
         // Entries that vanished under the replay were flushed and
         // deleted by a newer writer: this one is fenced, the WAL fine.
@@ -71,9 +71,6 @@ pub(super) async fn replay(
         Err(e) => return Err(e),
     };
     for (position, entry) in replayed {
-        if position >= fence {
-            break;
-        }
         if entry.kind != EntryKind::Data {
             fences.insert(position, now_ms);
             continue;
