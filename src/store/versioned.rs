@@ -261,6 +261,9 @@ pub struct VersionedObjects {
     /// Whether a commit writes the hint and collects old versions (see
     /// [`VersionedObjects::into_log`]).
     collects: bool,
+    /// Those follow-ups of commits made through this handle (and its
+    /// clones) that may still run (see [`VersionedObjects::settle`]).
+    follow_ups: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 /// How often a reader re-resolves the tip when versions vanish under it.
@@ -281,6 +284,7 @@ impl VersionedObjects {
             options,
             tombstones: Default::default(),
             collects: true,
+            follow_ups: Default::default(),
         }
     }
 
@@ -424,6 +428,11 @@ impl VersionedObjects {
     /// caller has seen; 0 if none) or the hint, whichever is larger.
     pub async fn latest_version(&self, known: u64) -> Result<u64> {
         let start = self.read_hint().await.unwrap_or(0).max(known);
+        self.tip_from(start).await
+    }
+
+    /// The newest version, from `start` (a version thought to exist, or 0).
+    async fn tip_from(&self, start: u64) -> Result<u64> {
         let mut tip = if start > 0 && self.exists(start).await? {
             start
         } else {
@@ -443,8 +452,22 @@ impl VersionedObjects {
         known: u64,
         decode: impl Fn(&Path, Bytes) -> Result<S>,
     ) -> Result<Versioned<S>> {
-        for _ in 0..RELOAD_ATTEMPTS {
-            let version = self.latest_version(known).await?;
+        // Most often the hint names the tip: its body and the absence of
+        // the version after it, asked at once. Whichever answer came
+        // first, the version read was the tip at some moment in between.
+        let hinted = self.read_hint().await.unwrap_or(0).max(known);
+        if hinted > 0 {
+            let (body, newer) = futures::join!(self.read(hinted), self.exists(hinted + 1));
+            if !newer? && let Some(bytes) = body? {
+                let state = decode(&self.path_of(hinted), bytes)?;
+                return Ok(Versioned::new(hinted, Arc::new(state)));
+            }
+        }
+        for attempt in 0..RELOAD_ATTEMPTS {
+            let version = match attempt {
+                0 => self.tip_from(hinted).await?,
+                _ => self.latest_version(known).await?,
+            };
             if version == 0 {
                 return Ok(Versioned::new(0, Arc::new(S::default())));
             }
@@ -592,7 +615,7 @@ impl VersionedObjects {
                             });
                         }
                     }
-                    self.after_commit(version).await;
+                    self.after_commit(version);
                     return Ok(Versioned::new(version, Arc::new(state)));
                 }
                 PutOutcome::Taken => {
@@ -612,13 +635,34 @@ impl VersionedObjects {
         }
     }
 
-    /// Best-effort follow-ups of a commit: the hint, then garbage collection
-    /// (see the module doc). Failures are logged, never returned: the commit
-    /// already happened.
-    async fn after_commit(&self, version: u64) {
+    /// Starts the best-effort follow-ups of a commit, the hint and then
+    /// garbage collection (see the module doc), on a task of their own:
+    /// the commit does not wait for their requests (see
+    /// [`VersionedObjects::settle`]).
+    fn after_commit(&self, version: u64) {
         if !self.collects {
             return;
         }
+        let this = self.clone();
+        let follow_up = tokio::spawn(async move { this.hint_and_collect(version).await });
+        let mut pending = self.follow_ups.lock().expect("follow-up list poisoned");
+        pending.retain(|task| !task.is_finished());
+        pending.push(follow_up);
+    }
+
+    /// Waits for the follow-ups of the commits made so far through this
+    /// handle and its clones (before a process that made them ends).
+    pub async fn settle(&self) {
+        let pending =
+            std::mem::take(&mut *self.follow_ups.lock().expect("follow-up list poisoned"));
+        for follow_up in pending {
+            let _ = follow_up.await;
+        }
+    }
+
+    /// The follow-ups of the commit of `version`. Failures are logged,
+    /// never returned: the commit already happened.
+    async fn hint_and_collect(&self, version: u64) {
         let hint = PutPayload::from(version.to_string());
         if let Err(e) = self.store.put(&paths::hint_file(&self.dir), hint).await {
             log::debug!("hint write in {} failed: {e}", self.dir);
@@ -781,6 +825,7 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
+        objs.settle().await;
         let tip = objs.load_latest(0, decode).await.unwrap();
         assert_eq!(*tip.state, 80);
         assert_eq!(tip.version, 80);
@@ -800,6 +845,7 @@ mod tests {
         for _ in 0..10 {
             increment(&objs).await.unwrap();
         }
+        objs.settle().await;
         // Version 2 is collected now; the stale writer must not recreate it.
         assert!(objs.read(2).await.unwrap().is_none());
         let done = objs
@@ -825,9 +871,11 @@ mod tests {
         for _ in 0..10 {
             increment(&busy).await.unwrap();
         }
+        busy.settle().await;
         tokio::time::sleep(ttl * 3).await;
         // This commit deletes busy's expired tombstones, version 2's included.
         increment(&busy).await.unwrap();
+        busy.settle().await;
         assert!(!busy.list_versions().await.unwrap().contains(&2));
         let done = idle
             .commit(stale, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
@@ -854,12 +902,14 @@ mod tests {
         for _ in 0..20 {
             increment(&keeper).await.unwrap();
         }
+        keeper.settle().await;
         assert_eq!(keeper.list_versions().await.unwrap().len(), 20);
         // ...one whose tombstones expire at once deletes its own right away.
         let quick = VersionedObjects::new(store, dir(), "txt", options(Duration::ZERO));
         for _ in 0..20 {
             increment(&quick).await.unwrap();
         }
+        quick.settle().await;
         // The keeper's tombstones 1..=15 stay; the quick one's 16..=35 went.
         let left = quick.list_versions().await.unwrap();
         assert_eq!(left, (1..=15).chain(36..=40).collect::<Vec<_>>());

@@ -889,6 +889,7 @@ impl ShardWriter {
             task.await
                 .map_err(|e| Error::Poisoned(format!("shard writer task failed: {e}")))?;
         }
+        self.shared.versions.settle().await;
         if let Some(lost) = self.lost_rows() {
             return Err(lost);
         }
@@ -1062,10 +1063,12 @@ pub(crate) async fn seal_dropped_shard(
     commit: &CommitOptions,
 ) -> Result<()> {
     let dir = paths::shard_dir(location, shard);
-    let sealed = manifest::seal(&manifest::versions(Arc::clone(&store), &dir, commit)).await?;
+    let versions = manifest::versions(Arc::clone(&store), &dir, commit);
+    let sealed = manifest::seal(&versions).await?;
     WalLog::new(store, paths::wal_dir(&dir))
         .fence(sealed.state.epoch, sealed.state.replay_after)
         .await?;
+    versions.settle().await;
     Ok(())
 }
 
