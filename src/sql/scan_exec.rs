@@ -119,7 +119,12 @@ impl ScanExec {
             let per_shard = target_partitions.div_ceil(snapshots.len()).max(1);
             for (shard, snapshot) in std::mem::take(&mut snapshots).into_iter().enumerate() {
                 let snapshot = snapshot.expect("taken for every shard");
-                for part in snapshot.parts(per_shard, &bounds).await? {
+                // Reads the footers of the snapshot's SSTables.
+                let shard_parts = match snapshot.parts(per_shard, &bounds).await {
+                    Ok(shard_parts) => shard_parts,
+                    Err(e) => return Err(table.explain_missing(shard as u32, e).await.into()),
+                };
+                for part in shard_parts {
                     parts.push((shard as u32, part));
                 }
             }
@@ -491,15 +496,15 @@ impl ExecutionPlan for ScanExec {
         // Every shard of a dropped table is sealed before its data goes:
         // any shard tells.
         let shard = self.parts.get(partition).map_or(0, |(shard, _)| *shard);
-        let rows = explain_dropped(rows, Arc::clone(&self.table), shard);
+        let rows = explain_missing(rows, Arc::clone(&self.table), shard);
         Ok(observed(rows, baseline))
     }
 }
 
 /// `rows`, with an object found missing because the table was dropped
-/// while the statement read it reported as that (see
-/// [`Table::explain_missing`]).
-fn explain_dropped(
+/// while the statement read it, or an SSTable replaced and deleted
+/// meanwhile, reported as that (see [`Table::explain_missing`]).
+fn explain_missing(
     rows: SendableRecordBatchStream,
     table: Arc<Table>,
     shard: u32,

@@ -450,12 +450,14 @@ impl Table {
     }
 
     /// `error`, met reading `shard`; or, if it is an object gone missing
-    /// because the table was dropped meanwhile (the shard's newest
-    /// manifest says so), [`Error::NotFound`] saying that.
+    /// because the table was dropped meanwhile, or an SSTable the shard's
+    /// newest manifest no longer names (replaced, and deleted after the
+    /// writer's `sstable_grace`), [`Error::NotFound`] saying that.
     pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
-        if !matches!(error, Error::Store(object_store::Error::NotFound { .. })) {
+        let Error::Store(object_store::Error::NotFound { path, .. }) = &error else {
             return error;
-        }
+        };
+        let missing = paths::sstable_dir(path).to_string();
         let slot = match self.slot(shard) {
             Ok(slot) => slot,
             // Dropped by this process.
@@ -469,6 +471,20 @@ impl Table {
         match versions.load_latest(known, ShardManifest::decode).await {
             Ok(manifest) if manifest.state.dropped => {
                 self.dropped_error("dropped while this statement read it")
+            }
+            Ok(manifest)
+                if (missing.contains("/sst/") || missing.contains("/load/"))
+                    && !manifest
+                        .state
+                        .sstables
+                        .iter()
+                        .any(|live| missing.ends_with(paths::sstable_dir(&live.path))) =>
+            {
+                Error::NotFound(format!(
+                    "the SSTable {path} of shard {shard} that this statement's snapshot \
+                     reads (replaced since by the shard's writer, and deleted after its \
+                     sstable_grace, which was shorter than this statement; run it again)"
+                ))
             }
             _ => error,
         }

@@ -641,6 +641,52 @@ async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropp
     );
 }
 
+/// A statement whose snapshot reads an SSTable that another process's
+/// writer replaced and deleted meanwhile (its `sstable_grace` shorter than
+/// the statement) fails saying so, not with a bare "not found" (found from
+/// outside: DELETEs beside a shell with `sstable_grace=0ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_whose_sstables_were_compacted_away_meanwhile_says_so() {
+    use memwal::testing::{FaultyStore, OpKind};
+    use object_store::ObjectStore;
+    let inner: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let session_on = |store: Arc<dyn ObjectStore>| async move {
+        let root = ObjectRoot::new(store, "memory://compacted");
+        let catalog = Catalog::open(root, CatalogOptions::default())
+            .await
+            .unwrap();
+        let mut options = WriterOptions::default();
+        options.sstable_grace = std::time::Duration::ZERO;
+        MemwalSession::new(catalog, options)
+    };
+    let writer = session_on(Arc::clone(&inner)).await;
+    query(&writer, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    // Two SSTables: a close flushes.
+    for id in 0..2 {
+        query(&writer, &format!("INSERT INTO t VALUES ({id}, {id})")).await;
+        writer.table("t").await.unwrap().close().await.unwrap();
+    }
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let held = faulty.gate(OpKind::Get, "/sst/");
+    let reader = session_on(faulty.clone()).await;
+    let reading = tokio::spawn(async move {
+        match reader.sql("SELECT * FROM t").await {
+            Ok(rows) => rows.collect().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    held.arrived(1).await;
+    // Merged into one, the two deleted at once.
+    writer.table("t").await.unwrap().compact().await.unwrap();
+    held.open();
+    let err = reading.await.unwrap().unwrap_err();
+    assert!(
+        err.contains("replaced since by the shard's writer, and deleted after its sstable_grace"),
+        "{err}"
+    );
+    writer.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
     use memwal::testing::{FaultyStore, OpKind};
