@@ -121,6 +121,13 @@ pub fn shards_dir(table_location: &str) -> Path {
     Path::from(format!("{table_location}/shards"))
 }
 
+/// The shard an object of a table's shard directory belongs to (see
+/// [`shard_dir`]); `None` for any other path.
+pub fn shard_of(path: &str) -> Option<u32> {
+    let (_, rest) = path.rsplit_once("/shards/")?;
+    rest.split('/').next()?.parse().ok()
+}
+
 /// `<table location>/shards/<shard>`: everything of one shard.
 pub fn shard_dir(table_location: &str, shard: u32) -> Path {
     shards_dir(table_location).join(shard.to_string())
@@ -326,6 +333,14 @@ pub fn new_table_location(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_objects_shard_is_read_from_its_path() {
+        let sstable = new_sstable_file(&shard_dir("ns/shards/t", 12), 3, 1);
+        assert_eq!(shard_of(sstable.as_ref()), Some(12));
+        assert_eq!(shard_of("t/shards/x/sst/a/data.parquet"), None);
+        assert_eq!(shard_of("__manifest/v00000000000000000001.arrow"), None);
+    }
 
     #[test]
     fn load_runs_and_markers_name_their_load() {

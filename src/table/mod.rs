@@ -458,6 +458,11 @@ impl Table {
             return error;
         };
         let missing = paths::sstable_dir(path).to_string();
+        // The shard the object is of (a statement's partition may read
+        // others, a lookup any).
+        let shard = paths::shard_of(path)
+            .filter(|&s| (s as usize) < self.shards.len())
+            .unwrap_or(shard);
         let slot = match self.slot(shard) {
             Ok(slot) => slot,
             // Dropped by this process.
@@ -472,8 +477,10 @@ impl Table {
             Ok(manifest) if manifest.state.dropped => {
                 self.dropped_error("dropped while this statement read it")
             }
+            // Replaced: a manifest newer than this process read names it no more.
             Ok(manifest)
-                if (missing.contains("/sst/") || missing.contains("/load/"))
+                if manifest.version > known
+                    && (missing.contains("/sst/") || missing.contains("/load/"))
                     && !manifest
                         .state
                         .sstables
