@@ -128,6 +128,17 @@ pub fn shard_of(path: &str) -> Option<u32> {
     rest.split('/').next()?.parse().ok()
 }
 
+/// The SSTable directory (see [`sstable_dir`]) of an object in a shard's
+/// SSTables or loads (a file, its graphs, its deletion vectors); `None`
+/// for any other path.
+pub fn sstable_dir_of_object(path: &str) -> Option<&str> {
+    let (_, rest) = path.rsplit_once("/shards/")?;
+    let mut parts = rest.split('/');
+    let (_shard, kind, _sstable) = (parts.next()?, parts.next()?, parts.next()?);
+    parts.next()?;
+    matches!(kind, "sst" | "load").then(|| sstable_dir(path))
+}
+
 /// `<table location>/shards/<shard>`: everything of one shard.
 pub fn shard_dir(table_location: &str, shard: u32) -> Path {
     shards_dir(table_location).join(shard.to_string())
@@ -340,6 +351,18 @@ mod tests {
         assert_eq!(shard_of(sstable.as_ref()), Some(12));
         assert_eq!(shard_of("t/shards/x/sst/a/data.parquet"), None);
         assert_eq!(shard_of("__manifest/v00000000000000000001.arrow"), None);
+        let dir = sstable_dir(sstable.as_ref());
+        assert_eq!(sstable_dir_of_object(sstable.as_ref()), Some(dir));
+        assert_eq!(
+            sstable_dir_of_object(&format!("/root/{dir}/emb.hnsw")),
+            Some(&*format!("/root/{dir}"))
+        );
+        let marker = load_marker(&shard_dir("t", 0), 1, 1000);
+        assert_eq!(sstable_dir_of_object(marker.as_ref()), None);
+        assert_eq!(
+            sstable_dir_of_object("t/shards/0/wal/00000000000000000001.arrow"),
+            None
+        );
     }
 
     #[test]

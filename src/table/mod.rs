@@ -457,7 +457,7 @@ impl Table {
         let Error::Store(object_store::Error::NotFound { path, .. }) = &error else {
             return error;
         };
-        let missing = paths::sstable_dir(path).to_string();
+        let sstable = paths::sstable_dir_of_object(path).map(str::to_string);
         // The shard the object is of (a statement's partition may read
         // others, a lookup any).
         let shard = paths::shard_of(path)
@@ -480,12 +480,10 @@ impl Table {
             // Replaced: a manifest newer than this process read names it no more.
             Ok(manifest)
                 if manifest.version > known
-                    && (missing.contains("/sst/") || missing.contains("/load/"))
-                    && !manifest
-                        .state
-                        .sstables
-                        .iter()
-                        .any(|live| missing.ends_with(paths::sstable_dir(&live.path))) =>
+                    && sstable.as_ref().is_some_and(|missing| {
+                        !(manifest.state.sstables.iter())
+                            .any(|live| missing.ends_with(paths::sstable_dir(&live.path)))
+                    }) =>
             {
                 Error::NotFound(format!(
                     "the SSTable {path} of shard {shard} that this statement's snapshot \
