@@ -450,9 +450,11 @@ impl Table {
     }
 
     /// `error`, met reading `shard`; or, if it is an object gone missing
-    /// because the table was dropped meanwhile, or an SSTable the shard's
+    /// because the table was dropped meanwhile, an SSTable the shard's
     /// newest manifest no longer names (replaced, and deleted after the
-    /// writer's `sstable_grace`), [`Error::NotFound`] saying that.
+    /// writer's `sstable_grace`), or an SSTable of a shard this root has no
+    /// manifest of (a plan of another root's process),
+    /// [`Error::NotFound`] saying that.
     pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
         let Error::Store(object_store::Error::NotFound { path, .. }) = &error else {
             return error;
@@ -477,6 +479,14 @@ impl Table {
             Ok(manifest) if manifest.state.dropped => {
                 self.dropped_error("dropped while this statement read it")
             }
+            // No manifest at all: the SSTable is of another root's shard.
+            Ok(manifest) if manifest.version == 0 && sstable.is_some() => Error::NotFound(format!(
+                "the table at '{}' has no shard {shard} in this process's root, yet this \
+                     statement reads its SSTables: the table was dropped and collected \
+                     meanwhile, or another process planned the statement on another root \
+                     (every worker must serve the coordinator's root): {error}",
+                self.location
+            )),
             // Replaced: a manifest newer than this process read names it no more.
             Ok(manifest)
                 if manifest.version > known

@@ -137,11 +137,6 @@ impl NamedWorker {
             ": the connection to it broke (the worker exited or stopped answering, or what \
              listens there is no memwal worker)"
                 .into()
-        } else if chain.contains("Object at location") && chain.contains("not found") {
-            // The path it names starts with the worker's root.
-            ": an object the query reads is not under the worker's root (every worker must \
-             serve the coordinator's root)"
-                .into()
         } else {
             String::new()
         };
