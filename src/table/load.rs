@@ -4,8 +4,8 @@
 //! shard's runs are committed at once, shard by shard.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
@@ -81,13 +81,85 @@ async fn mark(store: &Arc<dyn ObjectStore>, markers: &[Path]) -> Result<()> {
 /// requests' latency on an object store.
 const OPENS: usize = 32;
 
+/// A bulk load's marker in every shard (see [`paths::load_marker`]),
+/// rewritten while it runs.
+struct Markers {
+    paths: Vec<Path>,
+    heartbeat: JoinSet<()>,
+    kept: RunsKept,
+}
+
+/// When the last writing of a load's markers that succeeded began, and
+/// the grace they name: how long no writer deletes the load's runs.
+#[derive(Clone)]
+struct RunsKept {
+    marked: Arc<Mutex<Instant>>,
+    grace: Duration,
+}
+
+impl RunsKept {
+    /// Until when no writer takes the load for crashed and deletes its
+    /// runs (it judges the markers by their age against their grace):
+    /// half the grace after the last writing of the markers began, the
+    /// other half a margin for clocks and a commit's requests.
+    fn until(&self) -> Instant {
+        *self.marked.lock().expect("marked poisoned") + self.grace / 2
+    }
+}
+
+impl Markers {
+    fn new(table_location: &str, shards: usize, load: u64, grace: Duration) -> Self {
+        let grace_ms = grace.as_millis() as u64;
+        Self {
+            paths: (0..shards as u32)
+                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), load, grace_ms))
+                .collect(),
+            heartbeat: JoinSet::new(),
+            kept: RunsKept {
+                marked: Arc::new(Mutex::new(Instant::now())),
+                grace,
+            },
+        }
+    }
+
+    /// Writes the markers, and rewrites them every `heartbeat` until
+    /// [`Markers::end`]: runs are written only after, so a writer of the
+    /// shard never takes them for a crashed load's.
+    async fn begin(&mut self, store: &Arc<dyn ObjectStore>, heartbeat: Duration) -> Result<()> {
+        let began = Instant::now();
+        mark(store, &self.paths).await?;
+        *self.kept.marked.lock().expect("marked poisoned") = began;
+        let (store, markers, kept) = (Arc::clone(store), self.paths.clone(), self.kept.clone());
+        self.heartbeat.spawn(async move {
+            loop {
+                tokio::time::sleep(heartbeat).await;
+                let began = Instant::now();
+                match mark(&store, &markers).await {
+                    Ok(()) => *kept.marked.lock().expect("marked poisoned") = began,
+                    Err(e) => log::warn!("a bulk load could not rewrite its markers: {e}"),
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Stops rewriting the markers and deletes them.
+    async fn end(&mut self, store: &Arc<dyn ObjectStore>) {
+        self.heartbeat.abort_all();
+        futures::stream::iter(&self.paths)
+            .for_each_concurrent(OPENS, |marker| async move {
+                if let Err(e) = delete_if_present(store.as_ref(), marker).await {
+                    log::debug!("deleting the load marker {marker}: {e}");
+                }
+            })
+            .await;
+    }
+}
+
 /// A bulk load in progress (see [`Table::put_stream`]), by shard.
 struct Load {
-    /// Names its runs and markers (see [`paths::load_marker`]).
+    /// Names its runs and markers.
     id: u64,
-    /// Its marker in every shard, rewritten by `heartbeat` while it runs.
-    markers: Vec<Path>,
-    heartbeat: JoinSet<()>,
     /// Rows not yet in a run, by shard, and the bytes they hold.
     pending: Vec<Vec<RecordBatch>>,
     bytes: usize,
@@ -105,15 +177,9 @@ struct Load {
 }
 
 impl Load {
-    fn new(table_location: &str, shards: usize, grace: Duration) -> Self {
-        let id = rand::random();
-        let grace_ms = grace.as_millis() as u64;
+    fn new(shards: usize) -> Self {
         Self {
-            id,
-            markers: (0..shards as u32)
-                .map(|s| paths::load_marker(&paths::shard_dir(table_location, s), id, grace_ms))
-                .collect(),
-            heartbeat: JoinSet::new(),
+            id: rand::random(),
             pending: vec![Vec::new(); shards],
             bytes: 0,
             runs: vec![Vec::new(); shards],
@@ -158,32 +224,14 @@ impl Load {
         failed.map_or(Ok(()), Err)
     }
 
-    /// Writes the load's markers, and rewrites them every `heartbeat`
-    /// until [`Load::end`]: runs are written only after, so a writer of
-    /// the shard never takes them for a crashed load's.
-    async fn begin(&mut self, store: &Arc<dyn ObjectStore>, heartbeat: Duration) -> Result<()> {
-        mark(store, &self.markers).await?;
-        let (store, markers) = (Arc::clone(store), self.markers.clone());
-        self.heartbeat.spawn(async move {
-            loop {
-                tokio::time::sleep(heartbeat).await;
-                if let Err(e) = mark(&store, &markers).await {
-                    log::warn!("a bulk load could not rewrite its markers: {e}");
-                }
-            }
-        });
-        Ok(())
-    }
-
-    /// Stops rewriting the markers and deletes them, and first the runs
+    /// Stops rewriting the `markers` and deletes them, and first the runs
     /// of a load that `failed` before their commit, waiting on the store
     /// for at most [`CLEANUP_PATIENCE`]: a store that does not answer must
     /// not hold back the statement's answer. What is left (a load dropped
     /// before this leaves everything) ages: once the markers are older
     /// than the load's grace, the next load, or the shard's writer, deletes
     /// the runs no manifest names.
-    async fn end(&mut self, store: &Arc<dyn ObjectStore>, failed: bool) {
-        self.heartbeat.abort_all();
+    async fn end(&mut self, markers: &mut Markers, store: &Arc<dyn ObjectStore>, failed: bool) {
         let cleanup = async {
             if failed {
                 let _ = self.written().await;
@@ -191,13 +239,7 @@ impl Load {
                     self.runs.iter().flatten().map(|r| r.file.clone()).collect();
                 sstable::discard_all(store, &files).await;
             }
-            futures::stream::iter(&self.markers)
-                .for_each_concurrent(OPENS, |marker| async move {
-                    if let Err(e) = delete_if_present(store.as_ref(), marker).await {
-                        log::debug!("deleting the load marker {marker}: {e}");
-                    }
-                })
-                .await;
+            markers.end(store).await;
         };
         if tokio::time::timeout(CLEANUP_PATIENCE, cleanup)
             .await
@@ -259,8 +301,14 @@ impl Table {
     where
         S: futures::Stream<Item = Result<RecordBatch>> + Unpin + Send,
     {
-        let grace = self.options.load_grace;
-        let mut load = Load::new(&self.location, self.shards.len(), grace);
+        let mut load = Load::new(self.shards.len());
+        let mut markers = Markers::new(
+            &self.location,
+            self.shards.len(),
+            load.id,
+            self.options.load_grace,
+        );
+        let kept = markers.kept.clone();
         let owned =
             (0..self.shards.len() as u32).filter(|&s| self.options.owned_shards.contains(s));
         let open = futures::stream::iter(owned)
@@ -268,16 +316,16 @@ impl Table {
             .buffer_unordered(OPENS)
             .try_collect::<Vec<_>>();
         let heartbeat = self.options.load_heartbeat();
-        let (_, begun, opened) = futures::join!(
-            self.delete_dead_loads(),
-            load.begin(&self.store, heartbeat),
-            open
-        );
-        let loaded = match begun.and(opened) {
-            Ok(_) => self.load(&mut load, first, rows_read, rest).await,
-            Err(e) => Err(e),
+        let begin = async {
+            let (_, begun, opened) = futures::join!(
+                self.delete_dead_loads(),
+                markers.begin(&self.store, heartbeat),
+                open
+            );
+            begun.and(opened).map(drop)
         };
-        load.end(&self.store, loaded.is_err()).await;
+        let loaded = (self.load(&mut load, begin, &kept, first, rows_read, rest)).await;
+        load.end(&mut markers, &self.store, loaded.is_err()).await;
         loaded
     }
 
@@ -285,10 +333,13 @@ impl Table {
     /// `rows_read` rows), then `rest`. Half the memory budget holds
     /// rows read, the other half the runs being sorted and written
     /// meanwhile. Batches are split by shard on tasks of their own while
-    /// the next is read.
+    /// the next is read, and while `begin` writes the markers and opens
+    /// the writers, which the first run waits for.
     async fn load<S>(
         &self,
         load: &mut Load,
+        begin: impl Future<Output = Result<()>>,
+        kept: &RunsKept,
         first: Vec<RecordBatch>,
         mut rows_read: usize,
         rest: S,
@@ -323,14 +374,32 @@ impl Table {
                 }
             })
             .buffered(LOAD_CONCURRENCY);
-        while let Some(parts) = split.try_next().await? {
+        let mut begin = std::pin::pin!(begin);
+        let mut begun = false;
+        loop {
+            let parts = tokio::select! {
+                done = &mut begin, if !begun => {
+                    done?;
+                    begun = true;
+                    continue;
+                }
+                parts = split.try_next() => parts?,
+            };
+            let Some(parts) = parts else { break };
             for (shard, _) in &parts {
                 self.check_owned(*shard)?;
             }
             load.add(parts);
             if load.bytes > self.options.load_memory_bytes / 2 {
+                if !begun {
+                    (&mut begin).await?;
+                    begun = true;
+                }
                 self.spill(load).await?;
             }
+        }
+        if !begun {
+            begin.await?;
         }
         self.spill(load).await?;
         load.written().await?;
@@ -351,10 +420,16 @@ impl Table {
         // Counting runs takes the cores, their commit requests' latency.
         // Every shard's commit ends, whatever the others' outcome.
         let counting = Semaphore::new(LOAD_CONCURRENCY);
+        let kept_until = || kept.until();
         let outcomes: Vec<(u32, Result<u64>)> = futures::stream::iter(shards)
             .map(|(shard, runs)| {
                 let counting = &counting;
-                async move { (shard, self.commit_runs(shard, runs, counting).await) }
+                async move {
+                    (
+                        shard,
+                        (self.commit_runs(shard, runs, counting, kept_until)).await,
+                    )
+                }
             })
             .buffer_unordered(OPENS)
             .collect()
@@ -372,7 +447,8 @@ impl Table {
     }
 
     /// Counts (holding a permit of `counting`) and commits the runs of a
-    /// load of `shard`; when another
+    /// load of `shard`, which no other writer deletes before `kept_until()`
+    /// (see [`ShardWriter::ingest`]); when another
     /// process took the shard over meanwhile, takes it back and commits
     /// them again (for up to [`super::TAKEOVER_PATIENCE`]), like a put. Returns
     /// the rows the shard holds for them.
@@ -381,6 +457,7 @@ impl Table {
         shard: u32,
         mut runs: Vec<LoadRun>,
         counting: &Semaphore,
+        kept_until: impl Fn() -> Instant,
     ) -> Result<u64> {
         let writer = self.load_writer(shard).await?;
         let counted = {
@@ -398,8 +475,8 @@ impl Table {
         // From here the commit's outcome decides: runs of a failed one are
         // left to a later writer of the shard to delete.
         self.on_shard(shard, "a load", |writer| {
-            let files = files.clone();
-            async move { writer.ingest(files).await }
+            let (files, kept_until) = (files.clone(), kept_until());
+            async move { writer.ingest(files, kept_until).await }
         })
         .await?;
         Ok(rows)

@@ -29,7 +29,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
@@ -472,8 +472,14 @@ impl ShardWriter {
     /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of
     /// the shard as consecutive generations, newer than every put before
     /// and older than every put after; returns once the manifest names
-    /// them. See the module doc.
-    pub(crate) async fn ingest(&self, mut runs: Vec<SstableFile>) -> Result<()> {
+    /// them. No writer deletes the runs, or their blob packs, before
+    /// `kept_until` (the load's markers are fresh till then); after it,
+    /// the runs are first checked to be there. See the module doc.
+    pub(crate) async fn ingest(
+        &self,
+        mut runs: Vec<SstableFile>,
+        kept_until: Instant,
+    ) -> Result<()> {
         let shared = &self.shared;
         // A retry after a commit that landed while its writer stopped (so
         // it could not say so): the manifest names the runs already.
@@ -490,25 +496,9 @@ impl ShardWriter {
         // A load silent for longer than `load_grace` (a stalled host) may
         // have lost its runs, or their blob packs, to a writer that took it
         // for crashed: never name a run or a pack that is gone.
-        let packs = runs.iter().flat_map(|run| &run.packs).flat_map(|packs| {
-            (packs.first..=packs.last)
-                .map(|pack| paths::blob_pack(&shared.shard_dir, pack, packs.epoch))
-        });
-        let objects = runs
-            .iter()
-            .flat_map(|run| std::iter::once(&run.path).chain(run.deletions.iter().map(|d| &d.path)))
-            .map(|path| Path::from(path.as_str()))
-            .chain(packs);
-        let present = objects.map(|path| async move {
-            match shared.store.head(&path).await {
-                Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
-                    "{path} of this bulk load (deleted as a crashed load's: the load \
-                     was silent for longer than load_grace)"
-                ))),
-                other => other.map(|_| ()).map_err(Error::from),
-            }
-        });
-        futures::future::try_join_all(present).await?;
+        if Instant::now() >= kept_until {
+            self.check_present(&runs).await?;
+        }
         let _no_puts = shared.ingest_gate.write().await;
         let generation = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
@@ -540,6 +530,32 @@ impl ShardWriter {
             Some(stop) => Err(stop.tell()),
             None => Ok(()),
         }
+    }
+
+    /// Fails unless every one of `runs`, their deletion vectors and their
+    /// blob packs is in the store.
+    async fn check_present(&self, runs: &[SstableFile]) -> Result<()> {
+        let shared = &self.shared;
+        let packs = runs.iter().flat_map(|run| &run.packs).flat_map(|packs| {
+            (packs.first..=packs.last)
+                .map(|pack| paths::blob_pack(&shared.shard_dir, pack, packs.epoch))
+        });
+        let objects = runs
+            .iter()
+            .flat_map(|run| std::iter::once(&run.path).chain(run.deletions.iter().map(|d| &d.path)))
+            .map(|path| Path::from(path.as_str()))
+            .chain(packs);
+        let present = objects.map(|path| async move {
+            match shared.store.head(&path).await {
+                Err(object_store::Error::NotFound { .. }) => Err(Error::NotFound(format!(
+                    "{path} of this bulk load (deleted as a crashed load's: the load \
+                     was silent for longer than load_grace)"
+                ))),
+                other => other.map(|_| ()).map_err(Error::from),
+            }
+        });
+        futures::future::try_join_all(present).await?;
+        Ok(())
     }
 }
 
@@ -585,9 +601,12 @@ mod tests {
             .write_run(vec![schema.to_stored(&rows).unwrap()], 7, 1, || ())
             .await
             .unwrap();
-        writer.ingest(vec![run.file.clone()]).await.unwrap();
+        writer
+            .ingest(vec![run.file.clone()], Instant::now())
+            .await
+            .unwrap();
         assert_eq!(writer.stats().sstables, 1);
-        writer.ingest(vec![run.file]).await.unwrap();
+        writer.ingest(vec![run.file], Instant::now()).await.unwrap();
         assert_eq!(writer.stats().sstables, 1);
         writer.close().await.unwrap();
     }

@@ -928,9 +928,22 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
-    let session = open_with(&store, |o| o.load_memory_bytes = 64 << 10).await;
+    let session = open_with(&store, |o| {
+        o.load_memory_bytes = 64 << 10;
+        o.load_grace = std::time::Duration::from_secs(1);
+    })
+    .await;
     run(&session, CREATE_MEDIA).await;
-    let held = store.gate(OpKind::Head, "/blobs/");
+    // The host stalls: the load's marker is written, and rewritten no more
+    // (every 250 ms); its first pack waits until the marker is older than
+    // half the grace, when the load looks for its packs before it commits.
+    store.inject(
+        Fault::nth(OpKind::Put, 2)
+            .times(u64::MAX)
+            .on_paths_containing(".alive"),
+    );
+    let written = store.gate(OpKind::Put, "/blobs/");
+    let looked = store.gate(OpKind::Head, "/blobs/");
     let insert = failure(
         &session,
         "INSERT INTO media SELECT value, 'c', CAST(repeat('v', 10000) AS BYTEA) \
@@ -938,13 +951,21 @@ async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
     );
     tokio::pin!(insert);
     tokio::select! {
+        err = &mut insert => panic!("the load ended before it wrote a pack: {err}"),
+        () = written.arrived(1) => {}
+    }
+    while store.injected() < 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    written.open();
+    tokio::select! {
         err = &mut insert => panic!("the load ended without looking for its packs: {err}"),
-        () = held.arrived(1) => {}
+        () = looked.arrived(1) => {}
     }
     for pack in packs(&store).await {
         store.delete(&pack).await.unwrap();
     }
-    held.open();
+    looked.open();
     let err = insert.await;
     assert!(err.contains("crashed load"), "{err}");
     let count = text(&session, "SELECT count(*) AS n FROM media").await;
