@@ -243,9 +243,14 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
                 twice.1.name()
             )));
         }
-        let cast_to = |column: &ArrayRef, to: &DataType| match column.data_type() == to {
+        // A value that does not fit (a vector of another length, an
+        // integer out of range) is named by its column.
+        let cast_to = |name: &str, column: &ArrayRef, to: &DataType| match column.data_type() == to
+        {
             true => Ok(Arc::clone(column)),
-            false => cast_with_options(column, to, &strict),
+            false => cast_with_options(column, to, &strict).map_err(|e| {
+                ArrowError::InvalidArgumentError(format!("column '{name}' of type {to}: {e}"))
+            }),
         };
         let complete = schema
             .fields()
@@ -259,7 +264,7 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
                 .iter()
                 .map(|t| match batch.column_by_name(t.name()) {
                     None => Ok(new_null_array(t.data_type(), batch.num_rows())),
-                    Some(c) => cast_to(c, t.data_type()).map(|c| owned(&c)),
+                    Some(c) => cast_to(t.name(), c, t.data_type()).map(|c| owned(&c)),
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let fields: Vec<_> = schema
@@ -276,7 +281,7 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         for (f, c) in given.iter().zip(batch.columns()) {
             match target(f) {
                 Some(t) => {
-                    columns.push(cast_to(c, t.data_type())?);
+                    columns.push(cast_to(f.name(), c, t.data_type())?);
                     fields.push(f.as_ref().clone().with_data_type(t.data_type().clone()));
                 }
                 None => {

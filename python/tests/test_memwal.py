@@ -229,6 +229,11 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
         t.put({"id": [3], "n": [1.5]})
     with pytest.raises(memwal.InvalidInputError):
         t.get(["1"])
+    # A value that does not fit its column names the column.
+    with pytest.raises(memwal.InvalidInputError, match="column 'emb'.*length 3"):
+        t.put({"id": [3], "emb": [[1.0, 2.0, 3.0]]})
+    with pytest.raises(memwal.InvalidInputError, match="column 'n'"):
+        t.put({"id": [3], "n": [1 << 40]})
     # A column the table does not have, or a NOT NULL one left out, is named.
     with pytest.raises(memwal.InvalidInputError, match="not in the table: extra"):
         t.put({"id": [4], "extra": [1]})

@@ -7,6 +7,9 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::store::{CommitOptions, retry_store_call};
 
+/// The most [`WriterOptions::index_threads`] a writer takes.
+const MAX_INDEX_THREADS: usize = 256;
+
 /// How a table's shard writers make puts durable, flush and compact.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -75,7 +78,7 @@ pub struct WriterOptions {
     /// Scans always check. Default 100 ms; zero checks on every read.
     pub owner_check_interval: Duration,
     /// Threads that insert a MemTable's vectors into its graphs (default:
-    /// the available parallelism, at most 4).
+    /// the available parallelism, at most 4; at most 256).
     pub index_threads: usize,
     /// WAL fences are deleted this long after they were written (default
     /// 2 min); a writer re-confirms its ownership of the shard after a
@@ -280,6 +283,15 @@ impl WriterOptions {
         if self.fence_grace < Duration::from_millis(100) {
             let value = format!("{}ms", self.fence_grace.as_millis());
             return Err(bad("fence_grace", &value, "at least 100 ms"));
+        }
+        // Each a thread of its own while a MemTable's vectors are indexed.
+        if self.index_threads > MAX_INDEX_THREADS {
+            let value = self.index_threads.to_string();
+            return Err(bad(
+                "index_threads",
+                &value,
+                &format!("at most {MAX_INDEX_THREADS}"),
+            ));
         }
         if self.load_grace < Duration::from_secs(1) {
             let value = format!("{}ms", self.load_grace.as_millis());
@@ -531,6 +543,7 @@ mod tests {
         assert!(o.check().is_ok());
         for (name, value) in [
             ("fence_grace", "99ms"),
+            ("index_threads", "257"),
             ("load_grace", "999ms"),
             ("load_memory_bytes", "0"),
             ("max_sstables", "0"),
