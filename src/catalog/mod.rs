@@ -11,7 +11,8 @@
 //!   committed together as one version (group commit); each keeps its own
 //!   result, and one rejected mutation does not affect the others;
 //! - reads answer from the in-memory snapshot; a miss refreshes it first
-//!   ("not found" is never cached).
+//!   ("not found" is never cached), except in a statement that refreshed
+//!   it as it began (see [`Catalog::in_statement`]).
 
 mod delta_log;
 mod entry;
@@ -59,6 +60,12 @@ impl Default for CatalogOptions {
             keep_behind: 256,
         }
     }
+}
+
+tokio::task_local! {
+    /// The catalog (its address) a statement running on this task
+    /// refreshed as it began (see [`Catalog::in_statement`]).
+    static REFRESHED_BY_STATEMENT: usize;
 }
 
 struct Pending {
@@ -141,12 +148,30 @@ impl Catalog {
         Ok(())
     }
 
-    /// The entry at `path`, refreshing the snapshot once on a miss.
+    /// Runs `statement`, which refreshed this catalog as it began: a name
+    /// it looks up and misses is missing as of then, and is not read
+    /// again (a statement naming a table function would otherwise wait
+    /// for the store twice).
+    pub(crate) async fn in_statement<F: Future>(&self, statement: F) -> F::Output {
+        REFRESHED_BY_STATEMENT
+            .scope(self.address(), statement)
+            .await
+    }
+
+    fn address(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
+    /// The entry at `path`, refreshing the snapshot once on a miss (but
+    /// see [`Catalog::in_statement`]).
     pub async fn describe(&self, path: &ObjectPath) -> Result<Option<Arc<Entry>>> {
         if let Some(e) = self.snapshot().get(path) {
             return Ok(Some(Arc::clone(e)));
         }
-        self.refresh().await?;
+        let refreshed = REFRESHED_BY_STATEMENT.try_with(|&c| c == self.address());
+        if !refreshed.unwrap_or(false) {
+            self.refresh().await?;
+        }
         Ok(self.snapshot().get(path).cloned())
     }
 

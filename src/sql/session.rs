@@ -476,13 +476,23 @@ impl MemwalSession {
         refuse_prepared_delete_limit(&statement)?;
         // A statement that names no table and is no memwal DDL (`SELECT 1`,
         // `SET`) does not wait for the store.
-        let catalog = if uses_catalog(&self.ctx.state(), &statement)? {
-            Some(self.fresh_catalog().await?)
-        } else {
-            None
-        };
+        if !uses_catalog(&self.ctx.state(), &statement)? {
+            return self.plan(statement, None).await;
+        }
+        let catalog = self.fresh_catalog().await?;
+        (catalog.in_statement(self.plan(statement, Some(&catalog)))).await
+    }
+
+    /// Plans (and runs, if DDL) a statement that passed the refusals of
+    /// [`MemwalSession::execute`], with the `catalog` it refreshed if it
+    /// names a table.
+    async fn plan(
+        &self,
+        statement: DFStatement,
+        catalog: Option<&Arc<Catalog>>,
+    ) -> Result<DataFrame> {
         let state = self.ctx.state();
-        if let Some(catalog) = &catalog {
+        if let Some(catalog) = catalog {
             if let Some(batch) = describe::try_describe(catalog, &state, &statement).await? {
                 return Ok(self.ctx.read_batch(batch)?);
             }

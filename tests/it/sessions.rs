@@ -711,3 +711,41 @@ async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
     query(&session, "SELECT count(*) FROM t").await;
     assert_ne!(calls(), before);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_reads_the_catalog_once_whatever_names_it_misses() {
+    use memwal::testing::{Fault, FaultyStore, OpKind};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
+        let root = ObjectRoot::new(store, "memory://once");
+        // No checkpoint written in the background to count.
+        let mut options = CatalogOptions::default();
+        options.checkpoint_every = 0;
+        let catalog = Catalog::open(root, options).await.unwrap();
+        MemwalSession::new(catalog, WriterOptions::default())
+    };
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let session = session_on(faulty.clone()).await;
+    query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
+    query(&session, "INSERT INTO t VALUES (1)").await;
+    // A rule that never fires counts the catalog's reads. The name of a
+    // table function misses the catalog, which the statement read as it
+    // began: it is not read again for that.
+    faulty.inject(Fault::nth(OpKind::Get, u64::MAX).on_paths_containing("__manifest"));
+    let sql = "SELECT count(*) AS n FROM t, generate_series(1, 3)";
+    let answer = query(&session, sql).await;
+    assert!(answer.contains("| 3 "), "{answer}");
+    assert_eq!(faulty.matched_calls(), 1, "one read of the catalog");
+    // A table another process creates meanwhile is the next statement's.
+    let other = session_on(inner).await;
+    query(&other, "CREATE TABLE u (id BIGINT PRIMARY KEY)").await;
+    query(&other, "INSERT INTO u VALUES (1), (2)").await;
+    other.close().await.unwrap();
+    let answer = query(
+        &session,
+        "SELECT count(*) AS n FROM u, generate_series(1, 3)",
+    )
+    .await;
+    assert!(answer.contains("| 6 "), "{answer}");
+    session.close().await.unwrap();
+}
