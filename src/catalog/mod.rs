@@ -11,8 +11,8 @@
 //!   committed together as one version (group commit); each keeps its own
 //!   result, and one rejected mutation does not affect the others;
 //! - reads answer from the in-memory snapshot; a miss refreshes it first
-//!   ("not found" is never cached), except in a statement that refreshed
-//!   it as it began (see [`Catalog::in_statement`]).
+//!   ("not found" is never cached), except in a session's statement,
+//!   which refreshed it as it began.
 
 mod delta_log;
 mod entry;
@@ -162,8 +162,8 @@ impl Catalog {
         std::ptr::from_ref(self) as usize
     }
 
-    /// The entry at `path`, refreshing the snapshot once on a miss (but
-    /// see [`Catalog::in_statement`]).
+    /// The entry at `path`, refreshing the snapshot once on a miss (not in
+    /// a session's statement, which refreshed it as it began).
     pub async fn describe(&self, path: &ObjectPath) -> Result<Option<Arc<Entry>>> {
         if let Some(e) = self.snapshot().get(path) {
             return Ok(Some(Arc::clone(e)));
