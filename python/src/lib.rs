@@ -73,7 +73,8 @@ fn to_py(error: Error) -> PyErr {
             ConflictError::new_err(message)
         }
         Error::Fenced { .. } => FencedError::new_err(message),
-        // SQL that does not parse or plan is bad input too.
+        // SQL that does not parse or plan, or casts a value that cannot
+        // be cast, is bad input too.
         Error::DataFusion(e)
             if matches!(
                 e.find_root(),
@@ -82,6 +83,9 @@ fn to_py(error: Error) -> PyErr {
                     | DataFusionError::SchemaError(..)
                     | DataFusionError::Configuration(_)
                     | DataFusionError::NotImplemented(_)
+            ) || matches!(
+                e.find_root(),
+                DataFusionError::ArrowError(e, _) if matches!(**e, ArrowError::CastError(_))
             ) =>
         {
             InvalidInputError::new_err(message)
