@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
-use futures::{StreamExt, TryStreamExt};
+use futures::{StreamExt, TryFutureExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::{Semaphore, oneshot};
@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::schema::{TableSchema, compact_views, key};
 use crate::sstable::{self, SstableFile};
 use crate::store::{delete_if_present, paths};
-use crate::writer::{LoadRun, ShardWriter, delete_dead_loads};
+use crate::writer::{LoadRun, RunTarget, ShardWriter, delete_dead_loads};
 
 /// Runs of a bulk load sorted and encoded at once (their uploads end
 /// without holding a turn), and shards whose runs are counted at once.
@@ -317,14 +317,14 @@ impl Table {
             .try_collect::<Vec<_>>();
         let heartbeat = self.options.load_heartbeat();
         let begin = async {
-            let (_, begun, opened) = futures::join!(
+            let (_, begun) = futures::join!(
                 self.delete_dead_loads(),
-                markers.begin(&self.store, heartbeat),
-                open
+                markers.begin(&self.store, heartbeat)
             );
-            begun.and(opened).map(drop)
+            begun
         };
-        let loaded = (self.load(&mut load, begin, &kept, first, rows_read, rest)).await;
+        let open = open.map_ok(drop);
+        let loaded = (self.load(&mut load, (begin, open), &kept, first, rows_read, rest)).await;
         load.end(&mut markers, &self.store, loaded.is_err()).await;
         loaded
     }
@@ -333,12 +333,16 @@ impl Table {
     /// `rows_read` rows), then `rest`. Half the memory budget holds
     /// rows read, the other half the runs being sorted and written
     /// meanwhile. Batches are split by shard on tasks of their own while
-    /// the next is read, and while `begin` writes the markers and opens
-    /// the writers, which the first run waits for.
+    /// the next is read, while `begin` writes the markers (the first run
+    /// waits for them) and while `open` opens the shards' writers (the
+    /// commit waits for them).
     async fn load<S>(
         &self,
         load: &mut Load,
-        begin: impl Future<Output = Result<()>>,
+        (begin, open): (
+            impl Future<Output = Result<()>>,
+            impl Future<Output = Result<()>>,
+        ),
         kept: &RunsKept,
         first: Vec<RecordBatch>,
         mut rows_read: usize,
@@ -374,13 +378,18 @@ impl Table {
                 }
             })
             .buffered(LOAD_CONCURRENCY);
-        let mut begin = std::pin::pin!(begin);
-        let mut begun = false;
+        let (mut begin, mut open) = (std::pin::pin!(begin), std::pin::pin!(open));
+        let (mut begun, mut opened) = (false, false);
         loop {
             let parts = tokio::select! {
                 done = &mut begin, if !begun => {
                     done?;
                     begun = true;
+                    continue;
+                }
+                done = &mut open, if !opened => {
+                    done?;
+                    opened = true;
                     continue;
                 }
                 parts = split.try_next() => parts?,
@@ -402,6 +411,9 @@ impl Table {
             begin.await?;
         }
         self.spill(load).await?;
+        if !opened {
+            open.await?;
+        }
         load.written().await?;
         // Each shard's runs are committed on their own.
         let shards: Vec<(u32, Vec<LoadRun>)> = std::mem::take(&mut load.runs)
@@ -494,19 +506,18 @@ impl Table {
             let _ = encoded.await;
         }
         let (id, seq) = (load.id, load.runs_written + 1);
-        // The shards' writers now (another process may have taken a shard
-        // over since the last run: a run is no manifest change).
-        let shards: Vec<usize> = (0..load.pending.len())
-            .filter(|&shard| !load.pending[shard].is_empty())
-            .collect();
-        let writers: Vec<Arc<ShardWriter>> = futures::stream::iter(shards.clone())
-            .map(|shard| self.load_writer(shard as u32))
-            .buffered(OPENS)
-            .try_collect()
-            .await?;
         let mut spill = JoinSet::new();
-        for (shard, writer) in shards.into_iter().zip(writers) {
-            let rows = std::mem::take(&mut load.pending[shard]);
+        for (shard, pending) in load.pending.iter_mut().enumerate() {
+            if pending.is_empty() {
+                continue;
+            }
+            let rows = std::mem::take(pending);
+            let target = RunTarget {
+                store: Arc::clone(&self.store),
+                shard_dir: paths::shard_dir(&self.location, shard as u32),
+                schema: Arc::clone(&self.schema),
+                blob_inline_bytes: self.options.blob_inline_bytes,
+            };
             let permits = Arc::clone(&load.permits);
             let (encoded, encoding) = oneshot::channel();
             load.encoding.push(encoding);
@@ -516,7 +527,7 @@ impl Table {
                     drop(permit);
                     let _ = encoded.send(());
                 };
-                (shard, writer.write_run(rows, id, seq, encoded).await)
+                (shard, LoadRun::write(&target, rows, id, seq, encoded).await)
             });
         }
         load.writing.push_back(spill);

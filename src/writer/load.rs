@@ -1,13 +1,13 @@
 //! Bulk loads through a [`ShardWriter`]: a write too large to hold in
 //! memory goes to SSTables directly instead of the MemTable and the WAL.
 //!
-//! 1. [`ShardWriter::write_run`] sorts a bounded part of the load and
-//!    writes it as an SSTable that no manifest names yet (its long blob
-//!    values first, into a pack of its own that pack collection leaves
-//!    alone while a load of the shard is alive), under the shard's
-//!    `load/` directory, where writers that take the shard over meanwhile
-//!    leave it alone (the load then commits through a writer of its own
-//!    again). While it runs, the load rewrites a marker per shard (see
+//! 1. [`LoadRun::write`] sorts a bounded part of the load and writes it
+//!    as an SSTable that no manifest names yet (its long blob values
+//!    first, into a pack of its own that pack collection leaves alone
+//!    while a load of the shard is alive), under the shard's `load/`
+//!    directory, where writers that take the shard over meanwhile leave it
+//!    alone; no writer of the shard is needed until the commit, which
+//!    takes the shard (back) like a put. While it runs, the load rewrites a marker per shard (see
 //!    [`super::WriterOptions::load_grace`]); a crash leaves runs whose
 //!    markers age, which a writer of the shard deletes once they are as old
 //!    as that;
@@ -172,6 +172,8 @@ pub(crate) struct LoadRun {
     /// range spanning the file; empty for a table without a key.
     ranges: Vec<KeyRange>,
     by_row_group: bool,
+    /// The bytes of the blob pack written with it, if any.
+    pack_bytes: Option<u64>,
 }
 
 impl LoadRun {
@@ -200,29 +202,36 @@ impl LoadRun {
     }
 }
 
-impl ShardWriter {
-    /// Writes `batches` (stored form, rows of this shard, oldest first) as
-    /// one sorted run of a load, numbered `seq` (later runs have higher
-    /// numbers and win over earlier ones), not yet part of the shard.
-    /// `encoded` is called once the rows are sorted, encoded and dropped,
-    /// before the upload ends: what is left is waiting on the store.
-    pub(crate) async fn write_run(
-        &self,
+/// The epoch in the names of a load's runs and of their blob packs: no
+/// writer's (a writer's is at least 1). A run is no change of the shard
+/// until a writer commits it, so no writer is needed to write it.
+const LOAD_EPOCH: u64 = 0;
+
+/// Where a load writes one shard's runs (see [`LoadRun::write`]).
+pub(crate) struct RunTarget {
+    pub store: Arc<dyn ObjectStore>,
+    pub shard_dir: Path,
+    pub schema: Arc<TableSchema>,
+    /// [`super::WriterOptions::blob_inline_bytes`].
+    pub blob_inline_bytes: usize,
+}
+
+impl LoadRun {
+    /// Writes `batches` (stored form, rows of the shard, oldest first) as
+    /// one sorted run of load `load`, numbered `seq` (later runs have
+    /// higher numbers and win over earlier ones), not yet part of the
+    /// shard. `encoded` is called once the rows are sorted, encoded and
+    /// dropped, before the upload ends: what is left is waiting on the
+    /// store.
+    pub(crate) async fn write(
+        target: &RunTarget,
         batches: Vec<RecordBatch>,
         load: u64,
         seq: u64,
         encoded: impl FnOnce() + Send,
     ) -> Result<LoadRun> {
-        // A run is no change of the shard: a writer stopped meanwhile (a
-        // newer one fenced it) writes it all the same; the commit takes
-        // the shard back.
-        let shared = &self.shared;
-        let schema = Arc::clone(&shared.schema);
-        let (pack, epoch, inline) = (
-            blob::unlogged_id(),
-            shared.epoch,
-            shared.options.blob_inline_bytes,
-        );
+        let schema = Arc::clone(&target.schema);
+        let (pack, inline) = (blob::unlogged_id(), target.blob_inline_bytes);
         let (body, ranges, packed, named) = tokio::task::spawn_blocking(move || {
             // One batch, and the parts dropped before the sort copies it.
             let all = concat_batches(&schema.stored, &batches)?;
@@ -232,14 +241,20 @@ impl ShardWriter {
             let ranges = LoadRun::row_group_ranges(&schema, &body)?;
             // Long blob values go into a pack of the run's own; the run
             // holds their descriptors.
-            let (body, packed) =
-                match blob::pack(&schema, std::slice::from_ref(&body), pack, epoch, inline)? {
-                    Some(mut packed) => {
-                        let bytes = std::mem::take(&mut packed.bytes);
-                        (packed.into_batches()?.remove(0), Some(bytes))
-                    }
-                    None => (body, None),
-                };
+            let packed = blob::pack(
+                &schema,
+                std::slice::from_ref(&body),
+                pack,
+                LOAD_EPOCH,
+                inline,
+            )?;
+            let (body, packed) = match packed {
+                Some(mut packed) => {
+                    let bytes = std::mem::take(&mut packed.bytes);
+                    (packed.into_batches()?.remove(0), Some(bytes))
+                }
+                None => (body, None),
+            };
             let mut named = blob::Named::new();
             blob::collect_named(&schema, &body, &mut named);
             Ok::<_, Error>((body, ranges, packed, named))
@@ -249,15 +264,11 @@ impl ShardWriter {
         // Before the run that names it. Until the load commits, pack
         // collection leaves it alone while the load's markers are fresh; a
         // load that fails leaves it to that collection.
+        let mut pack_bytes = None;
         if let Some(bytes) = packed {
-            let len = bytes.content_length() as u64;
-            let path = paths::blob_pack(&shared.shard_dir, pack, epoch);
-            blob::put_pack(&shared.store, &path, bytes).await?;
-            shared.counters.blob_packs.fetch_add(1, Ordering::Relaxed);
-            shared
-                .counters
-                .blob_pack_bytes
-                .fetch_add(len, Ordering::Relaxed);
+            pack_bytes = Some(bytes.content_length() as u64);
+            let path = paths::blob_pack(&target.shard_dir, pack, LOAD_EPOCH);
+            blob::put_pack(&target.store, &path, bytes).await?;
         }
         let slices: Vec<_> = (0..body.num_rows())
             .step_by(RUN_BATCH_ROWS)
@@ -269,12 +280,12 @@ impl ShardWriter {
             futures::stream::iter(slices),
         ));
         drop(body);
-        let path = paths::new_load_run(&shared.shard_dir, load, seq, shared.epoch);
+        let path = paths::new_load_run(&target.shard_dir, load, seq, LOAD_EPOCH);
         let mut file = sstable::write_stream(
-            &shared.store,
+            &target.store,
             path,
             (seq, seq),
-            (&shared.schema, Codec::Fast),
+            (&target.schema, Codec::Fast),
             rows,
             encoded,
         )
@@ -285,9 +296,12 @@ impl ShardWriter {
             file,
             ranges,
             by_row_group: true,
+            pack_bytes,
         })
     }
+}
 
+impl ShardWriter {
     /// Builds the graphs of the runs of a load (oldest first) and counts
     /// the rows they hold together: distinct keys (a streaming merge of
     /// the key columns of the row groups that may share a key with another
@@ -298,6 +312,11 @@ impl ShardWriter {
     /// here and in the compactions after the commit.
     pub(crate) async fn finish_runs(&self, runs: &mut Vec<LoadRun>) -> Result<u64> {
         let shared = &self.shared;
+        // The packs the runs were written with count as this writer's.
+        for bytes in runs.iter().filter_map(|r| r.pack_bytes) {
+            shared.counters.blob_packs.fetch_add(1, Ordering::Relaxed);
+            (shared.counters.blob_pack_bytes).fetch_add(bytes, Ordering::Relaxed);
+        }
         while runs.len() > MAX_RUNS {
             // The oldest runs, in groups of at most MAX_RUNS, as few as
             // bring the count down to MAX_RUNS. On an error `runs` still
@@ -451,6 +470,7 @@ impl ShardWriter {
             file,
             ranges: range.into_iter().collect(),
             by_row_group: false,
+            pack_bytes: None,
         })
     }
 
@@ -469,7 +489,7 @@ impl ShardWriter {
         self.shared.compaction_wake.notify_one();
     }
 
-    /// Makes `runs` (oldest first, from [`ShardWriter::write_run`]) part of
+    /// Makes `runs` (oldest first, from [`LoadRun::write`]) part of
     /// the shard as consecutive generations, newer than every put before
     /// and older than every put after; returns once the manifest names
     /// them. No writer deletes the runs, or their blob packs, before
@@ -580,6 +600,12 @@ mod tests {
         let meta = TableMeta::new(&schema, vec!["id".into()], &[]).unwrap();
         let schema = Arc::new(TableSchema::new(&meta));
         let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let target = RunTarget {
+            store: Arc::clone(&store),
+            shard_dir: paths::shard_dir("tables/t-1", 0),
+            schema: Arc::clone(&schema),
+            blob_inline_bytes: 4096,
+        };
         let writer = ShardWriter::open(
             store,
             "tables/t-1",
@@ -597,10 +623,8 @@ mod tests {
             ],
         )
         .unwrap();
-        let run = writer
-            .write_run(vec![schema.to_stored(&rows).unwrap()], 7, 1, || ())
-            .await
-            .unwrap();
+        let stored = vec![schema.to_stored(&rows).unwrap()];
+        let run = LoadRun::write(&target, stored, 7, 1, || ()).await.unwrap();
         writer
             .ingest(vec![run.file.clone()], Instant::now())
             .await

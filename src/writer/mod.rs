@@ -54,7 +54,7 @@ use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-pub(crate) use load::{LoadRun, delete_dead_loads};
+pub(crate) use load::{LoadRun, RunTarget, delete_dead_loads};
 pub use manifest::ShardManifest;
 pub(crate) use manifest::versions as manifest_versions;
 pub use options::{ShardSlice, WriterOptions, parse_duration};

@@ -221,6 +221,39 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
     session.close().await.unwrap();
 }
 
+/// A load writes its runs while its shards' writers still open (a run
+/// needs no writer, the commit does): on an object store the requests of
+/// the opens do not come before the rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_writes_its_runs_while_its_writers_open() {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let root = ObjectRoot::new(faulty.clone(), "memory://opening");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    let session = MemwalSession::new(catalog, options());
+    let table = create(&session, "t", true).await;
+    let schema = table.schema();
+    // A writer's open claims its shard with a manifest version.
+    let claims = faulty.gate(OpKind::Put, "/manifest/v");
+    let runs = faulty.gate(OpKind::Put, "/data.parquet");
+    let input = (0..30).map(move |i| Ok(batch(&schema, i * 1000..(i + 1) * 1000, 1)));
+    let load = tokio::spawn({
+        let table = Arc::clone(&table);
+        async move { table.put_stream(futures::stream::iter(input)).await }
+    });
+    claims.arrived(1).await;
+    let wait = Duration::from_secs(30);
+    tokio::time::timeout(wait, runs.arrived(1))
+        .await
+        .expect("a run is written while the writers open");
+    claims.open();
+    runs.open();
+    assert_eq!(load.await.unwrap().unwrap(), 30_000);
+    assert_eq!(rows(&table).await.len(), 30_000);
+    session.close().await.unwrap();
+}
+
 /// A write whose part fails in one shard and takes effect in the others
 /// (a put, then a bulk load) says which shards hold it, and they do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
