@@ -7,10 +7,10 @@
 //!    while a load of the shard is alive), under the shard's `load/`
 //!    directory, where writers that take the shard over meanwhile leave it
 //!    alone; no writer of the shard is needed until the commit, which
-//!    takes the shard (back) like a put. While it runs, the load rewrites a marker per shard (see
-//!    [`super::WriterOptions::load_grace`]); a crash leaves runs whose
-//!    markers age, which a writer of the shard deletes once they are as old
-//!    as that;
+//!    takes the shard (back) like a put. While it runs, the load rewrites
+//!    a marker per shard (see [`super::WriterOptions::load_grace`]); a
+//!    crash leaves runs whose markers age, which a writer of the shard
+//!    deletes once they are as old as that;
 //! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
 //!    distinct keys they hold (a merge of the key columns of the row groups
 //!    whose key ranges overlap another run's: none for a load in key order),
