@@ -85,6 +85,16 @@ async fn open(root: &str) -> MemwalSession {
         .unwrap()
 }
 
+/// A session writing with `options` on a fault-injecting store in memory.
+async fn on_faulty_store(options: WriterOptions) -> (Arc<FaultyStore>, MemwalSession) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let root = ObjectRoot::new(faulty.clone(), "memory://faulty");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    (faulty, MemwalSession::new(catalog, options))
+}
+
 async fn create(session: &MemwalSession, name: &str, key: bool) -> Arc<Table> {
     let key = if key { ", PRIMARY KEY (id)" } else { "" };
     session
@@ -226,12 +236,7 @@ async fn a_load_that_fails_writes_nothing_and_leaves_no_objects() {
 /// the opens do not come before the rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_writes_its_runs_while_its_writers_open() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
-    let root = ObjectRoot::new(faulty.clone(), "memory://opening");
-    let catalog = Catalog::open(root, CatalogOptions::default())
-        .await
-        .unwrap();
-    let session = MemwalSession::new(catalog, options());
+    let (faulty, session) = on_faulty_store(options()).await;
     let table = create(&session, "t", true).await;
     let schema = table.schema();
     // A writer's open claims its shard with a manifest version.
@@ -258,14 +263,9 @@ async fn a_load_writes_its_runs_while_its_writers_open() {
 /// (a put, then a bulk load) says which shards hold it, and they do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_that_fails_in_one_shard_names_the_shards_that_hold_it() {
-    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
-    let root = ObjectRoot::new(faulty.clone(), "memory://faulty");
-    let catalog = Catalog::open(root, CatalogOptions::default())
-        .await
-        .unwrap();
     let mut o = options();
     o.append_retries = 1;
-    let session = MemwalSession::new(catalog, o);
+    let (faulty, session) = on_faulty_store(o).await;
     let table = create(&session, "t", true).await;
     let schema = table.schema();
     table.put(&batch(&schema, 0..100, 1)).await.unwrap();
