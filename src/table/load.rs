@@ -89,21 +89,43 @@ struct Markers {
     kept: RunsKept,
 }
 
-/// When the last writing of a load's markers that succeeded began, and
-/// the grace they name: how long no writer deletes the load's runs.
+/// How long no writer deletes a load's runs, as its markers show.
 #[derive(Clone)]
 struct RunsKept {
-    marked: Arc<Mutex<Instant>>,
+    marked: Arc<Mutex<Marked>>,
+    /// The grace the markers name.
     grace: Duration,
 }
 
+struct Marked {
+    /// When the last writing of the markers that succeeded began.
+    last: Instant,
+    /// Whether a writing succeeded half the grace or more after the one
+    /// before it began (a stalled host): the markers may have looked
+    /// stale meanwhile.
+    lapsed: bool,
+}
+
 impl RunsKept {
+    /// Records a writing of the markers that began at `began` and
+    /// succeeded.
+    fn marked(&self, began: Instant) {
+        let mut marked = self.marked.lock().expect("marked poisoned");
+        marked.lapsed |= marked.last.elapsed() >= self.grace / 2;
+        marked.last = began;
+    }
+
     /// Until when no writer takes the load for crashed and deletes its
     /// runs (it judges the markers by their age against their grace):
     /// half the grace after the last writing of the markers began, the
-    /// other half a margin for clocks and a commit's requests.
+    /// other half a margin for clocks and a commit's requests; unless the
+    /// markers have lapsed once, when the runs may be gone already.
     fn until(&self) -> Instant {
-        *self.marked.lock().expect("marked poisoned") + self.grace / 2
+        let marked = self.marked.lock().expect("marked poisoned");
+        match marked.lapsed {
+            true => marked.last,
+            false => marked.last + self.grace / 2,
+        }
     }
 }
 
@@ -116,7 +138,10 @@ impl Markers {
                 .collect(),
             heartbeat: JoinSet::new(),
             kept: RunsKept {
-                marked: Arc::new(Mutex::new(Instant::now())),
+                marked: Arc::new(Mutex::new(Marked {
+                    last: Instant::now(),
+                    lapsed: false,
+                })),
                 grace,
             },
         }
@@ -128,14 +153,14 @@ impl Markers {
     async fn begin(&mut self, store: &Arc<dyn ObjectStore>, heartbeat: Duration) -> Result<()> {
         let began = Instant::now();
         mark(store, &self.paths).await?;
-        *self.kept.marked.lock().expect("marked poisoned") = began;
+        self.kept.marked(began);
         let (store, markers, kept) = (Arc::clone(store), self.paths.clone(), self.kept.clone());
         self.heartbeat.spawn(async move {
             loop {
                 tokio::time::sleep(heartbeat).await;
                 let began = Instant::now();
                 match mark(&store, &markers).await {
-                    Ok(()) => *kept.marked.lock().expect("marked poisoned") = began,
+                    Ok(()) => kept.marked(began),
                     Err(e) => log::warn!("a bulk load could not rewrite its markers: {e}"),
                 }
             }

@@ -934,12 +934,13 @@ async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
     })
     .await;
     run(&session, CREATE_MEDIA).await;
-    // The host stalls: the load's marker is written, and rewritten no more
-    // (every 250 ms); its first pack waits until the marker is older than
-    // half the grace, when the load looks for its packs before it commits.
+    // The host stalls: the load's marker is written, then not rewritten
+    // twice (every 250 ms), then rewritten again; its first pack waits
+    // until then. The marker may have looked stale meanwhile (older than
+    // half the grace), so the load looks for its packs before it commits.
     store.inject(
         Fault::nth(OpKind::Put, 2)
-            .times(u64::MAX)
+            .times(2)
             .on_paths_containing(".alive"),
     );
     let written = store.gate(OpKind::Put, "/blobs/");
@@ -954,13 +955,16 @@ async fn a_load_whose_packs_were_collected_before_its_commit_fails() {
         err = &mut insert => panic!("the load ended before it wrote a pack: {err}"),
         () = written.arrived(1) => {}
     }
-    while store.injected() < 2 {
+    while store.matched_calls() < 4 {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     written.open();
+    let wait = std::time::Duration::from_secs(30);
     tokio::select! {
         err = &mut insert => panic!("the load ended without looking for its packs: {err}"),
-        () = looked.arrived(1) => {}
+        arrived = tokio::time::timeout(wait, looked.arrived(1)) => {
+            arrived.expect("the load looks for its packs");
+        }
     }
     for pack in packs(&store).await {
         store.delete(&pack).await.unwrap();
