@@ -663,6 +663,27 @@ pub fn unlogged_id() -> u64 {
     UNLOGGED | (rand::random::<u64>() >> 1)
 }
 
+/// The low bits of a [`load_pack_id`] that number the load's run.
+const LOAD_RUN_BITS: u32 = 24;
+
+/// The id of the pack of run `run` of bulk load `load` (one a shard):
+/// unlogged (see [`UNLOGGED`]), with the load's [`load_tag`] above the
+/// run's number, so that pack collection tells whose it is.
+pub fn load_pack_id(load: u64, run: u64) -> u64 {
+    UNLOGGED | (load_tag(load) << LOAD_RUN_BITS) | (run & ((1 << LOAD_RUN_BITS) - 1))
+}
+
+/// The bits of a load's id that the ids of its packs hold.
+pub fn load_tag(load: u64) -> u64 {
+    load & ((UNLOGGED - 1) >> LOAD_RUN_BITS)
+}
+
+/// The [`load_tag`] of the load whose pack has id `pack` (one of
+/// [`load_pack_id`]).
+pub fn load_tag_of_pack(pack: u64) -> u64 {
+    (pack & !UNLOGGED) >> LOAD_RUN_BITS
+}
+
 /// How often a repacked pack's upload is tried before the compaction fails
 /// (and is retried as a whole).
 const REPACK_PUT_ATTEMPTS: u32 = 3;
@@ -843,6 +864,19 @@ mod tests {
 
     use super::*;
     use crate::schema::TableMeta;
+
+    #[test]
+    fn a_load_pack_names_its_load_and_run() {
+        for load in [0, 1, 0xabc, u64::MAX, rand::random()] {
+            let ids: Vec<u64> = (1..4).map(|run| load_pack_id(load, run)).collect();
+            for &id in &ids {
+                assert_ne!(id & UNLOGGED, 0);
+                assert_eq!(load_tag_of_pack(id), load_tag(load));
+            }
+            assert!(ids.windows(2).all(|w| w[0] != w[1]), "{ids:x?}");
+        }
+        assert_ne!(load_tag(0xabc), load_tag(0xabd));
+    }
 
     fn table() -> TableSchema {
         let schema = Schema::new(vec![

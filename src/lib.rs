@@ -51,6 +51,7 @@ pub use writer::{ShardSlice, WriterOptions, WriterStats, parse_duration};
 /// crate's own tests, examples and benches switch on); not a stable API.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing {
+    pub use crate::blob::load_tag_of_pack;
     pub use crate::hnsw::{Graph, Hit, dataset, distance, kernel};
     pub use crate::read::{KeyBounds, ScanMetrics};
     pub use crate::schema::TableSchema;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
-use futures::{StreamExt, TryFutureExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use tokio::sync::{Semaphore, oneshot};
@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::schema::{TableSchema, compact_views, key};
 use crate::sstable::{self, SstableFile};
 use crate::store::{delete_if_present, paths};
-use crate::writer::{LoadRun, RunTarget, ShardWriter, delete_dead_loads};
+use crate::writer::{LoadRun, RunTarget, ShardWriter};
 
 /// Runs of a bulk load sorted and encoded at once (their uploads end
 /// without holding a turn), and shards whose runs are counted at once.
@@ -291,32 +291,11 @@ impl Drop for CompactionHold {
 }
 
 impl Table {
-    /// Deletes the runs of crashed loads in every shard (see
-    /// [`delete_dead_loads`]), before a load: a shard no writer of this
-    /// process opens is cleaned too. A failure is only logged.
-    pub(super) async fn delete_dead_loads(&self) {
-        let grace = self.options.load_grace;
-        futures::future::join_all(self.shards.iter().map(|shard| async move {
-            let (versions, known) = {
-                let reader = shard.reader.lock().await;
-                (
-                    reader.versions.clone(),
-                    reader.manifest.as_ref().map_or(0, |m| m.version),
-                )
-            };
-            let dir = paths::shard_dir(&self.location, shard.index);
-            if let Err(e) = delete_dead_loads(&self.store, &dir, &versions, known, grace).await {
-                log::warn!("deleting the runs of crashed loads in {dir} failed: {e}");
-            }
-        }))
-        .await;
-    }
-
     /// The bulk load of [`Table::put_stream`]: `first` (stored, the
-    /// first `rows_read` rows), then `rest`. The runs of crashed loads are
-    /// deleted, the load's markers written and the writers of the shards
-    /// this process writes opened at once: each is a few requests' latency
-    /// on an object store.
+    /// first `rows_read` rows), then `rest`. The load's markers are
+    /// written and the writers of the shards this process writes opened
+    /// (each deleting the runs of crashed loads) at once: each is a few
+    /// requests' latency on an object store.
     pub(super) async fn bulk_load<S>(
         &self,
         first: Vec<RecordBatch>,
@@ -337,18 +316,16 @@ impl Table {
         let owned =
             (0..self.shards.len() as u32).filter(|&s| self.options.owned_shards.contains(s));
         let open = futures::stream::iter(owned)
-            .map(|shard| self.load_writer(shard))
+            .map(|shard| async move {
+                let writer = self.load_writer(shard).await?;
+                if let Err(e) = writer.delete_dead_loads().await {
+                    log::warn!("deleting the runs of crashed loads failed: {e}");
+                }
+                Ok::<_, Error>(())
+            })
             .buffer_unordered(OPENS)
-            .try_collect::<Vec<_>>();
-        let heartbeat = self.options.load_heartbeat();
-        let begin = async {
-            let (_, begun) = futures::join!(
-                self.delete_dead_loads(),
-                markers.begin(&self.store, heartbeat)
-            );
-            begun
-        };
-        let open = open.map_ok(drop);
+            .try_collect::<()>();
+        let begin = markers.begin(&self.store, self.options.load_heartbeat());
         let loaded = (self.load(&mut load, (begin, open), &kept, first, rows_read, rest)).await;
         load.end(&mut markers, &self.store, loaded.is_err()).await;
         loaded

@@ -1002,15 +1002,17 @@ impl Table {
 
     /// Merges each shard's SSTables into one (opening the writers it
     /// needs, taking back shards other processes took over; only the
-    /// shards this process writes), and deletes
-    /// the runs of crashed bulk loads in every shard.
+    /// shards this process writes), and deletes the runs of crashed bulk
+    /// loads in them.
     pub async fn compact(&self) -> Result<()> {
         let shards = self.shards.len() as u32;
         for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
-            self.on_shard(shard, "a compaction", |w| async move { w.compact().await })
-                .await?;
+            self.on_shard(shard, "a compaction", |w| async move {
+                w.compact().await?;
+                w.delete_dead_loads().await
+            })
+            .await?;
         }
-        self.delete_dead_loads().await;
         Ok(())
     }
 

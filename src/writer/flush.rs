@@ -186,7 +186,7 @@ impl Shared {
     /// learned about fences and deleted WAL entries, and publishes the new
     /// SSTable list to readers together with `also` (run under the layers
     /// lock).
-    async fn commit(
+    pub(super) async fn commit(
         &self,
         what: &str,
         change: impl Fn(&mut ShardManifest) -> bool,
@@ -398,12 +398,18 @@ impl Shared {
         let next = generation.number + files.len().max(1) as u64;
         let flushed = Arc::clone(generation);
         let keeps_marks = self.keeps_marks();
+        let refused = &generation.refused;
         self.commit(
             "shard manifest commit of a load",
             |m| {
-                if files
-                    .iter()
-                    .any(|f| m.sstables.iter().any(|s| s.path == f.path))
+                // A writer took the load for crashed and deletes its runs.
+                let dead = (files.iter())
+                    .any(|f| paths::load_of(&f.path).is_some_and(|l| m.dead_loads.contains(&l)));
+                refused.store(dead, Ordering::Release);
+                if dead
+                    || files
+                        .iter()
+                        .any(|f| m.sstables.iter().any(|s| s.path == f.path))
                 {
                     return false;
                 }
@@ -428,6 +434,9 @@ impl Shared {
         )
         .await?;
         self.progress.send_modify(|p| p.flushed_generation = next);
+        if refused.load(Ordering::Acquire) {
+            return Ok(());
+        }
         // Their packs, as a flush's.
         let packed: u64 = files.iter().map(|f| f.blob_bytes).sum();
         self.counters
@@ -568,14 +577,6 @@ impl Shared {
         self.wal_deleted_through
             .fetch_max(m.replay_after, Ordering::AcqRel);
         self.delete_dead_loads().await
-    }
-
-    /// See [`super::load::delete_dead_loads`].
-    async fn delete_dead_loads(&self) -> Result<()> {
-        let known = self.manifest().version;
-        let grace = self.options.load_grace;
-        super::load::delete_dead_loads(&self.store, &self.shard_dir, &self.versions, known, grace)
-            .await
     }
 
     /// Deletes retired SSTables whose grace period is over, merges
@@ -1065,8 +1066,8 @@ impl Shared {
     /// Deletes the blob packs nothing reads any more: at or below the
     /// replay cursor (the WAL entry that named one, if it landed, is in
     /// SSTables) or named by no WAL entry (see [`blob::UNLOGGED`]: a
-    /// compaction's or a bulk load's, named by its SSTables once they are
-    /// committed) while no load of the shard is alive, and named by no
+    /// compaction's, or a bulk load's once the load ended or is listed as
+    /// dead, named by its SSTables once they are committed), and named by no
     /// SSTable of the newest manifest, live or retired, for
     /// [`super::WriterOptions::sstable_grace`] since this writer first saw
     /// it so (a query that read a MemTable row naming one before its flush
@@ -1084,14 +1085,23 @@ impl Shared {
             .list(Some(&paths::blobs_dir(&self.shard_dir)))
             .try_collect()
             .await?;
-        // The markers before the manifest: a load that commits meanwhile
-        // has a fresh marker or its runs in that manifest.
-        let loading = super::load::a_load_is_alive(&self.store, &self.shard_dir).await?;
+        // The loads before the manifest: one that may still commit wrote
+        // its markers before its packs and is listed there, unless a
+        // writer listed it as dead in the manifest (see `delete_dead_loads`).
+        let loads = self.loads_present().await?;
         let manifest = self
             .versions
             .load_latest(self.manifest().version, ShardManifest::decode)
             .await?;
         let m = &manifest.state;
+        let dead: HashSet<u64> = m.dead_loads.iter().map(|&l| blob::load_tag(l)).collect();
+        let a_load_may_name = |position: u64, epoch: u64| {
+            let tag = blob::load_tag_of_pack(position);
+            epoch == super::load::LOAD_EPOCH
+                && position & blob::UNLOGGED != 0
+                && loads.contains(&tag)
+                && !dead.contains(&tag)
+        };
         let (now, grace) = (
             now_ms() as i64,
             self.options.sstable_grace.as_millis() as i64,
@@ -1112,8 +1122,7 @@ impl Shared {
             .into_iter()
             .filter(|meta| {
                 settled(meta).is_some_and(|(position, epoch)| {
-                    let loads_may_name = loading && position & blob::UNLOGGED != 0;
-                    !loads_may_name && !m.names_pack(epoch, position)
+                    !a_load_may_name(position, epoch) && !m.names_pack(epoch, position)
                 })
             })
             .map(|meta| (meta.location, meta.size))

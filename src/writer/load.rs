@@ -10,7 +10,9 @@
 //!    takes the shard (back) like a put. While it runs, the load rewrites
 //!    a marker per shard (see [`super::WriterOptions::load_grace`]); a
 //!    crash leaves runs whose markers age, which a writer of the shard
-//!    deletes once they are as old as that;
+//!    deletes once they are as old as that, after it listed the load as
+//!    dead in the shard's manifest (so that a load stalled that long
+//!    never commits them);
 //! 2. [`ShardWriter::finish_runs`] builds the runs' graphs and counts the
 //!    distinct keys they hold (a merge of the key columns of the row groups
 //!    whose key ranges overlap another run's: none for a load in key order),
@@ -26,10 +28,10 @@
 //!    moment the load becomes visible and durable: a shard's part is all
 //!    there or not at all, across crashes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
@@ -40,15 +42,15 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
-use super::ShardWriter;
-use super::manifest::{ShardManifest, now_ms};
+use super::manifest::{MAX_DEAD_LOADS, now_ms};
+use super::{ShardWriter, Shared};
 use crate::blob;
 use crate::error::{Error, Result};
 use crate::schema::TableSchema;
 use crate::sstable::{
     self, Codec, DeletionVector, ROW_GROUP_ROWS, ReadMetrics, SstableFile, merge,
 };
-use crate::store::{VersionedObjects, delete_if_present, paths};
+use crate::store::{delete_if_present, paths};
 
 /// Rows per batch a run is written in.
 const RUN_BATCH_ROWS: usize = 8192;
@@ -56,70 +58,110 @@ const RUN_BATCH_ROWS: usize = 8192;
 /// The most runs of one shard a load merges at once (and commits).
 const MAX_RUNS: usize = 16;
 
-/// Deletes the runs of crashed bulk loads in the shard at `shard_dir`,
-/// and their markers. A load whose markers are older than the grace they
-/// name (see [`paths::load_marker`]) crashed; so did one without markers
-/// whose runs are older than `grace`; of their runs those that no
-/// manifest names go. Listed before the newest manifest (after version
-/// `known`) is read, so a run whose load commits meanwhile is either named
-/// there or listed beside a fresh marker.
-pub(crate) async fn delete_dead_loads(
-    store: &Arc<dyn ObjectStore>,
-    shard_dir: &Path,
-    versions: &VersionedObjects,
-    known: u64,
-    grace: Duration,
-) -> Result<()> {
-    let listed: Vec<ObjectMeta> = store
-        .list(Some(&paths::loads_dir(shard_dir)))
-        .try_collect()
-        .await?;
-    if listed.is_empty() {
-        return Ok(());
-    }
-    let manifest = versions.load_latest(known, ShardManifest::decode).await?;
-    let named = manifest.state.named_dirs();
-    let loads = markers(&listed);
-    let dead: Vec<Path> = listed
-        .into_iter()
-        .filter(|meta| {
+impl Shared {
+    /// Deletes the runs and markers of the shard's crashed bulk loads
+    /// (their blob packs go by pack collection): loads whose markers are
+    /// older than the grace they name (see [`paths::load_marker`]), or
+    /// that have no markers and only objects older than `load_grace`, and
+    /// whose runs no manifest names. They are first listed as dead in the
+    /// manifest ([`super::ShardManifest::dead_loads`]), by a commit that
+    /// sees their runs unnamed: from then on their commits are refused (see
+    /// `Shared::flush_load`), so no commit names what is deleted here,
+    /// however late a stalled load comes back. A writer fenced meanwhile
+    /// deletes nothing.
+    pub(super) async fn delete_dead_loads(&self) -> Result<()> {
+        let listed: Vec<ObjectMeta> = self
+            .store
+            .list(Some(&paths::loads_dir(&self.shard_dir)))
+            .try_collect()
+            .await?;
+        let grace = self.options.load_grace.as_millis() as u64;
+        let fresh = markers(&listed);
+        // Each load's runs (their directories), and whether every object
+        // of it is older than the grace. Runs of an older build name no
+        // load and are left alone.
+        let mut loads: BTreeMap<u64, (HashSet<&str>, bool)> = BTreeMap::new();
+        for meta in &listed {
             let path = meta.location.as_ref();
-            let run = paths::marker_grace(path).is_none();
-            let crashed = match paths::load_of(path).and_then(|load| loads.get(&load)) {
-                Some(&fresh) => !fresh,
-                None => run && older_than(meta, grace.as_millis() as u64),
+            let Some(load) = paths::load_of(path) else {
+                continue;
             };
-            crashed && !(run && named.contains(paths::sstable_dir(path)))
-        })
-        .map(|meta| meta.location)
-        .collect();
-    if !dead.is_empty() {
-        log::debug!(
-            "deleting {} objects of crashed loads in {shard_dir}",
-            dead.len()
-        );
-    }
-    futures::stream::iter(dead)
-        .map(|path| async move { delete_if_present(store.as_ref(), &path).await })
-        .buffer_unordered(16)
-        .try_collect()
-        .await
-}
-
-/// Whether a bulk load of the shard at `shard_dir` may still commit: one
-/// of its markers is fresher than the grace it names.
-pub(crate) async fn a_load_is_alive(
-    store: &Arc<dyn ObjectStore>,
-    shard_dir: &Path,
-) -> Result<bool> {
-    let listed: Vec<ObjectMeta> = store
-        .list(Some(&paths::loads_dir(shard_dir)))
-        .try_filter(|meta| {
-            std::future::ready(paths::marker_grace(meta.location.as_ref()).is_some())
-        })
-        .try_collect()
+            let (runs, old) = loads.entry(load).or_insert((HashSet::new(), true));
+            *old &= older_than(meta, grace);
+            if paths::marker_grace(path).is_none() {
+                runs.insert(paths::sstable_dir(path));
+            }
+        }
+        loads.retain(|load, (_, old)| match fresh.get(load) {
+            Some(&fresh) => !fresh,
+            None => *old,
+        });
+        if loads.is_empty() {
+            return Ok(());
+        }
+        self.commit(
+            "shard manifest commit of crashed bulk loads",
+            |m| {
+                let named = m.named_dirs();
+                let dead: Vec<u64> = loads
+                    .iter()
+                    .filter(|(load, (runs, _))| {
+                        !m.dead_loads.contains(load) && runs.is_disjoint(&named)
+                    })
+                    .map(|(&load, _)| load)
+                    .collect();
+                if dead.is_empty() {
+                    return false;
+                }
+                m.dead_loads.extend(dead);
+                let excess = m.dead_loads.len().saturating_sub(MAX_DEAD_LOADS);
+                m.dead_loads.drain(..excess);
+                true
+            },
+            |_| {},
+        )
         .await?;
-    Ok(markers(&listed).values().any(|&fresh| fresh))
+        // Of a load whose runs a manifest names (it committed), only the
+        // markers its end left.
+        let dead = &self.manifest().state.dead_loads;
+        let doomed: Vec<Path> = listed
+            .iter()
+            .map(|meta| meta.location.as_ref())
+            .filter(|&path| {
+                paths::load_of(path).is_some_and(|load| {
+                    loads.contains_key(&load)
+                        && (dead.contains(&load) || paths::marker_grace(path).is_some())
+                })
+            })
+            .map(Path::from)
+            .collect();
+        log::debug!(
+            "deleting {} objects of crashed loads in {}",
+            doomed.len(),
+            self.shard_dir
+        );
+        futures::stream::iter(doomed)
+            .map(|path| async move { delete_if_present(self.store.as_ref(), &path).await })
+            .buffer_unordered(16)
+            .try_collect()
+            .await
+    }
+
+    /// The [`blob::load_tag`]s of the loads with objects in the shard's
+    /// `load/` directory: a load that may still commit has its markers
+    /// there (written before its first run and pack), unless a writer
+    /// took it for crashed (see [`Shared::delete_dead_loads`]).
+    pub(super) async fn loads_present(&self) -> Result<HashSet<u64>> {
+        Ok(self
+            .store
+            .list(Some(&paths::loads_dir(&self.shard_dir)))
+            .try_filter_map(|meta| {
+                let load = paths::load_of(meta.location.as_ref());
+                std::future::ready(Ok(load.map(blob::load_tag)))
+            })
+            .try_collect()
+            .await?)
+    }
 }
 
 /// Whether `meta` was last written more than `ms` ago.
@@ -205,7 +247,7 @@ impl LoadRun {
 /// The epoch in the names of a load's runs and of their blob packs: no
 /// writer's (a writer's is at least 1). A run is no change of the shard
 /// until a writer commits it, so no writer is needed to write it.
-const LOAD_EPOCH: u64 = 0;
+pub(super) const LOAD_EPOCH: u64 = 0;
 
 /// Where a load writes one shard's runs (see [`LoadRun::write`]).
 pub(crate) struct RunTarget {
@@ -231,7 +273,7 @@ impl LoadRun {
         encoded: impl FnOnce() + Send,
     ) -> Result<LoadRun> {
         let schema = Arc::clone(&target.schema);
-        let (pack, inline) = (blob::unlogged_id(), target.blob_inline_bytes);
+        let (pack, inline) = (blob::load_pack_id(load, seq), target.blob_inline_bytes);
         let (body, ranges, packed, named) = tokio::task::spawn_blocking(move || {
             // One batch, and the parts dropped before the sort copies it.
             let all = concat_batches(&schema.stored, &batches)?;
@@ -494,7 +536,8 @@ impl ShardWriter {
     /// and older than every put after; returns once the manifest names
     /// them. No writer deletes the runs, or their blob packs, before
     /// `kept_until` (the load's markers are fresh till then); after it,
-    /// the runs are first checked to be there. See the module doc.
+    /// the runs are first checked to be there, and a load a writer listed
+    /// as dead meanwhile commits nothing and fails. See the module doc.
     pub(crate) async fn ingest(
         &self,
         mut runs: Vec<SstableFile>,
@@ -520,7 +563,7 @@ impl ShardWriter {
             self.check_present(&runs).await?;
         }
         let _no_puts = shared.ingest_gate.write().await;
-        let generation = {
+        let (generation, load) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
             shared.accepting()?;
             // Earlier puts go to SSTables first, in a generation of their own.
@@ -538,7 +581,7 @@ impl ShardWriter {
             let span = runs.len().max(1) as u64;
             *active.ingested.lock().expect("ingest slot poisoned") = runs;
             shared.rotate(span);
-            active.number
+            (active.number, active)
         };
         shared.flush_wake.notify_one();
         let mut progress = shared.progress.subscribe();
@@ -546,10 +589,23 @@ impl ShardWriter {
             .wait_for(|p| p.error.is_some() || p.flushed_generation > generation)
             .await
             .map_err(|_| Error::Poisoned("the shard writer is gone".into()))?;
-        match &done.error {
-            Some(stop) => Err(stop.tell()),
-            None => Ok(()),
+        if let Some(stop) = &done.error {
+            return Err(stop.tell());
         }
+        match load.refused.load(Ordering::Acquire) {
+            true => Err(Error::NotFound(format!(
+                "the runs of this bulk load in {} (deleted as a crashed load's: the load \
+                 was silent for longer than load_grace)",
+                shared.shard_dir
+            ))),
+            false => Ok(()),
+        }
+    }
+
+    /// Deletes the runs of the shard's crashed bulk loads, once they are
+    /// listed as dead in its manifest (so none of them commits them).
+    pub(crate) async fn delete_dead_loads(&self) -> Result<()> {
+        self.shared.delete_dead_loads().await
     }
 
     /// Fails unless every one of `runs`, their deletion vectors and their
@@ -581,18 +637,20 @@ impl ShardWriter {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use datafusion::arrow::array::Int64Array;
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use object_store::PutPayload;
     use object_store::memory::InMemory;
 
     use super::*;
     use crate::schema::TableMeta;
     use crate::writer::WriterOptions;
 
-    #[tokio::test]
-    async fn ingesting_runs_the_manifest_names_already_adds_nothing() {
-        // A retried commit whose first attempt landed (its writer stopped
-        // before it could say so) must not name the runs twice.
+    /// A writer of shard 0 of a table `(id, v)`, and where a load writes
+    /// runs of three rows (see [`run`]).
+    async fn writer_and_target() -> (ShardWriter, RunTarget) {
         let schema = Schema::new(vec![
             Field::new("id", DataType::Int64, false),
             Field::new("v", DataType::Int64, true),
@@ -606,15 +664,16 @@ mod tests {
             schema: Arc::clone(&schema),
             blob_inline_bytes: 4096,
         };
-        let writer = ShardWriter::open(
-            store,
-            "tables/t-1",
-            0,
-            Arc::clone(&schema),
-            WriterOptions::default(),
-        )
-        .await
-        .unwrap();
+        let options = WriterOptions::default();
+        let writer = ShardWriter::open(store, "tables/t-1", 0, schema, options)
+            .await
+            .unwrap();
+        (writer, target)
+    }
+
+    /// Run 1 of load `load`: three rows.
+    async fn run(target: &RunTarget, load: u64) -> LoadRun {
+        let schema = &target.schema;
         let rows = RecordBatch::try_new(
             Arc::clone(&schema.schema),
             vec![
@@ -624,7 +683,62 @@ mod tests {
         )
         .unwrap();
         let stored = vec![schema.to_stored(&rows).unwrap()];
-        let run = LoadRun::write(&target, stored, 7, 1, || ()).await.unwrap();
+        LoadRun::write(target, stored, load, 1, || ())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_crashed_load_is_listed_dead_before_its_runs_go_and_commits_nothing_since() {
+        let (writer, target) = writer_and_target().await;
+        let store = &target.store;
+        let exists = |path: &str| {
+            let path = Path::from(path);
+            async move { store.head(&path).await.is_ok() }
+        };
+        // Load 7 crashed: its marker (naming no grace) is stale at once.
+        // Load 8 committed and left its marker behind.
+        let crashed = run(&target, 7).await;
+        let committed = run(&target, 8).await;
+        let later = Instant::now() + Duration::from_secs(3600);
+        writer
+            .ingest(vec![committed.file.clone()], later)
+            .await
+            .unwrap();
+        let marker = |load| paths::load_marker(&target.shard_dir, load, 0);
+        for load in [7, 8] {
+            store.put(&marker(load), PutPayload::new()).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        writer.delete_dead_loads().await.unwrap();
+        assert_eq!(writer.shared.manifest().state.dead_loads, vec![7]);
+        assert!(
+            !exists(&crashed.file.path).await,
+            "the crashed load's run went"
+        );
+        assert!(
+            exists(&committed.file.path).await,
+            "the committed one's stays"
+        );
+        for load in [7, 8] {
+            assert!(!exists(marker(load).as_ref()).await, "markers went");
+        }
+        // Load 7 comes back (it had stalled) and commits: refused, however
+        // long it counts on its runs being kept.
+        let err = writer.ingest(vec![crashed.file], later).await.unwrap_err();
+        assert!(err.to_string().contains("crashed load"), "{err}");
+        assert_eq!(writer.stats().sstables, 1);
+        let manifest = writer.shared.manifest();
+        assert_eq!(manifest.state.sstables[0].path, committed.file.path);
+        writer.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn ingesting_runs_the_manifest_names_already_adds_nothing() {
+        // A retried commit whose first attempt landed (its writer stopped
+        // before it could say so) must not name the runs twice.
+        let (writer, target) = writer_and_target().await;
+        let run = run(&target, 7).await;
         writer
             .ingest(vec![run.file.clone()], Instant::now())
             .await

@@ -63,7 +63,18 @@ pub struct ShardManifest {
     /// so one still running elsewhere stops at its next WAL append.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dropped: bool,
+    /// Bulk loads of the shard a writer took for crashed (the latest
+    /// [`MAX_DEAD_LOADS`], oldest first), listed before it deleted their
+    /// runs and packs: a load listed here commits nothing, however late
+    /// it comes back (see `super::load`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dead_loads: Vec<u64>,
 }
+
+/// How many [`ShardManifest::dead_loads`] a manifest lists. A load older
+/// than that many crashed ones still finds its runs gone before it
+/// commits (see `super::ShardWriter::ingest`).
+pub const MAX_DEAD_LOADS: usize = 64;
 
 fn is_zero(n: &u64) -> bool {
     *n == 0

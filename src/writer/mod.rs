@@ -54,7 +54,7 @@ use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
-pub(crate) use load::{LoadRun, RunTarget, delete_dead_loads};
+pub(crate) use load::{LoadRun, RunTarget};
 pub use manifest::ShardManifest;
 pub(crate) use manifest::versions as manifest_versions;
 pub use options::{ShardSlice, WriterOptions, parse_duration};
@@ -247,6 +247,9 @@ struct Generation {
     /// A bulk load's SSTables: the content of an empty generation, which
     /// spans one number per SSTable (see [`load`]).
     ingested: Mutex<Vec<SstableFile>>,
+    /// Set when its flush found the load of `ingested` listed as dead
+    /// ([`manifest::ShardManifest::dead_loads`]) and committed nothing.
+    refused: AtomicBool,
 }
 
 /// The bytes the rows of `file` not marked deleted name in blob packs,
@@ -265,6 +268,7 @@ impl Generation {
             last_position: AtomicU64::new(0),
             sealed: AtomicBool::new(false),
             ingested: Mutex::default(),
+            refused: AtomicBool::new(false),
         })
     }
 }

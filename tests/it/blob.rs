@@ -846,10 +846,11 @@ async fn a_repack_leaves_a_damaged_value_in_place_and_goes_on() {
 /// values into packs of its runs' own, as appends do: the runs hold
 /// descriptors, sizes need no pack read, and the values read back across a
 /// restart and a compaction. A load that fails leaves its packs to
-/// collection, which holds off while any load of the shard is alive.
+/// collection, which holds off while an object of the load is left under
+/// `load/` (its markers, while it may commit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
-    use memwal::testing::paths;
+    use memwal::testing::{load_tag_of_pack, paths};
 
     let store = FaultyStore::new(Arc::new(InMemory::new()));
     let loading = |o: &mut WriterOptions| o.load_memory_bytes = 64 << 10;
@@ -909,15 +910,23 @@ async fn a_bulk_load_packs_long_values_and_a_failed_load_leaves_no_pack() {
     session.close().await.unwrap();
     let left = packs(&store).await;
     assert!(left.len() > loaded.len(), "{left:?}");
-    let shard = loaded[0].as_ref().split_once("/blobs/").unwrap().0;
-    let marker = paths::load_marker(&Path::from(shard), 0xabc, 3_600_000);
+    // As if the failed load were alive still (it may commit while its
+    // marker is there, fresh or not): its packs stay. Another load's
+    // marker holds none.
+    let shard = Path::from(loaded[0].as_ref().split_once("/blobs/").unwrap().0);
+    let failed = left.iter().find(|p| !loaded.contains(p)).unwrap();
+    let (pack, _) = paths::parse_blob_pack(failed.filename().unwrap()).unwrap();
+    let marker = paths::load_marker(&shard, load_tag_of_pack(pack), 3_600_000);
     store.put(&marker, Vec::new().into()).await.unwrap();
+    let other = paths::load_marker(&shard, 0xabc, 3_600_000);
+    store.put(&other, Vec::new().into()).await.unwrap();
     let session = open_with(&store, loading).await;
     compact_media(&session).await;
     assert_eq!(packs(&store).await, left, "a live load's packs stay");
     store.delete(&marker).await.unwrap();
     compact_media(&session).await;
     assert_eq!(packs(&store).await, loaded, "the failed load's went");
+    store.delete(&other).await.unwrap();
     assert_eq!(text(&session, md5s).await, expected);
     session.close().await.unwrap();
 }

@@ -392,6 +392,70 @@ async fn a_load_survives_another_writer_taking_its_shards_over() {
     session.close().await.unwrap();
 }
 
+/// A load stalled past its grace, which a writer of its shards takes for
+/// crashed while the load commits, either commits first (and the writer
+/// keeps its runs) or commits nothing: never runs the writer deletes. (A
+/// look for the runs before the commit was no guard: the writer could
+/// delete them between the look and the commit, and the table could not
+/// be read since.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_taken_for_crashed_as_it_commits_never_names_deleted_runs() {
+    let mut options = options();
+    options.load_grace = Duration::from_secs(1);
+    let (faulty, session) = on_faulty_store(options).await;
+    let table = create(&session, "t", true).await;
+    let schema = table.schema();
+    // Every writer open, the table empty.
+    table.compact().await.unwrap();
+    // The host stalls: the markers are written (4 shards) and never again,
+    // and the commits of the runs wait.
+    faulty.inject(
+        Fault::nth(OpKind::Put, 5)
+            .times(u64::MAX)
+            .on_paths_containing(".alive"),
+    );
+    let commits = faulty.gate(OpKind::Put, "/manifest/");
+    let started = std::time::Instant::now();
+    let load = tokio::spawn({
+        let table = Arc::clone(&table);
+        let batches: Vec<_> = (0..10)
+            .map(|i| Ok(batch(&schema, i * 1000..(i + 1) * 1000, 1)))
+            .collect();
+        async move { table.put_stream(futures::stream::iter(batches)).await }
+    });
+    commits.arrived(4).await;
+    // Once the markers are stale, the writers sweep (a compaction does).
+    tokio::time::sleep(Duration::from_millis(1100).saturating_sub(started.elapsed())).await;
+    let sweep = tokio::spawn({
+        let table = Arc::clone(&table);
+        async move { table.compact().await }
+    });
+    tokio::select! {
+        () = commits.arrived(5) => {}
+        swept = tokio::time::timeout(Duration::from_secs(30), async {
+            while !sweep.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }) => swept.expect("the sweep ends or commits"),
+    }
+    commits.open();
+    let loaded = load.await.unwrap();
+    sweep.await.unwrap().unwrap();
+    faulty.clear();
+    // Every shard's part is all there or not at all; the table reads.
+    let got = rows(&table).await;
+    match loaded {
+        Ok(n) => assert_eq!((n, got.len()), (10_000, 10_000)),
+        Err(e) => {
+            let e = e.to_string();
+            assert!(e.contains("crashed load"), "{e}");
+            assert!(got.len() < 10_000, "{e}");
+        }
+    }
+    assert!(got.values().all(|&v| v == 1));
+    session.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_insert_keeps_the_key_order_of_its_input_and_sorts_no_other() {
     // Rows in key order over four partitions are merged in that order (no
