@@ -63,9 +63,10 @@ impl Shared {
     /// (their blob packs go by pack collection): loads whose markers are
     /// older than the grace they name (see [`paths::load_marker`]), or
     /// that have no markers and only objects older than `load_grace`, and
-    /// whose runs no manifest names. They are first listed as dead in the
-    /// manifest ([`super::ShardManifest::dead_loads`]), by a commit that
-    /// sees their runs unnamed: from then on their commits are refused (see
+    /// whose runs no manifest names; and what is left of loads listed as
+    /// dead already. They are first listed as dead in the manifest
+    /// ([`super::ShardManifest::dead_loads`]), by a commit that sees
+    /// their runs unnamed: from then on their commits are refused (see
     /// `Shared::flush_load`), so no commit names what is deleted here,
     /// however late a stalled load comes back. A writer fenced meanwhile
     /// deletes nothing.
@@ -92,7 +93,10 @@ impl Shared {
                 runs.insert(paths::sstable_dir(path));
             }
         }
+        // Listed as dead already: whatever is left of them goes now.
+        let listed_dead = self.manifest().state.dead_loads.clone();
         loads.retain(|load, (_, old)| match fresh.get(load) {
+            _ if listed_dead.contains(load) => true,
             Some(&fresh) => !fresh,
             None => *old,
         });
@@ -730,6 +734,20 @@ mod tests {
         assert_eq!(writer.stats().sstables, 1);
         let manifest = writer.shared.manifest();
         assert_eq!(manifest.state.sstables[0].path, committed.file.path);
+        // What it writes since goes at the next sweep, fresh markers and all.
+        let since = run(&target, 7).await;
+        store
+            .put(
+                &paths::load_marker(&target.shard_dir, 7, 60_000),
+                PutPayload::new(),
+            )
+            .await
+            .unwrap();
+        writer.delete_dead_loads().await.unwrap();
+        let left = store.list(Some(&paths::loads_dir(&target.shard_dir)));
+        let left: Vec<ObjectMeta> = left.try_collect().await.unwrap();
+        assert!(!exists(&since.file.path).await);
+        assert_eq!(left.len(), 1, "the committed run: {left:?}");
         writer.close().await.unwrap();
     }
 
