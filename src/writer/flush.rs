@@ -1063,19 +1063,17 @@ impl Shared {
         .await
     }
 
-    /// Deletes the blob packs nothing reads any more: at or below the
+    /// Deletes the blob packs nothing reads any more: named by no SSTable
+    /// of the newest manifest, live or retired, and either at or below the
     /// replay cursor (the WAL entry that named one, if it landed, is in
-    /// SSTables) or named by no WAL entry (see [`blob::UNLOGGED`]: a
+    /// SSTables) for [`super::WriterOptions::sstable_grace`] since this
+    /// writer first saw it so (a query that read a MemTable row naming one
+    /// before its flush has that long to finish, as one reading a retired
+    /// SSTable does; a pack's own age says nothing of when its rows stopped
+    /// being read), or named by no WAL entry (see [`blob::UNLOGGED`]: a
     /// compaction's, or a bulk load's once the load ended or is listed as
-    /// dead, named by its SSTables once they are committed), and named by no
-    /// SSTable of the newest manifest, live or retired, for
-    /// [`super::WriterOptions::sstable_grace`] since this writer first saw
-    /// it so (a query that read a MemTable row naming one before its flush
-    /// has that long to finish, as one reading a retired SSTable does; a
-    /// pack's own age says nothing of when its rows stopped being read).
-    /// Packs of appends that never landed, and of loads that never
-    /// committed, go the same way. A failed delete is tried again by the
-    /// next call.
+    /// dead), at once. Packs of appends that never landed go the same way.
+    /// A failed delete is tried again by the next call.
     async fn delete_unnamed_packs(&self) -> Result<()> {
         if self.schema.blobs.is_empty() {
             return Ok(());
@@ -1134,9 +1132,17 @@ impl Shared {
                 .map(|(path, _)| (path.clone(), since.get(path).copied().unwrap_or(now)))
                 .collect();
             *since = seen;
+            // A pack no WAL entry names was never in a MemTable: it stopped
+            // being named when the last retired SSTable naming it was
+            // deleted, past its grace period, or it never was (a failed
+            // compaction's, a load's that never committed).
+            let unlogged = |path: &Path| {
+                let pack = path.filename().and_then(paths::parse_blob_pack);
+                pack.is_some_and(|(position, _)| position & blob::UNLOGGED != 0)
+            };
             unnamed
                 .into_iter()
-                .filter(|(path, _)| now - since[path] >= grace)
+                .filter(|(path, _)| unlogged(path) || now - since[path] >= grace)
                 .collect()
         };
         let store = &self.store;

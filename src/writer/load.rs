@@ -598,8 +598,8 @@ impl ShardWriter {
         }
         match load.refused.load(Ordering::Acquire) {
             true => Err(Error::NotFound(format!(
-                "the runs of this bulk load in {} (deleted as a crashed load's: the load \
-                 was silent for longer than load_grace)",
+                "this bulk load's part of {} (its runs were deleted as a crashed load's: \
+                 the load was silent for longer than load_grace)",
                 shared.shard_dir
             ))),
             false => Ok(()),
