@@ -317,10 +317,7 @@ impl Table {
             (0..self.shards.len() as u32).filter(|&s| self.options.owned_shards.contains(s));
         let open = futures::stream::iter(owned)
             .map(|shard| async move {
-                let writer = self.load_writer(shard).await?;
-                if let Err(e) = writer.delete_dead_loads().await {
-                    log::warn!("deleting the runs of crashed loads failed: {e}");
-                }
+                self.load_writer(shard).await?.delete_dead_loads().await;
                 Ok::<_, Error>(())
             })
             .buffer_unordered(OPENS)

@@ -1009,7 +1009,8 @@ impl Table {
         for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
             self.on_shard(shard, "a compaction", |w| async move {
                 w.compact().await?;
-                w.delete_dead_loads().await
+                w.delete_dead_loads().await;
+                Ok(())
             })
             .await?;
         }
