@@ -403,8 +403,10 @@ impl Shared {
             "shard manifest commit of a load",
             |m| {
                 // A writer took the load for crashed and deletes its runs.
-                let dead = (files.iter())
-                    .any(|f| paths::load_of(&f.path).is_some_and(|l| m.dead_loads.contains(&l)));
+                let dead = files
+                    .iter()
+                    .filter_map(|f| paths::load_of(&f.path))
+                    .any(|load| m.dead_loads.contains(&load));
                 refused.store(dead, Ordering::Release);
                 if dead
                     || files
