@@ -1118,33 +1118,32 @@ impl Shared {
             .filter(|meta| settled(meta).is_some())
             .map(|meta| meta.size)
             .sum();
-        let unnamed: Vec<(Path, u64)> = listed
-            .into_iter()
-            .filter(|meta| {
-                settled(meta).is_some_and(|(position, epoch)| {
-                    !a_load_may_name(position, epoch) && !m.names_pack(epoch, position)
+        // With whether no WAL entry names it: such a pack was never in a
+        // MemTable, so it stopped being named when the last retired SSTable
+        // naming it was deleted, past its grace period, or it never was (a
+        // failed compaction's, a load's that never committed). It goes at
+        // once; the others once unnamed for the grace.
+        let unnamed: Vec<(Path, u64, bool)> =
+            listed
+                .into_iter()
+                .filter_map(|meta| {
+                    let (position, epoch) = settled(&meta)?;
+                    (!a_load_may_name(position, epoch) && !m.names_pack(epoch, position))
+                        .then_some((meta.location, meta.size, position & blob::UNLOGGED != 0))
                 })
-            })
-            .map(|meta| (meta.location, meta.size))
-            .collect();
+                .collect();
         let dead: Vec<(Path, u64)> = {
             let mut since = self.unnamed_packs.lock().unwrap();
             let seen: HashMap<Path, i64> = unnamed
                 .iter()
-                .map(|(path, _)| (path.clone(), since.get(path).copied().unwrap_or(now)))
+                .filter(|(_, _, unlogged)| !unlogged)
+                .map(|(path, ..)| (path.clone(), since.get(path).copied().unwrap_or(now)))
                 .collect();
             *since = seen;
-            // A pack no WAL entry names was never in a MemTable: it stopped
-            // being named when the last retired SSTable naming it was
-            // deleted, past its grace period, or it never was (a failed
-            // compaction's, a load's that never committed).
-            let unlogged = |path: &Path| {
-                let pack = path.filename().and_then(paths::parse_blob_pack);
-                pack.is_some_and(|(position, _)| position & blob::UNLOGGED != 0)
-            };
             unnamed
                 .into_iter()
-                .filter(|(path, _)| unlogged(path) || now - since[path] >= grace)
+                .filter(|(path, _, unlogged)| *unlogged || now - since[path] >= grace)
+                .map(|(path, size, _)| (path, size))
                 .collect()
         };
         let store = &self.store;

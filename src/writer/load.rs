@@ -3,8 +3,8 @@
 //!
 //! 1. [`LoadRun::write`] sorts a bounded part of the load and writes it
 //!    as an SSTable that no manifest names yet (its long blob values
-//!    first, into a pack of its own that pack collection leaves alone
-//!    while a load of the shard is alive), under the shard's `load/`
+//!    first, into a pack named by the load, which pack collection leaves
+//!    alone while the load may still commit), under the shard's `load/`
 //!    directory, where writers that take the shard over meanwhile leave it
 //!    alone; no writer of the shard is needed until the commit, which
 //!    takes the shard (back) like a put. While it runs, the load rewrites
@@ -361,7 +361,10 @@ impl ShardWriter {
         // The packs the runs were written with count as this writer's.
         for bytes in runs.iter().filter_map(|r| r.pack_bytes) {
             shared.counters.blob_packs.fetch_add(1, Ordering::Relaxed);
-            (shared.counters.blob_pack_bytes).fetch_add(bytes, Ordering::Relaxed);
+            shared
+                .counters
+                .blob_pack_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
         }
         while runs.len() > MAX_RUNS {
             // The oldest runs, in groups of at most MAX_RUNS, as few as
