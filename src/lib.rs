@@ -125,12 +125,23 @@ pub mod testing {
         }
 
         /// Stops the process (SIGSTOP) and leaves its connections open: a
-        /// worker that hangs.
+        /// worker that hangs. Returns once every thread of it has stopped
+        /// (kill(2) returns as soon as the signal is queued, and a worker's
+        /// threads can answer a query meanwhile).
         pub fn freeze(&self) {
+            let pid = self.child.id() as libc::pid_t;
             // SAFETY: kill(2) with the pid of a child this handle owns and
             // has not waited for.
-            let stopped = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGSTOP) };
-            assert_eq!(stopped, 0, "SIGSTOP to the worker");
+            let sent = unsafe { libc::kill(pid, libc::SIGSTOP) };
+            assert_eq!(sent, 0, "SIGSTOP to the worker");
+            let mut status = 0;
+            // SAFETY: waitpid(2) on that child; WUNTRACED reports its stop
+            // (once the whole process is stopped) without reaping it.
+            let waited = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED) };
+            assert!(
+                waited == pid && libc::WIFSTOPPED(status),
+                "the worker did not stop: {status:#x}"
+            );
         }
     }
 
