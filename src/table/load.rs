@@ -487,7 +487,10 @@ impl Table {
         // left to a later writer of the shard to delete.
         self.on_shard(shard, "a load", |writer| {
             let (files, kept_until) = (files.clone(), kept_until());
-            async move { writer.ingest(files, kept_until).await }
+            // It holds the shard's puts until the commit lands.
+            super::detached("a load's commit", async move {
+                writer.ingest(files, kept_until).await
+            })
         })
         .await?;
         Ok(rows)

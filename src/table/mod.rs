@@ -135,6 +135,98 @@ struct ShardReader {
     tail: WalTail,
 }
 
+/// The slot's writer, if it is still running.
+fn live_writer(slot: &Shard) -> Option<Arc<ShardWriter>> {
+    let current = slot.writer.read().expect("writer slot poisoned").clone()?;
+    (current.stopped().is_none() && !current.is_closed()).then_some(current)
+}
+
+/// [`Error::NotFound`] of the table at `location`, dropped (`how` says
+/// when).
+fn dropped_error(location: &str, how: &str) -> Error {
+    Error::NotFound(format!("the table at '{location}' ({how})"))
+}
+
+/// Runs `op` on a task of its own and waits for it: what holds a
+/// writer's locks (an open, a load's commit, a compaction) goes on to the
+/// end whether or not its caller's future is polled meanwhile, so a
+/// statement paused (or dropped) in the middle holds up no other.
+async fn detached<T: Send + 'static>(
+    what: &str,
+    op: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(op)
+        .await
+        .map_err(|e| Error::Poisoned(format!("{what}: {e}")))?
+}
+
+/// The open of a shard's writer (see [`Table::writer_as`]), with what it
+/// needs owned: it runs on a task of its own.
+struct OpenWriter {
+    slot: Arc<Shard>,
+    store: Arc<dyn ObjectStore>,
+    location: String,
+    schema: Arc<TableSchema>,
+    options: WriterOptions,
+    catalog: Option<Arc<Catalog>>,
+}
+
+impl OpenWriter {
+    /// Opens the writer and puts it in the slot, unless another open did
+    /// meanwhile (one at a time per shard); first reports the lost rows
+    /// of the writer it replaces, if any.
+    async fn run(self, taking_back: Option<Duration>) -> Result<Arc<ShardWriter>> {
+        let slot = &self.slot;
+        let _one_opener = slot.opening.lock().await;
+        if let Some(w) = live_writer(slot) {
+            return Ok(w);
+        }
+        Table::report_lost_rows(slot)?;
+        let writer = Arc::new(
+            ShardWriter::open_as(
+                Arc::clone(&self.store),
+                &self.location,
+                slot.index,
+                Arc::clone(&self.schema),
+                self.options.clone(),
+                taking_back,
+            )
+            .await?,
+        );
+        if writer.opened_empty()
+            && let Err(e) = self.check_still_named().await
+        {
+            // Nothing was written through it.
+            let _ = writer.close().await;
+            return Err(e);
+        }
+        *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
+        Ok(writer)
+    }
+
+    /// Whether the catalog the table was opened through still names it,
+    /// asked (fresh) when a writer found its shard empty, before anything
+    /// is written through that writer. `DROP TABLE` seals the shards it
+    /// finds, after its commit; a shard it did not find was created (or
+    /// emptied by the collection of the dropped data) after that commit,
+    /// so this fresh read sees the drop: the write fails instead of
+    /// acknowledging rows that no table holds. Tables opened without a
+    /// catalog are not checked.
+    async fn check_still_named(&self) -> Result<()> {
+        let Some(catalog) = &self.catalog else {
+            return Ok(());
+        };
+        catalog.refresh().await?;
+        match catalog.snapshot().holds_location(&self.location) {
+            true => Ok(()),
+            false => Err(dropped_error(
+                &self.location,
+                "dropped before this write reached it",
+            )),
+        }
+    }
+}
+
 /// A table of a root, opened in this process. Cheap to share.
 pub struct Table {
     store: Arc<dyn ObjectStore>,
@@ -143,7 +235,7 @@ pub struct Table {
     meta: TableMeta,
     schema: Arc<TableSchema>,
     options: WriterOptions,
-    shards: Vec<Shard>,
+    shards: Vec<Arc<Shard>>,
     next_append_shard: AtomicU32,
     sstables: Arc<SstableReader>,
     /// Set when this process dropped the table: the handle then refuses
@@ -188,7 +280,7 @@ impl Table {
                 let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
                 let versions =
                     crate::writer::manifest_versions(Arc::clone(&store), &dir, &options.commit);
-                Shard {
+                Arc::new(Shard {
                     index,
                     writer: RwLock::new(None),
                     opening: tokio::sync::Mutex::new(()),
@@ -198,7 +290,7 @@ impl Table {
                         refreshed: None,
                         tail: WalTail::new(wal, Arc::clone(&schema)),
                     }),
-                }
+                })
             })
             .collect();
         Self {
@@ -325,7 +417,8 @@ impl Table {
 
     /// [`Table::writer`]; a writer opened to take the shard back from
     /// another one (`taking_back`: how long the last open took) takes a
-    /// turn (see [`ShardWriter::open_as`]).
+    /// turn (see [`ShardWriter::open_as`]). One open per shard at a time,
+    /// [`detached`].
     async fn writer_as(
         &self,
         shard: u32,
@@ -333,58 +426,23 @@ impl Table {
     ) -> Result<Arc<ShardWriter>> {
         let slot = self.slot(shard)?;
         self.check_owned(shard)?;
-        if let Some(w) = self.live_writer(slot) {
+        if let Some(w) = live_writer(slot) {
             return Ok(w);
         }
-        let _one_opener = slot.opening.lock().await;
-        if let Some(w) = self.live_writer(slot) {
-            return Ok(w);
-        }
-        Self::report_lost_rows(slot)?;
-        let writer = Arc::new(
-            ShardWriter::open_as(
-                Arc::clone(&self.store),
-                &self.location,
-                shard,
-                Arc::clone(&self.schema),
-                self.options.clone(),
-                taking_back,
-            )
-            .await?,
-        );
-        if writer.opened_empty()
-            && let Err(e) = self.check_still_named().await
-        {
-            // Nothing was written through it.
-            let _ = writer.close().await;
-            return Err(e);
-        }
-        *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
-        Ok(writer)
-    }
-
-    /// Whether the catalog the table was opened through still names it,
-    /// asked (fresh) when a writer found its shard empty, before anything
-    /// is written through that writer. `DROP TABLE` seals the shards it
-    /// finds, after its commit; a shard it did not find was created (or
-    /// emptied by the collection of the dropped data) after that commit,
-    /// so this fresh read sees the drop: the write fails instead of
-    /// acknowledging rows that no table holds. Tables opened without a
-    /// catalog are not checked.
-    async fn check_still_named(&self) -> Result<()> {
-        let Some(catalog) = self.catalog.get() else {
-            return Ok(());
+        let open = OpenWriter {
+            slot: Arc::clone(slot),
+            store: Arc::clone(&self.store),
+            location: self.location.clone(),
+            schema: Arc::clone(&self.schema),
+            options: self.options.clone(),
+            catalog: self.catalog.get().cloned(),
         };
-        catalog.refresh().await?;
-        match catalog.snapshot().holds_location(&self.location) {
-            true => Ok(()),
-            false => Err(self.dropped_error("dropped before this write reached it")),
-        }
+        detached("opening a shard's writer", open.run(taking_back)).await
     }
 
     /// The state of `shard`; an error for a shard the table does not have,
     /// and for every shard once this process dropped the table.
-    fn slot(&self, shard: u32) -> Result<&Shard> {
+    fn slot(&self, shard: u32) -> Result<&Arc<Shard>> {
         if self.dropped.load(Ordering::Acquire) {
             return Err(self.dropped_error("dropped; open the table again by name"));
         }
@@ -446,7 +504,7 @@ impl Table {
 
     /// [`Error::NotFound`] of this table, dropped (`how` says when).
     fn dropped_error(&self, how: &str) -> Error {
-        Error::NotFound(format!("the table at '{}' ({how})", self.location))
+        dropped_error(&self.location, how)
     }
 
     /// `error`, met reading `shard`; or, if it is an object gone missing
@@ -503,11 +561,6 @@ impl Table {
             }
             _ => error,
         }
-    }
-
-    fn live_writer(&self, slot: &Shard) -> Option<Arc<ShardWriter>> {
-        let current = slot.writer.read().expect("writer slot poisoned").clone()?;
-        (current.stopped().is_none() && !current.is_closed()).then_some(current)
     }
 
     /// Puts the rows of `batch` and waits until they are visible (and
@@ -986,7 +1039,7 @@ impl Table {
         max_age: Duration,
     ) -> Result<Option<Arc<ShardWriter>>> {
         let slot = self.slot(shard)?;
-        let Some(writer) = self.live_writer(slot) else {
+        let Some(writer) = live_writer(slot) else {
             return Ok(None);
         };
         if writer.owned_within(max_age) || writer.still_owns_shard().await? {
@@ -1007,10 +1060,12 @@ impl Table {
     pub async fn compact(&self) -> Result<()> {
         let shards = self.shards.len() as u32;
         for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
-            self.on_shard(shard, "a compaction", |w| async move {
-                w.compact().await?;
-                w.delete_dead_loads().await;
-                Ok(())
+            self.on_shard(shard, "a compaction", |w| {
+                detached("a compaction", async move {
+                    w.compact().await?;
+                    w.delete_dead_loads().await;
+                    Ok(())
+                })
             })
             .await?;
         }
@@ -1174,7 +1229,7 @@ impl TableCache {
 /// process fails its next append, and no writer opens on it again,
 /// instead of acknowledging rows that no table holds (a shard created
 /// after the listing is checked by its writer: see
-/// [`Table::check_still_named`]).
+/// [`OpenWriter::check_still_named`]).
 pub(crate) async fn seal_dropped(
     store: &Arc<dyn ObjectStore>,
     location: &str,

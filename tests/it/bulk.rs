@@ -456,6 +456,41 @@ async fn a_load_taken_for_crashed_as_it_commits_never_names_deleted_runs() {
     session.close().await.unwrap();
 }
 
+/// A load paused while it commits (its future not polled) holds up no
+/// put: a shard's commit holds its puts until it lands, and it lands
+/// whether or not the load is polled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_paused_as_it_commits_holds_up_no_put() {
+    let (faulty, session) = on_faulty_store(options()).await;
+    let table = create(&session, "t", true).await;
+    let schema = table.schema();
+    // Every writer open, the table empty.
+    table.compact().await.unwrap();
+    let commits = faulty.gate(OpKind::Put, "/manifest/");
+    let batches: Vec<_> = (0..10)
+        .map(|i| Ok(batch(&schema, i * 1000..(i + 1) * 1000, 1)))
+        .collect();
+    let load = table.put_stream(futures::stream::iter(batches));
+    tokio::pin!(load);
+    tokio::select! {
+        done = &mut load => panic!("the load ended before it committed: {done:?}"),
+        () = commits.arrived(1) => {}
+    }
+    commits.open();
+    // Rows in every shard, one of them committing; `load` is not polled
+    // again until they are in (a minute is a hang, not a slow store).
+    let put = tokio::time::timeout(
+        Duration::from_secs(60),
+        table.put(&batch(&schema, 20_000..20_100, 2)),
+    )
+    .await
+    .expect("the put waited for the paused load");
+    assert_eq!(put.unwrap(), 100);
+    assert_eq!(load.await.unwrap(), 10_000);
+    assert_eq!(rows(&table).await.len(), 10_100);
+    session.close().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_insert_keeps_the_key_order_of_its_input_and_sorts_no_other() {
     // Rows in key order over four partitions are merged in that order (no

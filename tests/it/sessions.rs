@@ -687,6 +687,49 @@ async fn a_statement_whose_sstables_were_compacted_away_meanwhile_says_so() {
     writer.close().await.unwrap();
 }
 
+/// A statement paused while it opens a shard's writer (its future not
+/// polled) holds up no other statement on the shard: the open goes on,
+/// on a task of its own (found in CI: a bulk load's test hung where the
+/// load it held back was opening the writers its next put needed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_paused_while_it_opens_a_writer_holds_up_no_other() {
+    use memwal::testing::{FaultyStore, OpKind};
+    let faulty = FaultyStore::new(Arc::new(object_store::memory::InMemory::new()));
+    let root = ObjectRoot::new(faulty.clone(), "memory://paused");
+    let catalog = Catalog::open(root, CatalogOptions::default())
+        .await
+        .unwrap();
+    let session = MemwalSession::new(catalog, WriterOptions::default());
+    query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
+    // A writer's open claims the shard in its manifest.
+    let opens = faulty.gate(OpKind::Put, "/manifest/");
+    let first = session
+        .sql("INSERT INTO t VALUES (1)")
+        .await
+        .unwrap()
+        .collect();
+    tokio::pin!(first);
+    tokio::select! {
+        done = &mut first => panic!("the insert ended before its writer opened: {done:?}"),
+        () = opens.arrived(1) => {}
+    }
+    opens.open();
+    // `first` is not polled again until the second statement is done (a
+    // minute is a hang, not a slow store).
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        query(&session, "INSERT INTO t VALUES (2)"),
+    )
+    .await;
+    assert!(
+        second.is_ok(),
+        "the second insert waited for the paused one"
+    );
+    first.await.unwrap();
+    let count = query(&session, "SELECT count(*) AS n FROM t").await;
+    assert!(count.contains("| 2 |"), "{count}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
     use memwal::testing::{FaultyStore, OpKind};
