@@ -135,6 +135,91 @@ struct ShardReader {
     tail: WalTail,
 }
 
+impl ShardReader {
+    /// Reads the shard manifest if it changed (one existence check when it
+    /// did not), the WAL after its cursor, and checks the manifest did not
+    /// move meanwhile (`location`: the table's, for errors).
+    async fn refresh(&mut self, location: &str) -> Result<()> {
+        let started = Instant::now();
+        self.refreshed = None;
+        // Whether to resolve the newest manifest in full (see `moved`).
+        let mut resolve = false;
+        // The last attempt's WAL entries were of a writer no manifest named.
+        let mut unclaimed = false;
+        for _ in 0..SNAPSHOT_ATTEMPTS {
+            let manifest = match self.manifest.take() {
+                Some(known) if !resolve && !self.versions.has_newer(&known).await? => {
+                    known.confirmed()
+                }
+                known => {
+                    let from = known.map_or(0, |m| m.version);
+                    self.versions
+                        .load_latest(from, ShardManifest::decode)
+                        .await?
+                }
+            };
+            if manifest.state.dropped {
+                self.manifest = Some(manifest);
+                return Err(dropped_error(
+                    location,
+                    "dropped; open the table again by name",
+                ));
+            }
+            let cursor = manifest.state.replay_after;
+            let gone = self.tail.refresh(cursor).await?;
+            // A flush that committed (and deleted the WAL it covers) after
+            // the manifest was read leaves no gap to see when nothing was
+            // written after it: check the manifest again. `has_newer`
+            // trusts version N+1 to exist for a while once N is superseded,
+            // which a dropped table's deleted versions break: an entry of a
+            // newer writer than the manifest names, or a gap, has the
+            // newest version resolved in full.
+            let claimed = self.tail.newest_epoch() > manifest.state.epoch;
+            unclaimed = claimed;
+            let moved = claimed
+                || self.versions.has_newer(&manifest).await?
+                || (gone.is_some()
+                    && self.versions.latest_version(manifest.version).await? > manifest.version);
+            resolve = moved;
+            self.manifest = Some(manifest);
+            match (gone, moved) {
+                (None, false) => {
+                    self.refreshed = Some(started);
+                    return Ok(());
+                }
+                (Some(position), false) => {
+                    return Err(Error::Corrupt {
+                        path: self.tail.path_of(position).to_string(),
+                        reason: "WAL entry missing: the shard manifest's replay cursor is \
+                                 before it, so nothing may have deleted it"
+                            .into(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        if unclaimed {
+            let manifest = self.manifest.as_ref().expect("set by every attempt");
+            // A writer claims the shard in a manifest version before it
+            // writes, and a claim never changes ten times in a row here.
+            return Err(Error::Corrupt {
+                path: self.versions.path_of(manifest.version + 1).to_string(),
+                reason: format!(
+                    "missing: the WAL holds entries of writer epoch {}, which no shard \
+                     manifest version names (the newest, version {}, names epoch {})",
+                    self.tail.newest_epoch(),
+                    manifest.version,
+                    manifest.state.epoch
+                ),
+            });
+        }
+        Err(Error::CommitConflict {
+            what: format!("a consistent snapshot of {}", location),
+            attempts: SNAPSHOT_ATTEMPTS as u32,
+        })
+    }
+}
+
 /// The slot's writer, if it is still running.
 fn live_writer(slot: &Shard) -> Option<Arc<ShardWriter>> {
     let current = slot.writer.read().expect("writer slot poisoned").clone()?;
@@ -922,16 +1007,22 @@ impl Table {
         if let Some(writer) = self.owning_writer(shard, max_age).await? {
             return Ok(writer.snapshot());
         }
-        let mut reader = self.slot(shard)?.reader.lock().await;
-        let fresh = reader
-            .refreshed
-            .is_some_and(|at| !max_age.is_zero() && at.elapsed() < max_age);
-        if !fresh {
-            self.refresh(&mut reader).await?;
-        }
-        let manifest = reader.manifest.as_ref().expect("refreshed above");
-        let sstables = manifest.state.sstables.clone();
-        Ok(self.snapshot_with(shard, reader.tail.layer(), sstables))
+        // Detached: a read paused while it holds the shard's reader holds
+        // up no other read of the shard.
+        let (slot, location) = (Arc::clone(self.slot(shard)?), self.location.clone());
+        let (layer, sstables) = detached("reading a shard", async move {
+            let mut reader = slot.reader.lock().await;
+            let fresh = reader
+                .refreshed
+                .is_some_and(|at| !max_age.is_zero() && at.elapsed() < max_age);
+            if !fresh {
+                reader.refresh(&location).await?;
+            }
+            let manifest = reader.manifest.as_ref().expect("refreshed above");
+            Ok((reader.tail.layer(), manifest.state.sstables.clone()))
+        })
+        .await?;
+        Ok(self.snapshot_with(shard, layer, sstables))
     }
 
     /// What a reader sees now of each shard in `shards` (like
@@ -947,87 +1038,6 @@ impl Table {
             .buffered(SNAPSHOTS_IN_FLIGHT)
             .try_collect()
             .await
-    }
-
-    /// Reads the shard manifest if it changed (one existence check when it
-    /// did not), the WAL after its cursor, and checks the manifest did not
-    /// move meanwhile.
-    async fn refresh(&self, reader: &mut ShardReader) -> Result<()> {
-        let started = Instant::now();
-        reader.refreshed = None;
-        // Whether to resolve the newest manifest in full (see `moved`).
-        let mut resolve = false;
-        // The last attempt's WAL entries were of a writer no manifest named.
-        let mut unclaimed = false;
-        for _ in 0..SNAPSHOT_ATTEMPTS {
-            let manifest = match reader.manifest.take() {
-                Some(known) if !resolve && !reader.versions.has_newer(&known).await? => {
-                    known.confirmed()
-                }
-                known => {
-                    let from = known.map_or(0, |m| m.version);
-                    reader
-                        .versions
-                        .load_latest(from, ShardManifest::decode)
-                        .await?
-                }
-            };
-            if manifest.state.dropped {
-                reader.manifest = Some(manifest);
-                return Err(self.dropped_error("dropped; open the table again by name"));
-            }
-            let cursor = manifest.state.replay_after;
-            let gone = reader.tail.refresh(cursor).await?;
-            // A flush that committed (and deleted the WAL it covers) after
-            // the manifest was read leaves no gap to see when nothing was
-            // written after it: check the manifest again. `has_newer`
-            // trusts version N+1 to exist for a while once N is superseded,
-            // which a dropped table's deleted versions break: an entry of a
-            // newer writer than the manifest names, or a gap, has the
-            // newest version resolved in full.
-            let claimed = reader.tail.newest_epoch() > manifest.state.epoch;
-            unclaimed = claimed;
-            let moved = claimed
-                || reader.versions.has_newer(&manifest).await?
-                || (gone.is_some()
-                    && reader.versions.latest_version(manifest.version).await? > manifest.version);
-            resolve = moved;
-            reader.manifest = Some(manifest);
-            match (gone, moved) {
-                (None, false) => {
-                    reader.refreshed = Some(started);
-                    return Ok(());
-                }
-                (Some(position), false) => {
-                    return Err(Error::Corrupt {
-                        path: reader.tail.path_of(position).to_string(),
-                        reason: "WAL entry missing: the shard manifest's replay cursor is \
-                                 before it, so nothing may have deleted it"
-                            .into(),
-                    });
-                }
-                _ => {}
-            }
-        }
-        if unclaimed {
-            let manifest = reader.manifest.as_ref().expect("set by every attempt");
-            // A writer claims the shard in a manifest version before it
-            // writes, and a claim never changes ten times in a row here.
-            return Err(Error::Corrupt {
-                path: reader.versions.path_of(manifest.version + 1).to_string(),
-                reason: format!(
-                    "missing: the WAL holds entries of writer epoch {}, which no shard \
-                     manifest version names (the newest, version {}, names epoch {})",
-                    reader.tail.newest_epoch(),
-                    manifest.version,
-                    manifest.state.epoch
-                ),
-            });
-        }
-        Err(Error::CommitConflict {
-            what: format!("a consistent snapshot of {}", self.location),
-            attempts: SNAPSHOT_ATTEMPTS as u32,
-        })
     }
 
     /// This process's writer of `shard`, if it still owns the shard (nobody

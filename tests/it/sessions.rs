@@ -730,6 +730,50 @@ async fn a_statement_paused_while_it_opens_a_writer_holds_up_no_other() {
     assert!(count.contains("| 2 |"), "{count}");
 }
 
+/// Likewise a read paused while it reads a shard's manifest, in a
+/// process that does not write the shard, holds up no other read of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_paused_while_it_reads_a_shard_holds_up_no_other() {
+    use memwal::testing::{FaultyStore, OpKind};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
+        let root = ObjectRoot::new(store, "memory://paused-read");
+        let catalog = Catalog::open(root, CatalogOptions::default())
+            .await
+            .unwrap();
+        MemwalSession::new(catalog, WriterOptions::default())
+    };
+    let writer = session_on(Arc::clone(&inner)).await;
+    query(&writer, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
+    query(&writer, "INSERT INTO t VALUES (1), (2)").await;
+    writer.close().await.unwrap();
+    let faulty = FaultyStore::new(inner);
+    let reader = session_on(faulty.clone()).await;
+    let reads = faulty.gate(OpKind::Get, "/manifest/");
+    let first = reader
+        .sql("SELECT count(*) AS n FROM t")
+        .await
+        .unwrap()
+        .collect();
+    tokio::pin!(first);
+    tokio::select! {
+        done = &mut first => panic!("the read ended before it read the shard: {done:?}"),
+        () = reads.arrived(1) => {}
+    }
+    reads.open();
+    let second = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        query(&reader, "SELECT count(*) AS n FROM t"),
+    )
+    .await
+    .expect("the second read waited for the paused one");
+    assert!(second.contains("| 2 |"), "{second}");
+    let first = pretty_format_batches(&first.await.unwrap())
+        .unwrap()
+        .to_string();
+    assert!(first.contains("| 2 |"), "{first}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
     use memwal::testing::{FaultyStore, OpKind};
