@@ -13,7 +13,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use crate::helpers::run;
+use crate::helpers::{pause_at, run};
 
 /// A session on `store` (a fresh one each call: a restart).
 async fn open(store: &Arc<FaultyStore>) -> MemwalSession {
@@ -1018,10 +1018,7 @@ async fn a_load_goes_on_when_its_writers_are_fenced_before_its_runs_are_written(
         .unwrap()
         .collect();
     tokio::pin!(insert);
-    tokio::select! {
-        done = &mut insert => panic!("the load ended before its packs were written: {done:?}"),
-        () = held.arrived(2) => {}
-    }
+    pause_at(&mut insert, held.arrived(2), "its packs were written").await;
     // Another process takes every shard over; this one's writers meet its
     // fences with their next puts (short values: no pack) and take the
     // shards back.

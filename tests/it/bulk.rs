@@ -21,7 +21,7 @@ use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, Table, WriterOp
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
-use crate::helpers::{files, run, scanned_rows};
+use crate::helpers::{files, pause_at, run, scanned_rows};
 
 const DIM: i32 = 4;
 
@@ -472,10 +472,7 @@ async fn a_load_paused_as_it_commits_holds_up_no_put() {
         .collect();
     let load = table.put_stream(futures::stream::iter(batches));
     tokio::pin!(load);
-    tokio::select! {
-        done = &mut load => panic!("the load ended before it committed: {done:?}"),
-        () = commits.arrived(1) => {}
-    }
+    pause_at(&mut load, commits.arrived(1), "it committed").await;
     commits.open();
     // Rows in every shard, one of them committing; `load` is not polled
     // again until they are in (a minute is a hang, not a slow store).

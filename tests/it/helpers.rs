@@ -64,3 +64,19 @@ pub async fn open_catalog(dir: &Path) -> Arc<Catalog> {
     .await
     .unwrap()
 }
+
+/// Polls `op` until `until` is done, then leaves it unpolled: a statement
+/// held paused mid-way. Panics if `op` ends first (`before`: what it was
+/// to get to).
+pub async fn pause_at<F>(
+    op: &mut std::pin::Pin<&mut F>,
+    until: impl Future<Output = ()>,
+    before: &str,
+) where
+    F: Future<Output: std::fmt::Debug>,
+{
+    tokio::select! {
+        done = op.as_mut() => panic!("it ended before {before}: {done:?}"),
+        () = until => {}
+    }
+}

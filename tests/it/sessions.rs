@@ -11,6 +11,8 @@ use datafusion::arrow::datatypes::Int64Type;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use memwal::{Catalog, CatalogOptions, MemwalSession, ObjectRoot, WriterOptions};
 
+use crate::helpers::pause_at;
+
 /// A session with writers of its own, as another process would have.
 async fn isolated(root: &str) -> MemwalSession {
     let catalog = Catalog::open(ObjectRoot::open(root).unwrap(), CatalogOptions::default())
@@ -709,10 +711,7 @@ async fn a_statement_paused_while_it_opens_a_writer_holds_up_no_other() {
         .unwrap()
         .collect();
     tokio::pin!(first);
-    tokio::select! {
-        done = &mut first => panic!("the insert ended before its writer opened: {done:?}"),
-        () = opens.arrived(1) => {}
-    }
+    pause_at(&mut first, opens.arrived(1), "its writer opened").await;
     opens.open();
     // `first` is not polled again until the second statement is done (a
     // minute is a hang, not a slow store).
@@ -756,10 +755,7 @@ async fn a_read_paused_while_it_reads_a_shard_holds_up_no_other() {
         .unwrap()
         .collect();
     tokio::pin!(first);
-    tokio::select! {
-        done = &mut first => panic!("the read ended before it read the shard: {done:?}"),
-        () = reads.arrived(1) => {}
-    }
+    pause_at(&mut first, reads.arrived(1), "it read the shard").await;
     reads.open();
     let second = tokio::time::timeout(
         std::time::Duration::from_secs(60),
