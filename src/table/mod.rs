@@ -136,6 +136,15 @@ struct ShardReader {
 }
 
 impl ShardReader {
+    /// The WAL tail and SSTables as last refreshed, if that was at most
+    /// `max_age` ago (a zero age is never fresh).
+    fn fresh_view(&self, max_age: Duration) -> Option<(MemLayer, Vec<SstableFile>)> {
+        let at = self.refreshed?;
+        let manifest = self.manifest.as_ref()?;
+        (!max_age.is_zero() && at.elapsed() < max_age)
+            .then(|| (self.tail.layer(), manifest.state.sstables.clone()))
+    }
+
     /// Reads the shard manifest if it changed (one existence check when it
     /// did not), the WAL after its cursor, and checks the manifest did not
     /// move meanwhile (`location`: the table's, for errors).
@@ -233,7 +242,8 @@ fn dropped_error(location: &str, how: &str) -> Error {
 }
 
 /// Runs `op` on a task of its own and waits for it: what holds a
-/// writer's locks (an open, a load's commit, a compaction) goes on to the
+/// shard's locks (a writer's open, a load's commit, a compaction, a
+/// reader's refresh) goes on to the
 /// end whether or not its caller's future is polled meanwhile, so a
 /// statement paused (or dropped) in the middle holds up no other.
 async fn detached<T: Send + 'static>(
@@ -258,15 +268,19 @@ struct OpenWriter {
 
 impl OpenWriter {
     /// Opens the writer and puts it in the slot, unless another open did
-    /// meanwhile (one at a time per shard); first reports the lost rows
-    /// of the writer it replaces, if any.
-    async fn run(self, taking_back: Option<Duration>) -> Result<Arc<ShardWriter>> {
+    /// meanwhile (one at a time per shard). `None` when the slot holds a
+    /// writer whose lost rows nobody has reported yet: its caller reports
+    /// them (a task whose caller is gone must not).
+    async fn run(self, taking_back: Option<Duration>) -> Result<Option<Arc<ShardWriter>>> {
         let slot = &self.slot;
         let _one_opener = slot.opening.lock().await;
         if let Some(w) = live_writer(slot) {
-            return Ok(w);
+            return Ok(Some(w));
         }
-        Table::report_lost_rows(slot)?;
+        let stopped = slot.writer.read().expect("writer slot poisoned").clone();
+        if stopped.is_some_and(|w| w.lost_rows().is_some()) {
+            return Ok(None);
+        }
         let writer = Arc::new(
             ShardWriter::open_as(
                 Arc::clone(&self.store),
@@ -286,7 +300,7 @@ impl OpenWriter {
             return Err(e);
         }
         *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
-        Ok(writer)
+        Ok(Some(writer))
     }
 
     /// Whether the catalog the table was opened through still names it,
@@ -502,7 +516,8 @@ impl Table {
 
     /// [`Table::writer`]; a writer opened to take the shard back from
     /// another one (`taking_back`: how long the last open took) takes a
-    /// turn (see [`ShardWriter::open_as`]). One open per shard at a time,
+    /// turn (see [`ShardWriter::open_as`]). First reports the lost rows of
+    /// the writer it replaces, if any. One open per shard at a time,
     /// [`detached`].
     async fn writer_as(
         &self,
@@ -511,18 +526,25 @@ impl Table {
     ) -> Result<Arc<ShardWriter>> {
         let slot = self.slot(shard)?;
         self.check_owned(shard)?;
-        if let Some(w) = live_writer(slot) {
-            return Ok(w);
+        loop {
+            if let Some(w) = live_writer(slot) {
+                return Ok(w);
+            }
+            Table::report_lost_rows(slot)?;
+            let open = OpenWriter {
+                slot: Arc::clone(slot),
+                store: Arc::clone(&self.store),
+                location: self.location.clone(),
+                schema: Arc::clone(&self.schema),
+                options: self.options.clone(),
+                catalog: self.catalog.get().cloned(),
+            };
+            // `None`: the writer stopped meanwhile, losing rows: reported
+            // on the next turn.
+            if let Some(w) = detached("opening a shard's writer", open.run(taking_back)).await? {
+                return Ok(w);
+            }
         }
-        let open = OpenWriter {
-            slot: Arc::clone(slot),
-            store: Arc::clone(&self.store),
-            location: self.location.clone(),
-            schema: Arc::clone(&self.schema),
-            options: self.options.clone(),
-            catalog: self.catalog.get().cloned(),
-        };
-        detached("opening a shard's writer", open.run(taking_back)).await
     }
 
     /// The state of `shard`; an error for a shard the table does not have,
@@ -1007,17 +1029,24 @@ impl Table {
         if let Some(writer) = self.owning_writer(shard, max_age).await? {
             return Ok(writer.snapshot());
         }
+        let slot = Arc::clone(self.slot(shard)?);
+        let fresh = slot
+            .reader
+            .try_lock()
+            .ok()
+            .and_then(|r| r.fresh_view(max_age));
+        if let Some((layer, sstables)) = fresh {
+            return Ok(self.snapshot_with(shard, layer, sstables));
+        }
         // Detached: a read paused while it holds the shard's reader holds
         // up no other read of the shard.
-        let (slot, location) = (Arc::clone(self.slot(shard)?), self.location.clone());
+        let location = self.location.clone();
         let (layer, sstables) = detached("reading a shard", async move {
             let mut reader = slot.reader.lock().await;
-            let fresh = reader
-                .refreshed
-                .is_some_and(|at| !max_age.is_zero() && at.elapsed() < max_age);
-            if !fresh {
-                reader.refresh(&location).await?;
+            if let Some(view) = reader.fresh_view(max_age) {
+                return Ok(view);
             }
+            reader.refresh(&location).await?;
             let manifest = reader.manifest.as_ref().expect("refreshed above");
             Ok((reader.tail.layer(), manifest.state.sstables.clone()))
         })
@@ -1066,7 +1095,8 @@ impl Table {
     /// Merges each shard's SSTables into one (opening the writers it
     /// needs, taking back shards other processes took over; only the
     /// shards this process writes), and deletes the runs of crashed bulk
-    /// loads in them.
+    /// loads in them. A shard's merge, once begun, goes to its end even if
+    /// the caller stops waiting (it runs [`detached`]).
     pub async fn compact(&self) -> Result<()> {
         let shards = self.shards.len() as u32;
         for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
@@ -1087,7 +1117,11 @@ impl Table {
     pub async fn close(&self) -> Result<()> {
         let mut first = Ok(());
         for slot in &self.shards {
-            let writer = slot.writer.write().expect("writer slot poisoned").take();
+            let writer = {
+                // An open under way (its caller may be gone) lands first.
+                let _no_opener = slot.opening.lock().await;
+                slot.writer.write().expect("writer slot poisoned").take()
+            };
             if let Some(writer) = writer
                 && let Err(e) = writer.close().await
                 && first.is_ok()

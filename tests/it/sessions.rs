@@ -601,6 +601,52 @@ async fn the_next_write_after_a_non_durable_writer_lost_rows_fails_and_writes_no
     );
 }
 
+/// The same loss reported even when the open that found it was dropped
+/// before it finished (a cancelled statement, or a load's other opens
+/// when one fails): a dropped open never takes the report with it.
+#[tokio::test]
+async fn a_loss_is_reported_after_the_open_that_found_it_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let a = non_durable(root, |o| o.wal_flush_bytes = 64 << 10).await;
+    query(&a, "INSERT INTO t VALUES (1, 1)").await;
+    let table = a.table("t").await.unwrap();
+    let writer = table.writer(0).await.unwrap();
+    write_from_another_process(root, 100);
+    // About 160 KiB of rows: their append finds the shard taken.
+    query(
+        &a,
+        "INSERT INTO t SELECT value, 2 FROM generate_series(1000, 10999)",
+    )
+    .await;
+    for _ in 0..500 {
+        if writer.stopped().is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(writer.lost_rows().is_some(), "{:?}", writer.stopped());
+    // An open polled once and dropped; then what it spawned, if anything,
+    // runs (this runtime has one thread).
+    let mut open = Box::pin(table.writer(0));
+    let first = futures::poll!(open.as_mut());
+    drop(open);
+    tokio::task::yield_now().await;
+    let lost = |r: &memwal::Result<_>| matches!(r, Err(memwal::Error::LostRows { .. }));
+    let reported = match first {
+        std::task::Poll::Ready(r) => lost(&r.map(|_| ())),
+        std::task::Poll::Pending => false,
+    };
+    let ids = Int64Array::from(vec![20_000]);
+    let row =
+        RecordBatch::try_new(table.schema(), vec![Arc::new(ids.clone()), Arc::new(ids)]).unwrap();
+    let next = table.put(&row).await.map(|_| ());
+    assert!(
+        reported ^ lost(&next),
+        "reported by the dropped open: {reported}; the next write: {next:?}"
+    );
+}
+
 /// A query that another process's DROP TABLE overtakes fails saying so,
 /// not with an internal object's "not found".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
