@@ -1096,7 +1096,7 @@ impl Table {
     /// needs, taking back shards other processes took over; only the
     /// shards this process writes), and deletes the runs of crashed bulk
     /// loads in them. A shard's merge, once begun, goes to its end even if
-    /// the caller stops waiting (it runs [`detached`]).
+    /// the caller stops waiting (it runs on a task of its own).
     pub async fn compact(&self) -> Result<()> {
         let shards = self.shards.len() as u32;
         for shard in (0..shards).filter(|&s| self.options.owned_shards.contains(s)) {
