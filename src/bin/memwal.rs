@@ -20,6 +20,8 @@ use clap::Parser;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion::sql::sqlparser::dialect::{GenericDialect, dialect_from_str};
+use datafusion::sql::sqlparser::tokenizer::{Token, Tokenizer, TokenizerError};
 use datafusion_cli::command::{Command, OutputFormat};
 use datafusion_cli::helper::CliHelper;
 use datafusion_cli::object_storage::instrumented::InstrumentedObjectStoreRegistry;
@@ -244,13 +246,20 @@ async fn run(args: Args) -> ShellResult {
             exec_file(&session, &print_options, file).await?;
         }
         if args.command.is_empty() && args.file.is_empty() {
-            let failed = repl(&session, &mut print_options)
-                .await
-                .map_err(|e| e.to_string())?;
-            // Input piped in is a script: one that failed must not look
-            // like success (it runs on, like an interactive session).
-            if failed > 0 && !std::io::stdin().is_terminal() {
-                return Err(format!("{failed} statement(s) or command(s) failed"));
+            if std::io::stdin().is_terminal() {
+                repl(&session, &mut print_options)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            } else {
+                // Input piped in is a script: one that failed must not
+                // look like success (it runs on, like an interactive
+                // session).
+                let failed = exec_piped(&session, &mut print_options)
+                    .await
+                    .map_err(|e| format!("cannot read the standard input: {e}"))?;
+                if failed > 0 {
+                    return Err(format!("{failed} statement(s) or command(s) failed"));
+                }
             }
         }
         Ok(())
@@ -317,53 +326,193 @@ async fn exec_statement(
     Ok(())
 }
 
-/// Runs a SQL file statement by statement (a statement ends with a line
-/// ending in `;`) and stops at the first failing one, naming the file and
-/// the line the statement starts on.
+/// Runs a SQL file statement by statement (see [`Script`]) and stops at
+/// the first failing one, naming the file and the line the statement
+/// starts on.
 async fn exec_file(
     session: &MemwalSession,
     print_options: &PrintOptions,
     path: &str,
 ) -> ShellResult {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?;
-    let mut query = String::new();
-    let mut first_line = 0;
-    for (number, line) in std::io::BufReader::new(file).lines().enumerate() {
+    let mut script = Script::default();
+    for line in std::io::BufReader::new(file).lines() {
         let line = line.map_err(|e| format!("cannot read {path}: {e}"))?;
-        if line.starts_with("--") || line.starts_with("#!") {
-            continue;
-        }
-        let line = line.trim_end();
-        if query.trim().is_empty() {
-            first_line = number + 1;
-        }
-        query.push_str(line);
-        query.push('\n');
-        if line.ends_with(';') {
-            exec_and_print(session, print_options, &query)
+        if let Some((first_line, sql)) = script.push(session, &line) {
+            exec_and_print(session, print_options, &sql)
                 .await
                 .map_err(|e| format!("{path}:{first_line}: {e}"))?;
-            query.clear();
         }
     }
-    if !query.trim().is_empty() {
-        exec_and_print(session, print_options, &query)
+    if let Some((first_line, sql)) = script.finish() {
+        exec_and_print(session, print_options, &sql)
             .await
             .map_err(|e| format!("{path}:{first_line}: {e}"))?;
     }
     Ok(())
 }
 
+/// A script read line by line, cut into whole statements: a statement
+/// ends on a line whose last token (past comments) is a `;` outside any
+/// string, quoted name or comment, in the session's SQL dialect. Lines
+/// are kept as they are (comments and spaces too: they may be inside a
+/// string), but for a first line starting with `#!`.
+#[derive(Default)]
+struct Script {
+    text: String,
+    /// Whether `text` holds more than blanks and comments.
+    started: bool,
+    /// Lines read so far, and the one `text` starts on (1-based).
+    lines: usize,
+    first_line: usize,
+}
+
+impl Script {
+    /// Adds the next line; returns the statements it completes, as one
+    /// text, with the line they start on.
+    fn push(&mut self, session: &MemwalSession, line: &str) -> Option<(usize, String)> {
+        self.lines += 1;
+        if self.lines == 1 && line.starts_with("#!") {
+            return None;
+        }
+        if self.text.is_empty() {
+            self.first_line = self.lines;
+        }
+        self.text.push_str(line);
+        self.text.push('\n');
+        if !self.started {
+            // Blank lines and comments before a statement are dropped: it
+            // starts on the line of its first token.
+            match tokens(session, &self.text) {
+                Ok(tokens) if tokens.iter().all(is_blank) => {
+                    self.text.clear();
+                    return None;
+                }
+                _ => self.started = true,
+            }
+        }
+        // Only a line with a `;` can end a statement (and the text is
+        // tokenized again for each: a long statement is not, per line).
+        if !line.contains(';') {
+            return None;
+        }
+        let complete = match tokens(session, &self.text) {
+            Ok(tokens) => tokens.iter().rev().find(|t| !is_blank(t)) == Some(&Token::SemiColon),
+            // Text that ends inside a string, a quoted name or a comment
+            // goes on on the next line; other errors are the parser's to
+            // report.
+            Err(e) => {
+                !(e.message.contains("Unterminated") || e.message.contains("EOF"))
+                    && line.trim_end().ends_with(';')
+            }
+        };
+        complete.then(|| self.take())
+    }
+
+    /// What is left at the end of the script, unless only blanks and
+    /// comments.
+    fn finish(&mut self) -> Option<(usize, String)> {
+        self.started.then(|| self.take())
+    }
+
+    fn take(&mut self) -> (usize, String) {
+        self.started = false;
+        (self.first_line, std::mem::take(&mut self.text))
+    }
+}
+
+/// The tokens of `sql` in the session's SQL dialect.
+fn tokens(session: &MemwalSession, sql: &str) -> Result<Vec<Token>, TokenizerError> {
+    let state = session.context().state();
+    let name = &state.config().options().sql_parser.dialect;
+    let dialect = dialect_from_str(name).unwrap_or_else(|| Box::new(GenericDialect {}));
+    Tokenizer::new(dialect.as_ref(), sql).tokenize()
+}
+
+/// Whether `token` is white space or a comment.
+fn is_blank(token: &Token) -> bool {
+    matches!(token, Token::Whitespace(_))
+}
+
+/// Input piped in, run as the interactive loop runs it (each statement
+/// whichever fail, backslash commands too) but cut into statements as a
+/// file is ([`Script`]), each run once its last line is read. Returns how
+/// many statements and commands failed.
+async fn exec_piped(
+    session: &MemwalSession,
+    print_options: &mut PrintOptions,
+) -> std::io::Result<usize> {
+    let mut failed = 0;
+    let mut script = Script::default();
+    for line in std::io::stdin().lines() {
+        let line = line?;
+        if !script.started && line.starts_with('\\') {
+            match command_line(session, print_options, &line).await {
+                None => return Ok(failed),
+                Some(ok) => failed += usize::from(!ok),
+            }
+        } else if let Some((_, sql)) = script.push(session, &line) {
+            failed += exec_each(session, print_options, &sql).await;
+        }
+    }
+    if let Some((_, sql)) = script.finish() {
+        failed += exec_each(session, print_options, &sql).await;
+    }
+    Ok(failed)
+}
+
+/// Runs every statement of `sql`, printing each error; returns how many
+/// failed.
+async fn exec_each(session: &MemwalSession, print_options: &PrintOptions, sql: &str) -> usize {
+    let statements = match session.parse(sql) {
+        Ok(statements) => statements,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return 1;
+        }
+    };
+    let mut failed = 0;
+    for statement in statements {
+        if let Err(e) = exec_statement(session, print_options, statement).await {
+            failed += 1;
+            eprintln!("Error: {e}");
+        }
+    }
+    failed
+}
+
+/// Runs a backslash command line, printing its error: `None` for `\q`,
+/// otherwise whether it succeeded.
+async fn command_line(
+    session: &MemwalSession,
+    print_options: &mut PrintOptions,
+    line: &str,
+) -> Option<bool> {
+    let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    match command[1..].parse::<Command>() {
+        Ok(Command::Quit) => None,
+        Ok(command) => match backslash(session, print_options, command).await {
+            Ok(()) => Some(true),
+            Err(e) => {
+                eprintln!("Error: {e}");
+                Some(false)
+            }
+        },
+        Err(_) => {
+            eprintln!(
+                "'\\{}' is not a valid command, you can use '\\?' to see all commands",
+                &line[1..]
+            );
+            Some(false)
+        }
+    }
+}
+
 /// The interactive loop: datafusion-cli's line editor, highlighter and
 /// backslash commands, except those that run SQL (`\d`, `\i`), which go
 /// through the memwal session, and `\h`, which also knows memwal's
-/// functions. An error is printed and the loop goes on; returns how many
-/// statements and commands failed.
-async fn repl(
-    session: &MemwalSession,
-    print_options: &mut PrintOptions,
-) -> rustyline::Result<usize> {
-    let mut failed = 0;
+/// functions. An error is printed and the loop goes on.
+async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rustyline::Result<()> {
     let ctx = session.context();
     let dialect = ctx.state().config().options().sql_parser.dialect;
     let mut rl = rustyline::Editor::new()?;
@@ -373,22 +522,8 @@ async fn repl(
         match rl.readline("> ") {
             Ok(line) if line.starts_with('\\') => {
                 rl.add_history_entry(line.trim_end())?;
-                let command = line.split_whitespace().collect::<Vec<_>>().join(" ");
-                match command[1..].parse::<Command>() {
-                    Ok(Command::Quit) => break,
-                    Ok(command) => {
-                        if let Err(e) = backslash(session, print_options, command).await {
-                            failed += 1;
-                            eprintln!("Error: {e}");
-                        }
-                    }
-                    Err(_) => {
-                        failed += 1;
-                        eprintln!(
-                            "'\\{}' is not a valid command, you can use '\\?' to see all commands",
-                            &line[1..]
-                        );
-                    }
+                if command_line(session, print_options, &line).await.is_none() {
+                    break;
                 }
             }
             Ok(line) => {
@@ -397,7 +532,6 @@ async fn repl(
                 let statements = match session.parse(&line) {
                     Ok(statements) => statements,
                     Err(e) => {
-                        failed += 1;
                         eprintln!("Error: {e}");
                         continue;
                     }
@@ -406,7 +540,6 @@ async fn repl(
                     tokio::select! {
                         res = exec_statement(session, print_options, statement) => {
                             if let Err(e) = res {
-                                failed += 1;
                                 eprintln!("Error: {e}");
                             }
                         }
@@ -422,10 +555,8 @@ async fn repl(
                 continue;
             }
             Err(ReadlineError::Eof) => {
-                // Echoed at a terminal (Ctrl-D), not into piped output.
-                if std::io::stdin().is_terminal() {
-                    println!("\\q");
-                }
+                // Ctrl-D
+                println!("\\q");
                 break;
             }
             Err(err) => {
@@ -435,7 +566,7 @@ async fn repl(
         }
     }
     rl.save_history(".history")?;
-    Ok(failed)
+    Ok(())
 }
 
 /// Runs one backslash command other than `\q`.

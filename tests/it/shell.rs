@@ -119,6 +119,34 @@ fn a_file_stops_at_its_first_error_and_fails_the_process() {
     assert_eq!(out.trim(), "n\n0");
 }
 
+/// A statement reaches the parser as written, from a file or piped in: a
+/// string may hold lines that start with `--`, end with `;` or with
+/// spaces, and a `;` in a comment ends nothing.
+#[test]
+fn strings_across_lines_are_kept_whole_from_a_file_and_piped_in() {
+    let value = "keep   \n-- this line\nx;\nend";
+    let script = format!(
+        "-- a comment\nCREATE TABLE t (id BIGINT PRIMARY KEY, s TEXT);\n\
+         INSERT INTO t VALUES (1, '{value}'); -- done\n\
+         /* a comment; */ INSERT INTO t VALUES (2, 'two')"
+    );
+    let check = format!("SELECT id, length(s) AS n, s = '{value}' AS same FROM t ORDER BY id");
+    let expected = format!("id,n,same\n1,{},true\n2,3,false\n", value.len());
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("script.sql");
+    std::fs::write(&file, &script).unwrap();
+    let root = dir.path().join("from-file");
+    let root = root.to_str().unwrap();
+    let (ok, _, err) = memwal(root, &["-q", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(csv(root, &check), expected);
+    let root = dir.path().join("piped");
+    let root = root.to_str().unwrap();
+    let (ok, _, err) = memwal_repl(root, &script);
+    assert!(ok && err.is_empty(), "{err}");
+    assert_eq!(csv(root, &check), expected);
+}
+
 #[test]
 fn commands_run_before_files_and_both_run() {
     let dir = tempfile::tempdir().unwrap();
