@@ -243,9 +243,9 @@ fn dropped_error(location: &str, how: &str) -> Error {
 
 /// Runs `op` on a task of its own and waits for it: what holds a
 /// shard's locks (a writer's open, a load's commit, a compaction, a
-/// reader's refresh) goes on to the
-/// end whether or not its caller's future is polled meanwhile, so a
-/// statement paused (or dropped) in the middle holds up no other.
+/// reader's refresh) goes on to the end whether or not its caller's
+/// future is polled meanwhile, so a statement paused (or dropped) in the
+/// middle holds up no other.
 async fn detached<T: Send + 'static>(
     what: &str,
     op: impl Future<Output = Result<T>> + Send + 'static,
