@@ -140,9 +140,13 @@ impl ShardReader {
     /// `max_age` ago (a zero age is never fresh).
     fn fresh_view(&self, max_age: Duration) -> Option<(MemLayer, Vec<SstableFile>)> {
         let at = self.refreshed?;
+        (!max_age.is_zero() && at.elapsed() < max_age).then(|| self.view())?
+    }
+
+    /// The WAL tail and SSTables as last refreshed, if ever.
+    fn view(&self) -> Option<(MemLayer, Vec<SstableFile>)> {
         let manifest = self.manifest.as_ref()?;
-        (!max_age.is_zero() && at.elapsed() < max_age)
-            .then(|| (self.tail.layer(), manifest.state.sstables.clone()))
+        Some((self.tail.layer(), manifest.state.sstables.clone()))
     }
 
     /// Reads the shard manifest if it changed (one existence check when it
@@ -1047,8 +1051,7 @@ impl Table {
                 return Ok(view);
             }
             reader.refresh(&location).await?;
-            let manifest = reader.manifest.as_ref().expect("refreshed above");
-            Ok((reader.tail.layer(), manifest.state.sstables.clone()))
+            Ok(reader.view().expect("refreshed above"))
         })
         .await?;
         Ok(self.snapshot_with(shard, layer, sstables))

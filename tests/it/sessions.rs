@@ -21,6 +21,19 @@ async fn isolated(root: &str) -> MemwalSession {
     MemwalSession::new(catalog, WriterOptions::default())
 }
 
+/// A session over `store`, opened as the root `url`.
+async fn session_over(
+    store: Arc<dyn object_store::ObjectStore>,
+    url: &str,
+    catalog: CatalogOptions,
+    writer: WriterOptions,
+) -> MemwalSession {
+    let catalog = Catalog::open(ObjectRoot::new(store, url), catalog)
+        .await
+        .unwrap();
+    MemwalSession::new(catalog, writer)
+}
+
 async fn query(session: &MemwalSession, sql: &str) -> String {
     let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
     pretty_format_batches(&batches).unwrap().to_string()
@@ -394,12 +407,9 @@ async fn every_session_calls_memwals_distance_functions() {
 async fn a_statement_reads_one_snapshot_of_a_shard_however_often_it_scans_it() {
     use memwal::testing::{Fault, FaultyStore, OpKind};
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
-        let root = ObjectRoot::new(store, "memory://snapshots");
-        let catalog = Catalog::open(root, CatalogOptions::default())
-            .await
-            .unwrap();
-        MemwalSession::new(catalog, WriterOptions::default())
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| {
+        let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+        session_over(store, "memory://snapshots", catalog, writer)
     };
     let writer = session_on(Arc::clone(&inner)).await;
     query(
@@ -698,14 +708,15 @@ async fn a_statement_whose_sstables_were_compacted_away_meanwhile_says_so() {
     use memwal::testing::{FaultyStore, OpKind};
     use object_store::ObjectStore;
     let inner: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let session_on = |store: Arc<dyn ObjectStore>| async move {
-        let root = ObjectRoot::new(store, "memory://compacted");
-        let catalog = Catalog::open(root, CatalogOptions::default())
-            .await
-            .unwrap();
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| {
         let mut options = WriterOptions::default();
         options.sstable_grace = std::time::Duration::ZERO;
-        MemwalSession::new(catalog, options)
+        session_over(
+            store,
+            "memory://compacted",
+            CatalogOptions::default(),
+            options,
+        )
     };
     let writer = session_on(Arc::clone(&inner)).await;
     query(&writer, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
@@ -743,11 +754,8 @@ async fn a_statement_whose_sstables_were_compacted_away_meanwhile_says_so() {
 async fn a_statement_paused_while_it_opens_a_writer_holds_up_no_other() {
     use memwal::testing::{FaultyStore, OpKind};
     let faulty = FaultyStore::new(Arc::new(object_store::memory::InMemory::new()));
-    let root = ObjectRoot::new(faulty.clone(), "memory://paused");
-    let catalog = Catalog::open(root, CatalogOptions::default())
-        .await
-        .unwrap();
-    let session = MemwalSession::new(catalog, WriterOptions::default());
+    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+    let session = session_over(faulty.clone(), "memory://paused", catalog, writer).await;
     query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
     // A writer's open claims the shard in its manifest.
     let opens = faulty.gate(OpKind::Put, "/manifest/");
@@ -781,12 +789,9 @@ async fn a_statement_paused_while_it_opens_a_writer_holds_up_no_other() {
 async fn a_read_paused_while_it_reads_a_shard_holds_up_no_other() {
     use memwal::testing::{FaultyStore, OpKind};
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
-        let root = ObjectRoot::new(store, "memory://paused-read");
-        let catalog = Catalog::open(root, CatalogOptions::default())
-            .await
-            .unwrap();
-        MemwalSession::new(catalog, WriterOptions::default())
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| {
+        let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+        session_over(store, "memory://paused-read", catalog, writer)
     };
     let writer = session_on(Arc::clone(&inner)).await;
     query(&writer, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
@@ -822,12 +827,16 @@ async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
     // So `SELECT 1` and `SET` answer at once however slowly, or not at
     // all, the store answers.
     let faulty = FaultyStore::new(Arc::new(object_store::memory::InMemory::new()));
-    let root = ObjectRoot::new(faulty.clone(), "memory://untouched");
     // No checkpoint written in the background to count.
     let mut options = CatalogOptions::default();
     options.checkpoint_every = 0;
-    let catalog = Catalog::open(root, options).await.unwrap();
-    let session = MemwalSession::new(catalog, WriterOptions::default());
+    let session = session_over(
+        faulty.clone(),
+        "memory://untouched",
+        options,
+        WriterOptions::default(),
+    )
+    .await;
     query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
     let kinds = [OpKind::Get, OpKind::Head, OpKind::List, OpKind::Put];
     let calls = || kinds.map(|k| faulty.calls(k));
@@ -845,13 +854,11 @@ async fn a_statement_that_names_no_memwal_table_does_not_touch_the_store() {
 async fn a_statement_reads_the_catalog_once_whatever_names_it_misses() {
     use memwal::testing::{Fault, FaultyStore, OpKind};
     let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let session_on = |store: Arc<dyn object_store::ObjectStore>| async move {
-        let root = ObjectRoot::new(store, "memory://once");
+    let session_on = |store: Arc<dyn object_store::ObjectStore>| {
         // No checkpoint written in the background to count.
         let mut options = CatalogOptions::default();
         options.checkpoint_every = 0;
-        let catalog = Catalog::open(root, options).await.unwrap();
-        MemwalSession::new(catalog, WriterOptions::default())
+        session_over(store, "memory://once", options, WriterOptions::default())
     };
     let faulty = FaultyStore::new(Arc::clone(&inner));
     let session = session_on(faulty.clone()).await;
