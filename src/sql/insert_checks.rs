@@ -1,6 +1,6 @@
 //! INSERT into a memwal table: a NULL in a primary-key or NOT NULL column
-//! is an error that names the column, and a vector of the wrong length an
-//! error that says so.
+//! is an error that names the column, and so is a vector of the wrong
+//! length.
 //!
 //! DataFusion checks NOT NULL columns itself, but by position or by the
 //! name of a `VALUES` column (`Column 'column1' is declared as non-nullable
@@ -21,6 +21,7 @@
 //! rewrite replaces each such cast in the insert's input with
 //! [`ToVector`], which checks the lengths when the insert runs.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray};
@@ -30,6 +31,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue, internal_datafusion_err, plan_err};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
+use datafusion::logical_expr::expr::Alias;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
     Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
@@ -60,8 +62,15 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
         return Ok(Transformed::no(LogicalPlan::Dml(dml)));
     };
     let target = dml.target.schema();
+    let columns = values_columns(&dml.input);
     let input = Arc::unwrap_or_clone(dml.input).transform_up(|node| {
-        let node = node.map_expressions(|e| e.transform_up(vector_cast))?.data;
+        let node = match node {
+            LogicalPlan::Values(values) => LogicalPlan::Values(named_casts(values, &columns)?),
+            other => other,
+        };
+        let node = node
+            .map_expressions(|e| e.transform_down(vector_cast))?
+            .data;
         match node {
             LogicalPlan::Values(values) => {
                 Ok(Transformed::yes(LogicalPlan::Values(nullable(values)?)))
@@ -100,6 +109,46 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
     let input = LogicalPlanBuilder::from(input).project(exprs)?.build()?;
     let dml = DmlStatement::new(dml.table_name, dml.target, dml.op, Arc::new(input));
     Ok(Transformed::yes(LogicalPlan::Dml(dml)))
+}
+
+/// The target column of each `VALUES` column: DataFusion plans `INSERT ...
+/// VALUES` as the rows, typed like the columns they go to, under a
+/// projection that names each target column (`column2 AS emb`). Empty for
+/// an insert of another shape.
+fn values_columns(input: &LogicalPlan) -> HashMap<String, String> {
+    let LogicalPlan::Projection(projection) = input else {
+        return HashMap::new();
+    };
+    if !matches!(projection.input.as_ref(), LogicalPlan::Values(_)) {
+        return HashMap::new();
+    }
+    let mut columns = HashMap::new();
+    for expr in &projection.expr {
+        if let Expr::Alias(Alias { expr, name, .. }) = expr
+            && let Expr::Column(column) = expr.as_ref()
+        {
+            columns.insert(column.name.clone(), name.clone());
+        }
+    }
+    columns
+}
+
+/// `values` with each cast of a whole value to a vector type a
+/// [`ToVector`] told its target column (see [`values_columns`]).
+fn named_casts(mut values: Values, columns: &HashMap<String, String>) -> Result<Values> {
+    for row in &mut values.values {
+        for (value, field) in row.iter_mut().zip(values.schema.fields()) {
+            if let Some(column) = columns.get(field.name())
+                && is_vector_cast(value)
+            {
+                let Expr::Cast(cast) = std::mem::replace(value, lit(ScalarValue::Null)) else {
+                    unreachable!("checked above")
+                };
+                *value = to_vector(cast, lit(column.clone()))?;
+            }
+        }
+    }
+    Ok(values)
 }
 
 /// `values` with every column nullable: the rows are checked above them.
@@ -191,25 +240,54 @@ fn two(args: Vec<ColumnarValue>) -> Result<[ColumnarValue; 2]> {
     })
 }
 
-/// A cast to a vector type becomes [`ToVector`].
+/// A cast to a vector type becomes [`ToVector`], told the column's name
+/// when the cast is aliased to one (as DataFusion's INSERT planning
+/// aliases each cast to its target column).
 fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
     match expr {
-        Expr::Cast(Cast { expr, field }) => match field.data_type() {
-            DataType::FixedSizeList(..) => {
-                let vector = Expr::Literal(ScalarValue::try_from(field.data_type())?, None);
-                Ok(Transformed::yes(
-                    ScalarUDF::from(ToVector).call(vec![*expr, vector]),
-                ))
-            }
-            _ => Ok(Transformed::no(Expr::Cast(Cast { expr, field }))),
-        },
+        Expr::Alias(Alias {
+            expr,
+            relation,
+            name,
+            metadata,
+        }) if is_vector_cast(&expr) => {
+            let Expr::Cast(cast) = *expr else {
+                unreachable!("checked above")
+            };
+            let checked = to_vector(cast, lit(name.clone()))?;
+            Ok(Transformed::yes(Expr::Alias(Alias {
+                expr: Box::new(checked),
+                relation,
+                name,
+                metadata,
+            })))
+        }
+        Expr::Cast(cast) if is_vector_cast_to(&cast) => Ok(Transformed::yes(to_vector(
+            cast,
+            lit(ScalarValue::Utf8(None)),
+        )?)),
         other => Ok(Transformed::no(other)),
     }
 }
 
-/// `to_vector(list, vector)`: the cast of a list to the type of `vector`
-/// (a `FixedSizeList(item, dim)`, NULL), or an error naming the length and
-/// the dimension if a list has another length. Volatile, like [`NotNull`].
+fn is_vector_cast(expr: &Expr) -> bool {
+    matches!(expr, Expr::Cast(cast) if is_vector_cast_to(cast))
+}
+
+fn is_vector_cast_to(cast: &Cast) -> bool {
+    matches!(cast.field.data_type(), DataType::FixedSizeList(..))
+}
+
+/// `to_vector(value, <the cast's type>, column)`.
+fn to_vector(cast: Cast, column: Expr) -> Result<Expr> {
+    let vector = Expr::Literal(ScalarValue::try_from(cast.field.data_type())?, None);
+    Ok(ScalarUDF::from(ToVector).call(vec![*cast.expr, vector, column]))
+}
+
+/// `to_vector(list, vector, column)`: the cast of a list to the type of
+/// `vector` (a `FixedSizeList(item, dim)`, NULL), or an error naming the
+/// column (a string, or NULL when not known), the length and the dimension
+/// if a list has another length. Volatile, like [`NotNull`].
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct ToVector;
 
@@ -220,7 +298,7 @@ impl ScalarUDFImpl for ToVector {
 
     fn signature(&self) -> &Signature {
         static SIGNATURE: std::sync::LazyLock<Signature> =
-            std::sync::LazyLock::new(|| Signature::any(2, Volatility::Volatile));
+            std::sync::LazyLock::new(|| Signature::any(3, Volatility::Volatile));
         &SIGNATURE
     }
 
@@ -237,7 +315,14 @@ impl ScalarUDFImpl for ToVector {
         let DataType::FixedSizeList(_, dim) = vector else {
             return plan_err!("to_vector casts to a FixedSizeList, not {vector}");
         };
-        let [value, _] = two(args.args)?;
+        let [value, _, column]: [ColumnarValue; 3] =
+            args.args.try_into().map_err(|args: Vec<_>| {
+                internal_datafusion_err!("three arguments expected, got {}", args.len())
+            })?;
+        let column = match &column {
+            ColumnarValue::Scalar(scalar) => scalar.try_as_str().flatten(),
+            ColumnarValue::Array(_) => None,
+        };
         let array = value.into_array(rows)?;
         let lengths: Box<dyn Iterator<Item = Option<usize>>> = match array.data_type() {
             DataType::List(_) => {
@@ -250,10 +335,14 @@ impl ScalarUDFImpl for ToVector {
         };
         for length in lengths.flatten() {
             if length != dim as usize {
-                return Err(Error::invalid(format!(
-                    "a FLOAT[{dim}] column was given a vector of length {length}"
-                ))
-                .into());
+                let message = match column {
+                    Some(column) => format!(
+                        "vector column '{column}' is FLOAT[{dim}] and was given a vector of \
+                         length {length}"
+                    ),
+                    None => format!("a FLOAT[{dim}] column was given a vector of length {length}"),
+                };
+                return Err(Error::invalid(message).into());
             }
         }
         Ok(ColumnarValue::Array(cast(&array, &vector)?))
