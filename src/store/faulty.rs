@@ -49,6 +49,9 @@ pub enum FaultMode {
     /// HTTP client retrying by itself does: a put-if-absent then reports
     /// that the object exists, though it is the caller's own.
     Retried,
+    /// Panic in the call, before the operation: a bug in a store client
+    /// (or in the code that called it).
+    Panic,
 }
 
 /// One rule: fail calls number `nth ..= nth + times - 1` (1-based) among the
@@ -95,6 +98,12 @@ impl Fault {
     /// Fail this many consecutive matching calls (`u64::MAX`: all of them).
     pub fn times(mut self, times: u64) -> Self {
         self.times = times.max(1);
+        self
+    }
+
+    /// Panic instead of failing (see [`FaultMode::Panic`]).
+    pub fn panicking(mut self) -> Self {
+        self.mode = FaultMode::Panic;
         self
     }
 
@@ -287,6 +296,9 @@ impl FaultyStore {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        if mode == Some(FaultMode::Panic) {
+            panic!("injected {kind:?} panic on {path}");
+        }
         mode
     }
 }
@@ -312,6 +324,7 @@ impl MultipartUpload for FaultyUpload {
         let err = |mode| injected(OpKind::Put, &self.path, mode);
         match fired {
             None => self.inner.put_part(data),
+            Some(FaultMode::Panic) => panic!("injected Put panic on a part of {}", self.path),
             Some(FaultMode::Before) => {
                 let err = err(FaultMode::Before);
                 Box::pin(async move { Err(err) })
@@ -334,6 +347,7 @@ impl MultipartUpload for FaultyUpload {
             .on_call(OpKind::Complete, self.path.as_ref());
         match fired {
             None => self.inner.complete().await,
+            Some(FaultMode::Panic) => panic!("injected Complete panic on {}", self.path),
             Some(FaultMode::Before) => {
                 Err(injected(OpKind::Complete, &self.path, FaultMode::Before))
             }
@@ -353,6 +367,7 @@ fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
     let when = match mode {
         FaultMode::Before => "before the operation",
         FaultMode::After | FaultMode::Retried => "after the operation took effect",
+        FaultMode::Panic => unreachable!("a panicking call panics in `enter`"),
     };
     object_store::Error::Generic {
         store: "FaultyStore",
@@ -376,6 +391,7 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<PutResult> {
         match self.enter(OpKind::Put, location).await {
             None => self.inner.put_opts(location, payload, opts).await,
+            Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
             Some(FaultMode::Before) => Err(injected(OpKind::Put, location, FaultMode::Before)),
             Some(FaultMode::After) => {
                 self.inner.put_opts(location, payload, opts).await?;
@@ -448,6 +464,7 @@ impl ObjectStore for FaultyStore {
                     let location = location?;
                     match this.enter(OpKind::Delete, &location).await {
                         None => this.inner.delete(&location).await.map(|_| location),
+                        Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
                         Some(FaultMode::Before) => {
                             Err(injected(OpKind::Delete, &location, FaultMode::Before))
                         }
@@ -508,6 +525,7 @@ impl ObjectStore for FaultyStore {
     ) -> object_store::Result<()> {
         match self.enter(OpKind::Copy, to).await {
             None => self.inner.copy_opts(from, to, options).await,
+            Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
             Some(FaultMode::Before) => Err(injected(OpKind::Copy, to, FaultMode::Before)),
             Some(FaultMode::After | FaultMode::Retried) => {
                 self.inner.copy_opts(from, to, options).await?;

@@ -545,11 +545,14 @@ impl ShardWriter {
     /// `kept_until` (the load's markers are fresh till then); after it,
     /// the runs are first checked to be there, and a load a writer listed
     /// as dead meanwhile commits nothing and fails. See the module doc.
-    pub(crate) async fn ingest(
-        &self,
-        mut runs: Vec<SstableFile>,
-        kept_until: Instant,
-    ) -> Result<()> {
+    pub(crate) async fn ingest(&self, runs: Vec<SstableFile>, kept_until: Instant) -> Result<()> {
+        self.shared
+            .stopping_on_panic("a load's commit", self.commit_runs(runs, kept_until))
+            .await
+    }
+
+    /// [`ShardWriter::ingest`], unguarded.
+    async fn commit_runs(&self, mut runs: Vec<SstableFile>, kept_until: Instant) -> Result<()> {
         let shared = &self.shared;
         // A retry after a commit that landed while its writer stopped (so
         // it could not say so): the manifest names the runs already.

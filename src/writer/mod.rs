@@ -861,7 +861,9 @@ impl ShardWriter {
         if let Some(e) = self.stopped() {
             return Err(e);
         }
-        self.shared.compact_all().await
+        self.shared
+            .stopping_on_panic("a compaction", self.shared.compact_all())
+            .await
     }
 
     /// Makes everything put so far durable, flushes every MemTable to an
@@ -1024,6 +1026,26 @@ impl Shared {
             self.progress.send_modify(|p| p.wal_done = true);
             self.index_done.store(true, Ordering::Release);
             self.flush_wake.notify_one();
+        }
+    }
+
+    /// Runs `op`, a change of the writer's state made in its caller's
+    /// task; if it panics, the writer stops (its state may be half
+    /// changed, so the table opens the shard afresh) and the panic is
+    /// returned as [`Error::Poisoned`].
+    async fn stopping_on_panic<T>(
+        &self,
+        what: &str,
+        op: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        use futures::FutureExt;
+        match std::panic::AssertUnwindSafe(op).catch_unwind().await {
+            Ok(done) => done,
+            Err(_) => {
+                let poisoned = || Error::Poisoned(format!("{what} panicked"));
+                self.stop(poisoned());
+                Err(poisoned())
+            }
         }
     }
 

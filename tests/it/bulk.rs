@@ -998,3 +998,62 @@ fn twenty_million_rows_load_with_one_insert_in_bounded_memory() {
         format!("{ROWS},1,{ROWS},{}", 84 * ROWS + digits)
     );
 }
+
+/// A panic in a load's commit (a bug, here a store client's) stops that
+/// shard's writer, whose state it may have left half changed, instead of
+/// leaving it running: the load fails (that shard's part of it) as
+/// poisoned, and the table goes on through a writer opened afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_loads_commit_stops_the_shards_writer() {
+    let mut options = options();
+    options.load_grace = Duration::from_secs(1);
+    let (faulty, session) = on_faulty_store(options).await;
+    let table = create(&session, "t", true).await;
+    let schema = table.schema();
+    let mut writers = Vec::new();
+    for shard in 0..4 {
+        writers.push(table.writer(shard).await.unwrap());
+    }
+    // A load whose markers (4 shards) are written once and never again,
+    // silent for longer than `load_grace`: each shard's commit first
+    // checks that its runs are there, and the first such check panics.
+    faulty.inject(
+        Fault::nth(OpKind::Put, 5)
+            .times(u64::MAX)
+            .on_paths_containing(".alive"),
+    );
+    faulty.inject(
+        Fault::nth(OpKind::Head, 1)
+            .on_paths_containing("/load/")
+            .panicking(),
+    );
+    let load = |v, pause| {
+        let schema = Arc::clone(&schema);
+        let batches = futures::stream::iter(0..10).then(move |i| {
+            let schema = Arc::clone(&schema);
+            async move {
+                if i == 5 {
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(batch(&schema, i * 1000..(i + 1) * 1000, v))
+            }
+        });
+        table.put_stream(Box::pin(batches))
+    };
+    let failed = load(1, Duration::from_millis(1100)).await.unwrap_err();
+    assert!(
+        failed.to_string().contains("a load's commit panicked"),
+        "{failed}"
+    );
+    let stopped = writers
+        .iter()
+        .filter(|w| matches!(w.stopped(), Some(memwal::Error::Poisoned(_))))
+        .count();
+    assert_eq!(stopped, 1);
+    faulty.clear();
+    assert_eq!(load(2, Duration::ZERO).await.unwrap(), 10_000);
+    let got = rows(&table).await;
+    assert_eq!(got.len(), 10_000);
+    assert!(got.values().all(|&v| v == 2));
+    session.close().await.unwrap();
+}

@@ -623,3 +623,47 @@ async fn a_flush_over_sstables_a_newer_writer_deleted_stops_as_fenced() {
     newer.close().await.unwrap();
     let _ = running.close().await;
 }
+
+/// A panic in a compaction (a bug, here a store client's) stops the
+/// writer, whose state it may have left half changed, instead of leaving
+/// it running: the compaction fails as poisoned, and a writer opened
+/// afresh has every row.
+#[tokio::test]
+async fn a_panic_in_a_compaction_stops_the_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = local(&dir);
+    let ops: Vec<Op> = (0..6).map(|i| Op::Put(i, i * 10)).collect();
+    // One SSTable a put, none merged.
+    let writer = ShardWriter::open(Arc::clone(&inner), LOCATION, 0, table(), tiny(100))
+        .await
+        .unwrap();
+    for &op in &ops {
+        apply(&writer, op).await.unwrap();
+    }
+    writer.close().await.unwrap();
+
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let writer = ShardWriter::open(faulty.clone(), LOCATION, 0, table(), tiny(100))
+        .await
+        .unwrap();
+    assert!(writer.layers().1.len() > 1);
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .on_paths_containing("/manifest/")
+            .panicking(),
+    );
+    let compacted = writer.compact().await;
+    assert!(
+        matches!(compacted, Err(memwal::Error::Poisoned(_))),
+        "{compacted:?}"
+    );
+    assert!(matches!(writer.stopped(), Some(memwal::Error::Poisoned(_))));
+    assert!(apply(&writer, Op::Put(100, 1)).await.is_err());
+    let _ = writer.close().await;
+
+    let writer = ShardWriter::open(inner, LOCATION, 0, table(), tiny(100))
+        .await
+        .unwrap();
+    assert_eq!(scan(&writer).await, model(&ops));
+    writer.close().await.unwrap();
+}
