@@ -254,6 +254,14 @@ impl Catalog {
         .await
     }
 
+    /// What creating the table `path` would do on the current snapshot (a
+    /// statement's is fresh as it began): checked before work that comes
+    /// before the commit, which checks again.
+    pub(crate) fn table_creation(&self, path: &ObjectPath, if_not_exists: bool) -> Result<Outcome> {
+        self.snapshot()
+            .creation(path, ObjectType::Table, if_not_exists)
+    }
+
     /// Drops a table.
     pub async fn drop_table(
         self: &Arc<Self>,
@@ -269,7 +277,9 @@ impl Catalog {
     /// a writer still running elsewhere keeps failing), and for every other location
     /// under the tables directory that the catalog no longer names and
     /// nothing was written to for `grace` (a table dropped elsewhere, or
-    /// data a writer that missed the drop wrote after it). A location is
+    /// data a writer that missed the drop wrote after it, or the rows of a
+    /// `CREATE TABLE ... AS SELECT` killed midway), unless a bulk load's
+    /// marker in it is younger than the grace it names. A location is
     /// never reused, so no live table loses anything; a query still
     /// reading a dropped table fails. Returns the objects deleted; a
     /// failed delete is logged and left for a later sweep.
@@ -309,13 +319,24 @@ impl Catalog {
                 .map(|o| o.last_modified.timestamp_millis())
                 .max();
             now_ms = now_ms.max(newest.unwrap_or(0));
+            // A bulk load's markers keep its data for the grace they name
+            // (a `CREATE TABLE ... AS SELECT` loads into a location no
+            // entry names yet, and may write nothing for a while).
+            let loading_until = objects
+                .iter()
+                .filter_map(|o| {
+                    let grace = paths::marker_grace(o.location.as_ref())?;
+                    Some(o.last_modified.timestamp_millis() + grace as i64)
+                })
+                .max();
             let named = dropped.iter().any(|d| d == location);
-            dead.push((location.to_string(), named, newest, objects));
+            dead.push((location.to_string(), named, newest, loading_until, objects));
         }
         let grace_ms = grace.as_millis() as i64;
         let mut deleted = 0;
-        for (location, named, newest, mut objects) in dead {
-            let young = newest.is_some_and(|at| now_ms - at < grace_ms);
+        for (location, named, newest, loading_until, mut objects) in dead {
+            let young = newest.is_some_and(|at| now_ms - at < grace_ms)
+                || loading_until.is_some_and(|until| now_ms < until);
             if young && !named {
                 continue;
             }

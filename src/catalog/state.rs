@@ -390,6 +390,30 @@ impl CatalogState {
         if_not_exists: bool,
         changes: &mut Vec<Change>,
     ) -> Result<Outcome> {
+        if self.creation(path, object_type, if_not_exists)? == Outcome::AlreadyThere {
+            return Ok(Outcome::AlreadyThere);
+        }
+        let entry = Arc::new(Entry {
+            object_id: path.object_id(),
+            object_type,
+            location,
+            metadata,
+            base_objects: Vec::new(),
+        });
+        self.put(Arc::clone(&entry));
+        changes.push(Change::Put(entry));
+        Ok(Outcome::Created)
+    }
+
+    /// What creating `path` as an `object_type` would do in this state:
+    /// [`Outcome::Created`], [`Outcome::AlreadyThere`] (only with
+    /// `if_not_exists`), or the error.
+    pub(crate) fn creation(
+        &self,
+        path: &ObjectPath,
+        object_type: ObjectType,
+        if_not_exists: bool,
+    ) -> Result<Outcome> {
         if path.is_root() {
             return Err(Error::invalid("the root namespace cannot be created"));
         }
@@ -410,15 +434,6 @@ impl CatalogState {
                 )))
             };
         }
-        let entry = Arc::new(Entry {
-            object_id: path.object_id(),
-            object_type,
-            location,
-            metadata,
-            base_objects: Vec::new(),
-        });
-        self.put(Arc::clone(&entry));
-        changes.push(Change::Put(entry));
         Ok(Outcome::Created)
     }
 }

@@ -3,9 +3,9 @@
 //! DataFusion's planner rejects. Column types and key constraints are still
 //! planned by DataFusion, from the statement with its options removed.
 //!
-//! `CREATE TABLE ... AS SELECT` creates the table (append-only, or keyed
-//! when its column list declares a `PRIMARY KEY`), then inserts the query's
-//! rows; if the insert fails the table is dropped again. DDL runs outside
+//! `CREATE TABLE ... AS SELECT` writes the query's rows, then creates the
+//! table over them (append-only, or keyed when its column list declares a
+//! `PRIMARY KEY`): the table appears with all of its rows or not at all. DDL runs outside
 //! DataFusion's planner, so it cannot be `EXPLAIN`ed.
 
 use std::sync::Arc;
@@ -22,10 +22,14 @@ use datafusion::sql::sqlparser::ast::{
     Statement, Value,
 };
 
+use super::session::DROPPED_TABLE_GRACE;
+use super::table::MemwalTable;
 use super::{CATALOG_NAME, insert_checks, namespace_to_schema, schema_to_namespace};
 use crate::catalog::{Catalog, Mutation, ObjectPath, Outcome};
 use crate::error::{Error, Result};
 use crate::schema::TableMeta;
+use crate::store::paths;
+use crate::table::{Table, TableCache};
 
 /// Whether `statement` is DDL that memwal runs (see [`try_execute`]).
 pub(crate) fn is_memwal_ddl(statement: &DFStatement) -> bool {
@@ -83,6 +87,7 @@ pub(crate) fn refuse_explain(statement: &DFStatement) -> Result<()> {
 /// hands it to DataFusion).
 pub(crate) async fn try_execute(
     catalog: &Arc<Catalog>,
+    tables: &TableCache,
     state: &SessionState,
     statement: &DFStatement,
 ) -> Result<Option<Vec<String>>> {
@@ -144,19 +149,13 @@ pub(crate) async fn try_execute(
         }
         Statement::CreateTable(create) => {
             let (path, meta, if_not_exists, rows) = plan_create_table(state, create).await?;
-            let created = catalog
-                .create_table(path.clone(), meta, if_not_exists)
-                .await?;
-            if let Some(rows) = rows
-                && created.changed()
-                && let Err(e) = insert_rows(state, &path, rows).await
-            {
-                // CREATE TABLE ... AS SELECT makes the table with its rows,
-                // or not at all.
-                if let Err(drop) = catalog.drop_table(path.clone(), true).await {
-                    log::warn!("dropping {path} after its failed CREATE TABLE AS: {drop}");
+            match rows {
+                None => {
+                    catalog.create_table(path, meta, if_not_exists).await?;
                 }
-                return Err(e);
+                Some(rows) => {
+                    create_table_as(catalog, tables, state, path, meta, if_not_exists, rows).await?
+                }
             }
         }
         _ => return Ok(None),
@@ -185,15 +184,85 @@ fn dropped_tables(outcome: Outcome) -> Vec<String> {
     }
 }
 
-/// Inserts the rows of `query` into the table at `path` and waits until
-/// they are durable.
-async fn insert_rows(state: &SessionState, path: &ObjectPath, query: LogicalPlan) -> Result<()> {
+/// `CREATE TABLE ... AS SELECT`: the query's rows are written to a new
+/// location that no catalog entry names yet, and made durable there, then
+/// one catalog commit creates the table over them. A statement that fails,
+/// or is killed, midway leaves no table: its data, which no entry names, is
+/// deleted at once on failure, and by a later sweep after a kill (see
+/// [`Catalog::collect_dropped_tables`]; a load's markers keep its data
+/// young while it runs).
+async fn create_table_as(
+    catalog: &Arc<Catalog>,
+    tables: &TableCache,
+    state: &SessionState,
+    path: ObjectPath,
+    meta: TableMeta,
+    if_not_exists: bool,
+    query: LogicalPlan,
+) -> Result<()> {
+    // Checked before the query runs (the commit checks again).
+    if catalog.table_creation(&path, if_not_exists)? == Outcome::AlreadyThere {
+        return Ok(());
+    }
+    let location = paths::new_table_location(path.name());
+    let store = catalog.root().store();
+    // Not in the session's cache, so no statement meanwhile finds it, or
+    // closes it as a dropped table's: the catalog does not name it yet.
+    let table = Arc::new(Table::new(
+        Arc::clone(store),
+        &location,
+        &meta,
+        tables.options(),
+    ));
+    let written = insert_rows(state, &path, &meta, Arc::clone(&table), query).await;
+    // Everything written is durable once closed; the table is opened
+    // afresh (through the catalog) by the statements after this one.
+    let closed = table.close().await;
+    let failed = match written.and(closed) {
+        Ok(()) => {
+            let created = catalog
+                .mutate(Mutation::CreateTable {
+                    path,
+                    meta: Box::new(meta),
+                    location: location.clone(),
+                    if_not_exists,
+                })
+                .await;
+            match created {
+                Ok(Outcome::Created) => return Ok(()),
+                // Created meanwhile by another statement: this one's rows
+                // are not its.
+                Ok(_) => None,
+                Err(
+                    e @ (Error::AlreadyExists(_) | Error::NotFound(_) | Error::InvalidInput(_)),
+                ) => Some(e),
+                // The commit's outcome is not known (a store error): its
+                // rows stay until a sweep finds that no entry names them.
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) => Some(e),
+    };
+    if let Err(e) = catalog
+        .collect_dropped_tables(std::slice::from_ref(&location), DROPPED_TABLE_GRACE)
+        .await
+    {
+        log::warn!("deleting the rows of a failed CREATE TABLE AS at {location}: {e}");
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+/// Inserts the rows of `query` into `table` (to be named `path`) and waits
+/// until they are durable.
+async fn insert_rows(
+    state: &SessionState,
+    path: &ObjectPath,
+    meta: &TableMeta,
+    table: Arc<Table>,
+    query: LogicalPlan,
+) -> Result<()> {
     let reference = TableReference::partial(namespace_to_schema(&path.parent()), path.name());
-    let provider = state
-        .schema_for_ref(reference.clone())?
-        .table(path.name())
-        .await?
-        .ok_or_else(|| Error::NotFound(format!("table {path}")))?;
+    let provider = Arc::new(MemwalTable::new(path.clone(), meta.clone(), table));
     let plan = LogicalPlanBuilder::insert_into(
         query,
         reference,

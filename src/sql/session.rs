@@ -49,7 +49,7 @@ use crate::writer::WriterOptions;
 /// How long a table's data must have been untouched before a sweep deletes
 /// it when the catalog no longer names it (tables dropped by this session
 /// are deleted at once).
-const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+pub(crate) const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`
@@ -496,7 +496,9 @@ impl MemwalSession {
             if let Some(batch) = describe::try_describe(catalog, &state, &statement).await? {
                 return Ok(self.ctx.read_batch(batch)?);
             }
-            if let Some(dropped) = ddl::try_execute(catalog, &state, &statement).await? {
+            if let Some(dropped) =
+                ddl::try_execute(catalog, &self.tables, &state, &statement).await?
+            {
                 // A dropped table's writers stop with the statement, and its
                 // data is deleted (failures there are no failure of the
                 // committed statement: a later sweep finds the data).

@@ -1057,3 +1057,58 @@ async fn a_panic_in_a_loads_commit_stops_the_shards_writer() {
     assert!(got.values().all(|&v| v == 2));
     session.close().await.unwrap();
 }
+
+/// A `CREATE TABLE ... AS SELECT` killed midway leaves no table: its rows
+/// are written before the catalog names the table. Once its load's markers
+/// age, a sweep deletes what it wrote, and the same statement then
+/// succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_table_as_killed_midway_leaves_no_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let ctas = |rows: u64| {
+        format!(
+            "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4') \
+             AS SELECT value, 1 FROM generate_series(1, {rows})"
+        )
+    };
+    let tables = dir.path().join("tables");
+    let written = || tables.exists() && !files(&tables).is_empty();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", root, "-q", "-c", &ctas(3_000_000)])
+        .args(["--option", "load_memory_bytes=1MiB"])
+        .args(["--option", "load_grace=1s"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !files(dir.path())
+        .iter()
+        .any(|p| p.to_string_lossy().ends_with("data.parquet"))
+    {
+        assert!(std::time::Instant::now() < deadline, "no run written");
+        assert!(child.try_wait().unwrap().is_none(), "the statement ended");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(written());
+
+    let session = open(root).await;
+    let missing = session.table("t").await.map(|_| ()).unwrap_err();
+    assert!(matches!(missing, memwal::Error::NotFound(_)), "{missing}");
+    // Once its markers are older than the grace they name, by the store's
+    // clock (the newest object a sweep sees: a catalog commit).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    run(&session, "CREATE TABLE later (id BIGINT)").await;
+    let catalog = session.catalog().await.unwrap();
+    catalog
+        .collect_dropped_tables(&[], Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(!written(), "{:?}", files(&tables));
+    run(&session, &ctas(10_000)).await;
+    let table = session.table("t").await.unwrap();
+    assert_eq!(scanned_rows(&table).await, 10_000);
+    session.close().await.unwrap();
+}

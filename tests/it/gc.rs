@@ -187,6 +187,23 @@ async fn dropped_tables_leave_nothing_behind() {
     );
     assert_eq!(sweep(Duration::ZERO).await, 1);
     assert_eq!(count_files(&tables.join("stray-0000000000000001")), 0);
+    // Data that a bulk load's marker names stays as long as the marker
+    // says (a `CREATE TABLE ... AS SELECT` loads before its table exists).
+    let loading = |name: &str| {
+        object_store::path::Path::from(format!(
+            "tables/loading-0000000000000002/shards/0/load/{name}"
+        ))
+    };
+    let marker = loading("0000000000000001-3600000.alive");
+    for object in [&marker, &loading("run")] {
+        store.put(object, "x".into()).await.unwrap();
+    }
+    assert_eq!(sweep(Duration::ZERO).await, 0, "a load runs");
+    // The marker, rewritten naming no grace, has aged at once.
+    store.delete(&marker).await.unwrap();
+    let aged = loading("0000000000000001-0.alive");
+    store.put(&aged, "x".into()).await.unwrap();
+    assert_eq!(sweep(Duration::ZERO).await, 2);
     let kept: usize = session
         .sql("SELECT * FROM keep")
         .await
