@@ -257,7 +257,13 @@ impl Catalog {
     /// What creating the table `path` would do on the current snapshot (a
     /// statement's is fresh as it began): checked before work that comes
     /// before the commit, which checks again.
-    pub(crate) fn table_creation(&self, path: &ObjectPath, if_not_exists: bool) -> Result<Outcome> {
+    pub(crate) fn table_creation(
+        &self,
+        path: &ObjectPath,
+        meta: &TableMeta,
+        if_not_exists: bool,
+    ) -> Result<Outcome> {
+        crate::sstable::check_storable(meta.schema())?;
         self.snapshot()
             .creation(path, ObjectType::Table, if_not_exists)
     }

@@ -187,10 +187,11 @@ fn dropped_tables(outcome: Outcome) -> Vec<String> {
 /// `CREATE TABLE ... AS SELECT`: the query's rows are written to a new
 /// location that no catalog entry names yet, and made durable there, then
 /// one catalog commit creates the table over them. A statement that fails,
-/// or is killed, midway leaves no table: its data, which no entry names, is
-/// deleted at once on failure, and by a later sweep after a kill (see
+/// or is killed, midway leaves no table. Its data, which no entry names,
+/// is deleted on failure (each shard's newest manifest and WAL entry are
+/// left for a later sweep), and by a later sweep after a kill (see
 /// [`Catalog::collect_dropped_tables`]; a load's markers keep its data
-/// young while it runs).
+/// while it runs).
 async fn create_table_as(
     catalog: &Arc<Catalog>,
     tables: &TableCache,
@@ -201,7 +202,7 @@ async fn create_table_as(
     query: LogicalPlan,
 ) -> Result<()> {
     // Checked before the query runs (the commit checks again).
-    if catalog.table_creation(&path, if_not_exists)? == Outcome::AlreadyThere {
+    if catalog.table_creation(&path, &meta, if_not_exists)? == Outcome::AlreadyThere {
         return Ok(());
     }
     let location = paths::new_table_location(path.name());

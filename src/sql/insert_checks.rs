@@ -34,8 +34,9 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr::Alias;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
-    Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, ReturnFieldArgs,
-    ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility, WriteOp, lit,
+    Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, Projection,
+    ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Values, Volatility,
+    WriteOp, lit,
 };
 
 use super::MemwalTable;
@@ -63,14 +64,29 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
     };
     let target = dml.target.schema();
     let columns = values_columns(&dml.input);
-    let input = Arc::unwrap_or_clone(dml.input).transform_up(|node| {
+    // The casts DataFusion's insert planning makes, each aliased to its
+    // target column in the projection at the top of the input, know their
+    // column; any other cast to a vector type (the user's own, which an
+    // alias of theirs may name) does not.
+    let input = match Arc::unwrap_or_clone(dml.input) {
+        LogicalPlan::Projection(projection) => {
+            let expr = projection
+                .expr
+                .into_iter()
+                .map(named_vector_cast)
+                .collect::<Result<Vec<_>>>()?;
+            let projection =
+                Projection::try_new_with_schema(expr, projection.input, projection.schema)?;
+            LogicalPlan::Projection(projection)
+        }
+        other => other,
+    };
+    let input = input.transform_up(|node| {
         let node = match node {
             LogicalPlan::Values(values) => LogicalPlan::Values(named_casts(values, &columns)?),
             other => other,
         };
-        let node = node
-            .map_expressions(|e| e.transform_down(vector_cast))?
-            .data;
+        let node = node.map_expressions(|e| e.transform_up(vector_cast))?.data;
         match node {
             LogicalPlan::Values(values) => {
                 Ok(Transformed::yes(LogicalPlan::Values(nullable(values)?)))
@@ -240,10 +256,9 @@ fn two(args: Vec<ColumnarValue>) -> Result<[ColumnarValue; 2]> {
     })
 }
 
-/// A cast to a vector type becomes [`ToVector`], told the column's name
-/// when the cast is aliased to one (as DataFusion's INSERT planning
-/// aliases each cast to its target column).
-fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
+/// A cast aliased to a target column (see [`check_insert`]) becomes a
+/// [`ToVector`] told that column; other expressions stay as they are.
+fn named_vector_cast(expr: Expr) -> Result<Expr> {
     match expr {
         Expr::Alias(Alias {
             expr,
@@ -255,13 +270,21 @@ fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
                 unreachable!("checked above")
             };
             let checked = to_vector(cast, lit(name.clone()))?;
-            Ok(Transformed::yes(Expr::Alias(Alias {
+            Ok(Expr::Alias(Alias {
                 expr: Box::new(checked),
                 relation,
                 name,
                 metadata,
-            })))
+            }))
         }
+        other => Ok(other),
+    }
+}
+
+/// A cast to a vector type becomes a [`ToVector`] that does not know its
+/// column.
+fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
+    match expr {
         Expr::Cast(cast) if is_vector_cast_to(&cast) => Ok(Transformed::yes(to_vector(
             cast,
             lit(ScalarValue::Utf8(None)),

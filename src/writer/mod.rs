@@ -1039,14 +1039,19 @@ impl Shared {
         op: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         use futures::FutureExt;
-        match std::panic::AssertUnwindSafe(op).catch_unwind().await {
-            Ok(done) => done,
-            Err(_) => {
-                let poisoned = || Error::Poisoned(format!("{what} panicked"));
-                self.stop(poisoned());
-                Err(poisoned())
-            }
-        }
+        let panic = match std::panic::AssertUnwindSafe(op).catch_unwind().await {
+            Ok(done) => return done,
+            Err(panic) => panic,
+        };
+        let message = match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+            (Some(message), _) => message.to_string(),
+            (None, Some(message)) => message.clone(),
+            (None, None) => "no message".into(),
+        };
+        self.stop(Error::Poisoned(format!("{what} panicked: {message}")));
+        // The stop this panic caused, or one before it.
+        let stop = self.progress.borrow().error.clone();
+        Err(stop.expect("stopped above").tell())
     }
 
     /// Stops the writer with `error`: every waiting and later put gets it.

@@ -647,14 +647,26 @@ async fn a_panic_in_a_compaction_stops_the_writer() {
         .await
         .unwrap();
     assert!(writer.layers().1.len() > 1);
+    // The compaction's commit: the manifest version after the newest.
+    let newest = crate::helpers::files(dir.path())
+        .iter()
+        .filter_map(|f| {
+            let name = f.file_name()?.to_str()?;
+            name.strip_prefix('v')?
+                .strip_suffix(".json")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap();
     faulty.inject(
         Fault::nth(OpKind::Put, 1)
-            .on_paths_containing("/manifest/")
+            .on_paths_containing(format!("/manifest/v{:020}.json", newest + 1))
             .panicking(),
     );
     let compacted = writer.compact().await;
     assert!(
-        matches!(compacted, Err(memwal::Error::Poisoned(_))),
+        matches!(&compacted, Err(memwal::Error::Poisoned(m)) if m.contains("injected Put panic")),
         "{compacted:?}"
     );
     assert!(matches!(writer.stopped(), Some(memwal::Error::Poisoned(_))));
