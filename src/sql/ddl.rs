@@ -5,8 +5,8 @@
 //!
 //! `CREATE TABLE ... AS SELECT` writes the query's rows, then creates the
 //! table over them (append-only, or keyed when its column list declares a
-//! `PRIMARY KEY`): the table appears with all of its rows or not at all. DDL runs outside
-//! DataFusion's planner, so it cannot be `EXPLAIN`ed.
+//! `PRIMARY KEY`): the table appears with all of its rows or not at all.
+//! DDL runs outside DataFusion's planner, so it cannot be `EXPLAIN`ed.
 
 use std::sync::Arc;
 

@@ -37,7 +37,7 @@ use super::insert_sink::InsertProgress;
 use super::scan_exec::MinPartitions;
 use super::statement::{StatementPlanner, one_statement};
 use super::stats::StatsFunction;
-use super::table::MemwalTable;
+use super::table::{MemwalTable, update_refused};
 use super::vector::{VectorSearchFunction, distance_functions};
 use super::{CATALOG_NAME, ROOT_SCHEMA, ddl, delete_alias, describe, insert_checks};
 use crate::catalog::{Catalog, CatalogOptions, ObjectPath};
@@ -474,6 +474,7 @@ impl MemwalSession {
         ddl::refuse_explain(&statement)?;
         ddl::refuse_create_view(&statement)?;
         refuse_prepared_delete_limit(&statement)?;
+        refuse_update(&statement)?;
         // A statement that names no table and is no memwal DDL (`SELECT 1`,
         // `SET`) does not wait for the store.
         if !uses_catalog(&self.ctx.state(), &statement)? {
@@ -691,6 +692,24 @@ fn refuse_prepared_delete_limit(statement: &DFStatement) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Refuses `UPDATE` before DataFusion plans it (its optimizer fails
+/// first, in words about casts, on a constant of another shape than the
+/// column's): memwal tables have none.
+fn refuse_update(statement: &DFStatement) -> Result<()> {
+    let DFStatement::Statement(s) = statement else {
+        return Ok(());
+    };
+    let update = match s.as_ref() {
+        SqlStatement::Update(update) => update,
+        SqlStatement::Prepare { statement, .. } => match statement.as_ref() {
+            SqlStatement::Update(update) => update,
+            _ => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    Err(Error::invalid(update_refused(&update.table.relation)))
 }
 
 /// Whether `statement` needs the memwal catalog: memwal DDL, or any table

@@ -183,11 +183,7 @@ impl TableProvider for MemwalTable {
         _assignments: Vec<(String, Expr)>,
         _filters: Vec<Expr>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Err(DataFusionError::NotImplemented(format!(
-            "UPDATE is not supported by memwal tables: INSERT INTO {} the whole new row \
-             (an INSERT replaces the row with the same primary key)",
-            self.path
-        )))
+        Err(DataFusionError::NotImplemented(update_refused(&self.path)))
     }
 
     /// Deletes the live rows matching every filter. An empty filter list is
@@ -266,6 +262,14 @@ impl MemwalTable {
             )))
         }
     }
+}
+
+/// Why an `UPDATE` of `table` is refused, and what to do instead.
+pub(crate) fn update_refused(table: &dyn std::fmt::Display) -> String {
+    format!(
+        "UPDATE is not supported by memwal tables: INSERT INTO {table} the whole new row \
+         (an INSERT replaces the row with the same primary key)"
+    )
 }
 
 #[cfg(test)]
