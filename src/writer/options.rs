@@ -264,6 +264,7 @@ impl WriterOptions {
             ("memtable_bytes", self.memtable_bytes),
             ("max_sstables", self.max_sstables),
             ("load_memory_bytes", self.load_memory_bytes),
+            ("index_threads", self.index_threads),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(bad(name, "0", "positive"));
@@ -395,7 +396,7 @@ impl WriterOptions {
             "sstable_grace" => self.sstable_grace = parse_duration(name, value)?,
             "append_retries" => self.append_retries = parse_count(name, value)?,
             "owner_check_interval" => self.owner_check_interval = parse_duration(name, value)?,
-            "index_threads" => self.index_threads = parse_count::<usize>(name, value)?.max(1),
+            "index_threads" => self.index_threads = parse_count(name, value)?,
             "fence_grace" => self.fence_grace = parse_duration(name, value)?,
             "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
             "load_grace" => self.load_grace = parse_duration(name, value)?,
@@ -543,6 +544,7 @@ mod tests {
         assert!(o.check().is_ok());
         for (name, value) in [
             ("fence_grace", "99ms"),
+            ("index_threads", "0"),
             ("index_threads", "257"),
             ("load_grace", "999ms"),
             ("load_memory_bytes", "0"),
