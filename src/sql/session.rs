@@ -66,6 +66,9 @@ pub struct MemwalSession {
     root: ObjectRoot,
     catalog: Arc<OnceCell<Arc<Catalog>>>,
     tables: Arc<TableCache>,
+    /// The writer options the session opened with: what `RESET
+    /// memwal.<option>` goes back to.
+    opened_with: WriterOptions,
     files: FileAccess,
 }
 
@@ -282,6 +285,7 @@ impl MemwalSession {
             ctx,
             root,
             catalog: Arc::new(OnceCell::new()),
+            opened_with: tables.options(),
             tables,
             files,
         }
@@ -342,11 +346,12 @@ impl MemwalSession {
         self.tables.reconfigure(wanted).await
     }
 
-    /// `RESET memwal.<option>`: the option's default (DataFusion resets
-    /// no extension's option itself).
+    /// `RESET memwal.<option>`: the value the session opened with, like
+    /// PostgreSQL's session default (DataFusion resets no extension's
+    /// option itself).
     fn reset_writer_option(&self, variable: &str) -> Result<()> {
         let name = &variable[MemwalConfig::PREFIX.len() + 1..];
-        let default = WriterOptions::default().get(name).ok_or_else(|| {
+        let default = self.opened_with.get(name).ok_or_else(|| {
             Error::invalid(format!(
                 "unknown writer option '{name}'; the options are: {}",
                 WriterOptions::NAMES.join(", ")

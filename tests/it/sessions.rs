@@ -377,6 +377,28 @@ async fn set_memwal_options_apply_to_the_tables_the_session_uses_next() {
     session.close().await.unwrap();
 }
 
+/// `RESET memwal.<option>` goes back to the value the session opened with
+/// (the shell's `--option`), not to the built-in default.
+#[tokio::test]
+async fn reset_goes_back_to_the_options_the_session_opened_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = std::time::Duration::from_millis(250);
+    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
+        .await
+        .unwrap();
+    let shown = || query(&session, "SHOW memwal.wal_flush_interval");
+    assert!(shown().await.contains("| 250"), "{}", shown().await);
+    for sql in [
+        "SET memwal.wal_flush_interval = '1s'",
+        "RESET memwal.wal_flush_interval",
+    ] {
+        session.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    assert!(shown().await.contains("| 250"), "{}", shown().await);
+    session.close().await.unwrap();
+}
+
 /// DataFusion has its own `inner_product` (and alias `dot_product`) and
 /// `cosine_distance`, in f64. Every session answers with memwal's, in f32,
 /// under every name, also after a rebuild of its state (file access
