@@ -28,7 +28,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use futures::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 
-pub use vector::{Neighbour, VectorQuery};
+pub use vector::{Neighbour, SearchMetrics, VectorQuery};
 pub use wal_tail::WalTail;
 
 use crate::blob::{self, PackReader};

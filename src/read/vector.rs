@@ -31,6 +31,7 @@ use datafusion::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, new_nu
 use datafusion::arrow::datatypes::{Float32Type, Schema};
 use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_plan::PhysicalExpr;
+use datafusion::physical_plan::metrics::{Count, ExecutionPlanMetricsSet, MetricBuilder};
 use futures::TryStreamExt;
 
 use super::ShardSnapshot;
@@ -84,6 +85,54 @@ struct Offer {
     found: Vec<Candidate>,
     /// Whether the layer holds no further matching row.
     exhausted: bool,
+    /// Whether a graph was searched, and whether the rows were compared
+    /// exactly (no graph, or it found fewer than asked): both can hold.
+    walked_graph: bool,
+    scanned: bool,
+}
+
+/// What a vector search records for `EXPLAIN ANALYZE` (DataFusion metric
+/// counters; clones count into the same ones, and a default one counts
+/// for nobody).
+#[derive(Debug, Clone, Default)]
+pub struct SearchMetrics {
+    /// The layers searched: MemTables, and SSTables.
+    pub memtable_layers: Count,
+    /// See [`SearchMetrics::memtable_layers`].
+    pub sstable_layers: Count,
+    /// Layer searches that walked a graph.
+    pub graph_searches: Count,
+    /// Layer searches that compared every row the layer could offer (a
+    /// small layer, one without a graph, or a graph that found fewer than
+    /// asked).
+    pub exact_scans: Count,
+    /// Candidates dropped because a newer layer holds their key.
+    pub superseded: Count,
+    /// Rounds after the first: every layer asked again for twice as many
+    /// candidates, the drops having left too few.
+    pub more_rounds: Count,
+    /// The reads of candidate rows from SSTables (their bytes).
+    pub read: ReadMetrics,
+}
+
+impl SearchMetrics {
+    /// Counters registered in `set` for `partition`.
+    pub fn new(set: &ExecutionPlanMetricsSet, partition: usize) -> Self {
+        let counter = |name: &'static str| MetricBuilder::new(set).counter(name, partition);
+        Self {
+            memtable_layers: counter("memtable_layers"),
+            sstable_layers: counter("sstable_layers"),
+            graph_searches: counter("graph_searches"),
+            exact_scans: counter("exact_scans"),
+            superseded: counter("superseded"),
+            more_rounds: counter("more_rounds"),
+            // Only what a search's reads can show: no lookup prunes here.
+            read: ReadMetrics {
+                bytes_read: counter("bytes_read"),
+                ..ReadMetrics::default()
+            },
+        }
+    }
 }
 
 /// What a search needs of one layer, computed once per search: the
@@ -124,7 +173,18 @@ impl ShardSnapshot {
     /// outside `f32`'s normal range), is an [`Error::InvalidInput`]. Distances are the
     /// column metric's [`Metric::reported`] ones (Euclidean for `l2`).
     pub async fn vector_search(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
-        let mut nearest = self.nearest(query).await?;
+        self.vector_search_recorded(query, &SearchMetrics::default())
+            .await
+    }
+
+    /// [`ShardSnapshot::vector_search`], recording what it did in
+    /// `metrics`.
+    pub(crate) async fn vector_search_recorded(
+        &self,
+        query: &VectorQuery,
+        metrics: &SearchMetrics,
+    ) -> Result<Vec<Neighbour>> {
+        let mut nearest = self.nearest(query, metrics).await?;
         let metric = self.schema.vectors.iter().find(|v| v.index == query.column);
         if let Some(column) = metric {
             for n in &mut nearest {
@@ -136,7 +196,11 @@ impl ShardSnapshot {
 
     /// [`ShardSnapshot::vector_search`] with the metric's own distances
     /// (squared for `l2`).
-    async fn nearest(&self, query: &VectorQuery) -> Result<Vec<Neighbour>> {
+    async fn nearest(
+        &self,
+        query: &VectorQuery,
+        metrics: &SearchMetrics,
+    ) -> Result<Vec<Neighbour>> {
         let column = self
             .schema
             .vectors
@@ -218,6 +282,9 @@ impl ShardSnapshot {
                 admissible,
             });
         }
+        let memtables = self.memtables.len();
+        metrics.memtable_layers.add(memtables);
+        metrics.sstable_layers.add(layers.len() - memtables);
         let mut fetch = query.k;
         loop {
             let offers: Vec<Offer> = layers
@@ -250,6 +317,10 @@ impl ShardSnapshot {
                     )),
                 })
                 .collect::<Result<_>>()?;
+            for offer in &offers {
+                metrics.graph_searches.add(usize::from(offer.walked_graph));
+                metrics.exact_scans.add(usize::from(offer.scanned));
+            }
             // A candidate is certain only up to the distance where a layer
             // that may hold more stopped.
             let certain_up_to = offers
@@ -284,7 +355,10 @@ impl ShardSnapshot {
                 positions.sort_unstable();
                 positions.dedup();
                 let decoded = [(query.column, vectors.as_ref())];
-                let rows = self.reader.rows_at(file, &positions, &decoded).await?;
+                let rows = self
+                    .reader
+                    .rows_at(file, &positions, &decoded, &metrics.read)
+                    .await?;
                 fetched.extend(positions.into_iter().map(|p| (at, p)).zip(rows));
             }
             let mut out = Vec::new();
@@ -302,14 +376,19 @@ impl ShardSnapshot {
                             None => {
                                 let decoded = [(query.column, vectors.as_ref())];
                                 let at = [candidate.position];
-                                let mut rows = self.reader.rows_at(file, &at, &decoded).await?;
+                                let mut rows = self
+                                    .reader
+                                    .rows_at(file, &at, &decoded, &metrics.read)
+                                    .await?;
                                 rows.pop().expect("one row")
                             }
                         }
                     }
                     (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
                 };
-                if !self.superseded(&row, at, !marked).await? {
+                if self.superseded(&row, at, !marked).await? {
+                    metrics.superseded.add(1);
+                } else {
                     out.push(Neighbour {
                         distance: candidate.distance,
                         row,
@@ -322,6 +401,7 @@ impl ShardSnapshot {
             if complete && certain_up_to == f32::INFINITY {
                 return Ok(out);
             }
+            metrics.more_rounds.add(1);
             fetch *= 2;
         }
     }
@@ -403,8 +483,9 @@ impl ShardSnapshot {
                 .map(|h| (h.distance, h.row))
                 .collect::<Vec<_>>()
         });
-        let (hits, exhausted) = match found {
-            Some(hits) if hits.len() == fetch => (hits, false),
+        let walked_graph = found.is_some();
+        let (hits, exhausted, scanned) = match found {
+            Some(hits) if hits.len() == fetch => (hits, false, false),
             _ => {
                 let mut hits = Vec::new();
                 for stored in &batches {
@@ -423,7 +504,7 @@ impl ShardSnapshot {
                 }
                 let exhausted = hits.len() <= fetch;
                 top(&mut hits, fetch);
-                (hits, exhausted)
+                (hits, exhausted, true)
             }
         };
         let found = hits
@@ -437,7 +518,12 @@ impl ShardSnapshot {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(Offer { found, exhausted })
+        Ok(Offer {
+            found,
+            exhausted,
+            walked_graph,
+            scanned,
+        })
     }
 
     /// `filter` on a MemTable batch (stored form), with the packed values
@@ -545,8 +631,9 @@ fn search_sstable(
         top(&mut hits, fetch);
         hits
     });
-    let (hits, exhausted) = match found {
-        Some(hits) if hits.len() == fetch => (hits, false),
+    let walked_graph = found.is_some();
+    let (hits, exhausted, scanned) = match found {
+        Some(hits) if hits.len() == fetch => (hits, false, false),
         _ => {
             let mut hits: Vec<(f32, u64)> = (0..data.live.len())
                 .filter(|&p| admits(p))
@@ -554,7 +641,7 @@ fn search_sstable(
                 .collect();
             let exhausted = hits.len() <= fetch;
             top(&mut hits, fetch);
-            (hits, exhausted)
+            (hits, exhausted, true)
         }
     };
     let found = hits
@@ -565,7 +652,12 @@ fn search_sstable(
             position: position as usize,
         })
         .collect();
-    Offer { found, exhausted }
+    Offer {
+        found,
+        exhausted,
+        walked_graph,
+        scanned,
+    }
 }
 
 /// Keeps the `n` nearest of `hits`, nearest first.

@@ -22,7 +22,7 @@ use futures::StreamExt;
 
 use super::streams::observed;
 use super::vector::DISTANCE_COLUMN;
-use crate::read::{Neighbour, ShardSnapshot, VectorQuery};
+use crate::read::{Neighbour, SearchMetrics, ShardSnapshot, VectorQuery};
 use crate::table::Table;
 
 /// Runs a vector search over snapshots of a table's shards: each partition
@@ -190,6 +190,7 @@ impl ExecutionPlan for VectorSearchExec {
 
     fn execute(&self, partition: usize, _: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let baseline = BaselineMetrics::new(&self.metrics, partition);
+        let search = SearchMetrics::new(&self.metrics, partition);
         let table = Arc::clone(&self.table);
         let shards = self.partitions.get(partition).cloned().ok_or_else(|| {
             DataFusionError::Internal(format!("{}: no partition {partition}", self.name()))
@@ -202,7 +203,7 @@ impl ExecutionPlan for VectorSearchExec {
             // Each neighbour with the snapshot of its shard.
             let mut nearest: Vec<(Neighbour, usize)> = Vec::new();
             for (at, (_, snapshot)) in shards.iter().enumerate() {
-                let found = snapshot.vector_search(&query).await?;
+                let found = snapshot.vector_search_recorded(&query, &search).await?;
                 nearest.extend(found.into_iter().map(|n| (n, at)));
             }
             nearest.sort_by(|a, b| a.0.distance.total_cmp(&b.0.distance));

@@ -182,6 +182,7 @@ impl SstableReader {
         file: &SstableFile,
         positions: &[usize],
         decoded: &[(usize, &VectorColumnData)],
+        metrics: &ReadMetrics,
     ) -> Result<Vec<RecordBatch>> {
         let stored = &self.schema.stored;
         let others: Vec<usize> = (0..stored.fields().len())
@@ -203,7 +204,7 @@ impl SstableReader {
         }
         let mask = ProjectionMask::roots(meta.parquet_schema(), others.iter().copied());
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(
-            self.object(file, &footer, &ReadMetrics::default())?,
+            self.object(file, &footer, metrics)?,
             meta,
         )
         .with_projection(mask)

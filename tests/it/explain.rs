@@ -1,6 +1,8 @@
 //! `EXPLAIN ANALYZE` on a memwal scan shows where the time went: rows per
 //! layer, SSTable bytes read, the merge of overlapping layers, and for a
-//! key lookup what the statistics, bloom filters and page index pruned.
+//! key lookup what the statistics, bloom filters and page index pruned;
+//! on a vector search, the layers, how each was searched, and the
+//! candidates a newer layer superseded.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +14,16 @@ use memwal::{MemwalSession, WriterOptions};
 /// The memwal scan's metrics after running `sql`, summed over partitions
 /// (`name` → value).
 async fn scan_metrics(session: &MemwalSession, sql: &str) -> impl Fn(&str) -> usize {
+    metrics_of(session, sql, "MemwalScanExec").await
+}
+
+/// The metrics of the `operator` in the plan of `sql` after running it,
+/// summed over partitions (`name` → value).
+async fn metrics_of(
+    session: &MemwalSession,
+    sql: &str,
+    operator: &'static str,
+) -> impl Fn(&str) -> usize {
     let plan = session
         .sql(sql)
         .await
@@ -22,14 +34,14 @@ async fn scan_metrics(session: &MemwalSession, sql: &str) -> impl Fn(&str) -> us
     collect(Arc::clone(&plan), session.context().task_ctx())
         .await
         .unwrap();
-    fn find(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
-        if plan.name() == "MemwalScanExec" {
+    fn find(plan: &Arc<dyn ExecutionPlan>, name: &str) -> Option<Arc<dyn ExecutionPlan>> {
+        if plan.name() == name {
             return Some(Arc::clone(plan));
         }
-        plan.children().into_iter().find_map(find)
+        plan.children().into_iter().find_map(|c| find(c, name))
     }
-    let scan = find(&plan).expect("a memwal scan");
-    let metrics = scan.metrics().expect("scan metrics").aggregate_by_name();
+    let found = find(&plan, operator).unwrap_or_else(|| panic!("no {operator}"));
+    let metrics = found.metrics().expect("metrics").aggregate_by_name();
     move |name| match name {
         "output_rows" => metrics.output_rows().expect("output rows"),
         "elapsed_compute" => metrics.elapsed_compute().expect("compute time"),
@@ -149,4 +161,60 @@ async fn a_part_that_pads_a_plan_says_it_reads_nothing() {
             "{text}"
         );
     }
+}
+
+/// A vector search records its layers, how each was searched (a graph
+/// walk, or an exact comparison of every row), the candidates a newer
+/// version dropped, and the bytes of the SSTable rows it read back.
+#[tokio::test]
+async fn explain_analyze_of_a_vector_search_shows_its_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = Duration::ZERO;
+    // A load above this goes straight to SSTables.
+    options.load_memory_bytes = 16 << 10;
+    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE v (id BIGINT PRIMARY KEY, emb FLOAT[4]) WITH ('shards' = '1')",
+        // Row i at distance i from the origin, in one SSTable with a graph.
+        "INSERT INTO v SELECT value, [CAST(value AS FLOAT), 0.0, 0.0, 0.0] \
+         FROM generate_series(1, 2000)",
+    ] {
+        session.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    let table = session.table("v").await.unwrap();
+    table.compact().await.unwrap();
+    // The 5 nearest moved far away, by newer versions in the MemTable.
+    session
+        .sql(
+            "INSERT INTO v SELECT value, [CAST(value + 5000 AS FLOAT), 0.0, 0.0, 0.0] \
+             FROM generate_series(1, 5)",
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let sql = "SELECT id FROM vector_search('v', 'emb', [0.0, 0.0, 0.0, 0.0], 3) ORDER BY id";
+    let ids = explained(&session, sql).await;
+    for id in ["| 6 ", "| 7 ", "| 8 "] {
+        assert!(ids.contains(id), "{ids}");
+    }
+    let search = metrics_of(&session, sql, "MemwalVectorSearchExec").await;
+    assert_eq!(search("output_rows"), 3);
+    assert_eq!(search("memtable_layers"), 1);
+    assert_eq!(search("sstable_layers"), 1);
+    // The SSTable through its graph, the MemTable (5 rows) exactly.
+    assert!(search("graph_searches") >= 1);
+    assert!(search("exact_scans") >= 1);
+    // The 3 nearest in the SSTable, and then more, were superseded: the
+    // layers were asked again.
+    assert!(search("superseded") >= 3, "{}", search("superseded"));
+    assert!(search("more_rounds") >= 1);
+    assert!(search("bytes_read") > 0);
+    let text = explained(&session, &format!("EXPLAIN ANALYZE {sql}")).await;
+    assert!(text.contains("sstable_layers=1"), "{text}");
+    session.close().await.unwrap();
 }
