@@ -23,6 +23,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::DataType;
+use datafusion::physical_plan::metrics::Count;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 use serde::{Deserialize, Serialize};
@@ -442,12 +443,27 @@ pub fn stored_value(
 pub struct PackReader {
     store: Arc<dyn ObjectStore>,
     shard_dir: Path,
+    /// Where the bytes read are counted, if anywhere.
+    bytes_read: Option<Count>,
 }
 
 impl PackReader {
     /// Reads the packs of the shard at `shard_dir`.
     pub fn new(store: Arc<dyn ObjectStore>, shard_dir: Path) -> Self {
-        Self { store, shard_dir }
+        Self {
+            store,
+            shard_dir,
+            bytes_read: None,
+        }
+    }
+
+    /// This reader, counting the bytes it reads into `bytes_read` (an
+    /// operator's metric, for `EXPLAIN ANALYZE`).
+    pub fn counting(&self, bytes_read: &Count) -> Self {
+        Self {
+            bytes_read: Some(bytes_read.clone()),
+            ..self.clone()
+        }
     }
 
     /// `batch` (stored form projected to `columns`, ascending stored
@@ -554,7 +570,12 @@ impl PackReader {
                     .map(|(_, d)| d.offset..d.offset + d.length)
                     .collect();
                 let values = match self.store.get_ranges(&path, &ranges).await {
-                    Ok(values) => values,
+                    Ok(values) => {
+                        if let Some(counter) = &self.bytes_read {
+                            counter.add(values.iter().map(Bytes::len).sum());
+                        }
+                        values
+                    }
                     Err(e) => match self.read_error(&path, &ranges, e).await {
                         Error::Corrupt { path, reason } => {
                             let each = rows.into_iter().map(|(row, _)| {

@@ -132,8 +132,7 @@ impl ShardSnapshot {
             .map(|b| b.index)
             .filter(|c| !projection.contains(c) || sizes.contains(c))
             .collect();
-        let row = self
-            .packs
+        let row = (self.packs.counting(&metrics.bytes_read))
             .resolve_except(&self.schema, &every, row, &unread)
             .await?;
         let user = self.schema.to_user(&row)?;
@@ -191,8 +190,19 @@ impl ShardSnapshot {
     /// `rows` (stored form, every column, of this snapshot's shard) with
     /// their long blob values read back from the packs.
     pub async fn read_blobs(&self, rows: RecordBatch) -> Result<RecordBatch> {
+        self.read_blobs_counted(rows, &Count::new()).await
+    }
+
+    /// [`ShardSnapshot::read_blobs`], counting the bytes read in
+    /// `bytes_read`.
+    pub(crate) async fn read_blobs_counted(
+        &self,
+        rows: RecordBatch,
+        bytes_read: &Count,
+    ) -> Result<RecordBatch> {
         let every: Vec<usize> = (0..rows.num_columns()).collect();
-        self.packs.resolve(&self.schema, &every, rows).await
+        let packs = self.packs.counting(bytes_read);
+        packs.resolve(&self.schema, &every, rows).await
     }
 
     /// The visible MemTable rows, stored form, oldest first.
@@ -808,7 +818,8 @@ impl ScanPart {
         let rows = match schema.blobs.iter().any(|b| fetched(&b)) {
             false => rows.map(move |batch| to_user(batch?)).boxed(),
             true => {
-                let (packs, schema) = (snapshot.packs.clone(), Arc::clone(schema));
+                let packs = snapshot.packs.counting(&metrics.read.bytes_read);
+                let schema = Arc::clone(schema);
                 let (columns, sizes) = (Arc::new(columns), Arc::new(sizes.to_vec()));
                 let early = early.cloned();
                 rows.and_then(move |batch| {

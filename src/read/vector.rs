@@ -111,7 +111,9 @@ pub struct SearchMetrics {
     /// Rounds after the first: every layer asked again for twice as many
     /// candidates, the drops having left too few.
     pub more_rounds: Count,
-    /// The reads of candidate rows from SSTables (their bytes).
+    /// What the search read (its bytes): the SSTables' vector columns and
+    /// graphs (once per SSTable, then cached), the columns a filter reads
+    /// and their blob values, and the candidate rows.
     pub read: ReadMetrics,
 }
 
@@ -240,7 +242,8 @@ impl ShardSnapshot {
                 Some(filter) => {
                     let mut matches = Vec::new();
                     for b in layer.memtable.batches(0, layer.batches) {
-                        matches.push(self.filter_memtable(filter, b.batch, &unread).await?);
+                        let matched = self.filter_memtable(filter, b.batch, &unread, metrics);
+                        matches.push(matched.await?);
                     }
                     let admissible = matches.iter().map(BooleanArray::true_count).sum();
                     (Some(matches), admissible)
@@ -259,7 +262,7 @@ impl ShardSnapshot {
         let marked = deletions_complete(&self.sstables);
         for file in self.sstables.iter().rev() {
             let mut matches = match &query.filter {
-                Some(filter) => Some(self.filter_sstable(file, filter).await?),
+                Some(filter) => Some(self.filter_sstable(file, filter, metrics).await?),
                 None => None,
             };
             if marked && let Some(marks) = self.reader.deletions(file).await? {
@@ -268,7 +271,9 @@ impl ShardSnapshot {
                     m[row as usize] = false;
                 }
             }
-            let vectors = self.reader.vector_column(file, query.column).await?;
+            let vectors = (self.reader)
+                .vector_column(file, query.column, &metrics.read)
+                .await?;
             let admissible = match &matches {
                 Some(m) => (m.iter().zip(&vectors.live))
                     .filter(|(m, l)| **m && **l)
@@ -533,12 +538,13 @@ impl ShardSnapshot {
         filter: &Arc<dyn PhysicalExpr>,
         batch: RecordBatch,
         unread: &[usize],
+        metrics: &SearchMetrics,
     ) -> Result<BooleanArray> {
         let batch = match unread.len() == self.schema.blobs.len() {
             true => batch,
             false => {
                 let every: Vec<usize> = (0..batch.num_columns()).collect();
-                self.packs
+                (self.packs.counting(&metrics.read.bytes_read))
                     .resolve_except(&self.schema, &every, batch, unread)
                     .await?
             }
@@ -553,6 +559,7 @@ impl ShardSnapshot {
         &self,
         file: &SstableFile,
         filter: &Arc<dyn PhysicalExpr>,
+        metrics: &SearchMetrics,
     ) -> Result<Vec<bool>> {
         let stored = &self.schema.stored;
         // The same columns, every one nullable, for the stand-ins.
@@ -579,11 +586,12 @@ impl ShardSnapshot {
         }
         let mut stream = self
             .reader
-            .stream(file, None, &columns, &ReadMetrics::default())
+            .stream(file, None, &columns, &metrics.read)
             .await?;
+        let packs = self.packs.counting(&metrics.read.bytes_read);
         let mut out = Vec::new();
         while let Some(batch) = stream.try_next().await? {
-            let batch = self.packs.resolve(&self.schema, &columns, batch).await?;
+            let batch = packs.resolve(&self.schema, &columns, batch).await?;
             // The filter's column indices are into the stored schema:
             // every other column is a stand-in of nulls.
             let rows = batch.num_rows();

@@ -215,7 +215,12 @@ impl ExecutionPlan for VectorSearchExec {
             let mut rows: Vec<RecordBatch> = Vec::with_capacity(nearest.len());
             for (n, at) in &nearest {
                 rows.push(match with_blobs {
-                    true => shards[*at].1.read_blobs(n.row.clone()).await?,
+                    true => {
+                        let bytes_read = &search.read.bytes_read;
+                        (shards[*at].1)
+                            .read_blobs_counted(n.row.clone(), bytes_read)
+                            .await?
+                    }
                     false => n.row.clone(),
                 });
             }

@@ -242,11 +242,13 @@ impl SstableReader {
     }
 
     /// Vector column `column` (a table schema index) of `file` with its
-    /// persisted graph if the file has one, read once and cached.
+    /// persisted graph if the file has one, read once and cached (the
+    /// bytes of a read counted in `metrics`).
     pub async fn vector_column(
         &self,
         file: &SstableFile,
         column: usize,
+        metrics: &ReadMetrics,
     ) -> Result<Arc<VectorColumnData>> {
         if let Some(hit) = self
             .vectors
@@ -257,7 +259,7 @@ impl SstableReader {
         {
             return Ok(Arc::clone(hit));
         }
-        let mut data = self.read_vectors(file, column).await?;
+        let mut data = self.read_vectors(file, column, metrics).await?;
         let name = self.schema.schema.field(column).name();
         if let Some(graph) = file.graphs.iter().find(|g| g.column() == name) {
             // A graph is an index: without it the column is searched
@@ -265,7 +267,8 @@ impl SstableReader {
             // warning.
             let loaded = async {
                 let path = paths::graph_file(&file.path, name)?;
-                self.load_graphs(&path, graph.crc32(), column, &data).await
+                self.load_graphs(&path, graph.crc32(), column, &data, metrics)
+                    .await
             };
             match loaded.await {
                 Ok(graphs) => data.graphs = graphs,
@@ -285,8 +288,10 @@ impl SstableReader {
         crc32: Option<u32>,
         column: usize,
         data: &VectorColumnData,
+        metrics: &ReadMetrics,
     ) -> Result<Vec<Graph>> {
         let bytes = self.store.get(path).await?.bytes().await?;
+        metrics.bytes_read.add(bytes.len());
         let corrupt = |reason: String| Error::Corrupt {
             path: path.to_string(),
             reason: format!("HNSW graph: {reason}"),
@@ -334,10 +339,11 @@ impl SstableReader {
         &self,
         file: &SstableFile,
         column: usize,
+        metrics: &ReadMetrics,
     ) -> Result<VectorColumnData> {
         let tombstone = self.schema.stored.fields().len() - 1;
         let mut stream = self
-            .stream(file, None, &[column, tombstone], &ReadMetrics::default())
+            .stream(file, None, &[column, tombstone], metrics)
             .await?;
         let (mut values, mut live) = (Vec::new(), Vec::new());
         let mut dim = 0;

@@ -946,7 +946,10 @@ impl Shared {
         threads: usize,
     ) -> Result<()> {
         for v in &self.schema.vectors {
-            let mut data = self.reader.read_vectors(file, v.index).await?;
+            let mut data = self
+                .reader
+                .read_vectors(file, v.index, &ReadMetrics::default())
+                .await?;
             if data.live_rows == 0 {
                 continue;
             }
@@ -984,7 +987,11 @@ impl Shared {
     ) -> Vec<Graph> {
         let mut carried = Vec::new();
         for input in inputs {
-            let data = match self.reader.vector_column(input, v.index).await {
+            let data = match self
+                .reader
+                .vector_column(input, v.index, &ReadMetrics::default())
+                .await
+            {
                 Ok(data) => data,
                 Err(e) => {
                     log::debug!("not carrying over the graphs of {}: {e}", input.path);

@@ -218,3 +218,31 @@ async fn explain_analyze_of_a_vector_search_shows_its_layers() {
     assert!(text.contains("sstable_layers=1"), "{text}");
     session.close().await.unwrap();
 }
+
+/// The bytes a read takes from blob packs count in its `bytes_read`: a key
+/// lookup that selects a blob column reads its value's bytes, one that
+/// does not reads none of them.
+#[tokio::test]
+async fn bytes_read_counts_the_blob_values_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = Duration::ZERO;
+    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
+        .await
+        .unwrap();
+    for sql in [
+        "CREATE TABLE b (id BIGINT PRIMARY KEY, img BYTEA) WITH ('img.blob' = 'true')",
+        "INSERT INTO b VALUES (1, CAST(repeat('x', 100000) AS BYTEA))",
+    ] {
+        session.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    let with = scan_metrics(&session, "SELECT img FROM b WHERE id = 1").await;
+    assert_eq!(with("output_rows"), 1);
+    assert!(with("bytes_read") >= 100_000, "{}", with("bytes_read"));
+    let without = scan_metrics(&session, "SELECT id FROM b WHERE id = 1").await;
+    assert_eq!(without("output_rows"), 1);
+    assert!(without("bytes_read") < 100_000, "{}", without("bytes_read"));
+    let scan = scan_metrics(&session, "SELECT img FROM b").await;
+    assert!(scan("bytes_read") >= 100_000, "{}", scan("bytes_read"));
+    session.close().await.unwrap();
+}

@@ -281,7 +281,10 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
                 assert!(file.graphs[0].crc32().is_some());
                 let dir = file.path.trim_end_matches("data.parquet");
                 expected.extend([format!("{dir}data.parquet"), format!("{dir}emb.hnsw")]);
-                let data = reader.vector_column(file, 1).await.unwrap();
+                let data = reader
+                    .vector_column(file, 1, &Default::default())
+                    .await
+                    .unwrap();
                 let nodes: usize = data.graphs.iter().map(|g| g.len()).sum();
                 assert_eq!(nodes, data.live_rows);
             }
@@ -334,7 +337,7 @@ async fn persisted_graphs_keep_recall_through_flush_and_compaction() {
     check_files(&snapshot).await;
     let data = (snapshot
         .reader
-        .vector_column(&snapshot.sstables[0], 1)
+        .vector_column(&snapshot.sstables[0], 1, &Default::default())
         .await)
         .unwrap();
     let graphs: Vec<usize> = data.graphs.iter().map(|g| g.len()).collect();

@@ -369,7 +369,7 @@ async fn search_returns_min_k_live_rows_whatever_the_graph() {
         assert_eq!(snapshot.memtables.len(), 1);
         let big = snapshot
             .reader
-            .vector_column(&snapshot.sstables[0], 2)
+            .vector_column(&snapshot.sstables[0], 2, &Default::default())
             .await
             .unwrap();
         let [graph] = &big.graphs[..] else {
