@@ -365,6 +365,31 @@ impl Catalog {
         Ok(deleted)
     }
 
+    /// Deletes everything at `location` (a table location) unless the
+    /// catalog, read fresh, names it: the rows of a `CREATE TABLE ... AS
+    /// SELECT` that failed. No writer elsewhere knows of them, so unlike a
+    /// dropped table's shards they keep no seal. Returns the objects
+    /// deleted.
+    pub(crate) async fn delete_unnamed(&self, location: &str) -> Result<usize> {
+        use futures::{StreamExt, TryStreamExt};
+        self.refresh().await?;
+        if self.snapshot().holds_location(location) || !paths::is_table_location(location) {
+            return Ok(0);
+        }
+        let store = self.root.store();
+        let objects: Vec<object_store::ObjectMeta> = store
+            .list(Some(&Path::from(location)))
+            .try_collect()
+            .await?;
+        let deleted = objects.len();
+        futures::stream::iter(objects)
+            .map(|o| async move { delete_if_present(store.as_ref(), &o.location).await })
+            .buffer_unordered(16)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(deleted)
+    }
+
     /// Commits one mutation, sharing a version with every other mutation
     /// queued in this process meanwhile (group commit).
     pub async fn mutate(self: &Arc<Self>, mutation: Mutation) -> Result<Outcome> {

@@ -22,7 +22,6 @@ use datafusion::sql::sqlparser::ast::{
     Statement, Value,
 };
 
-use super::session::DROPPED_TABLE_GRACE;
 use super::table::MemwalTable;
 use super::{CATALOG_NAME, insert_checks, namespace_to_schema, schema_to_namespace};
 use crate::catalog::{Catalog, Mutation, ObjectPath, Outcome};
@@ -188,8 +187,7 @@ fn dropped_tables(outcome: Outcome) -> Vec<String> {
 /// location that no catalog entry names yet, and made durable there, then
 /// one catalog commit creates the table over them. A statement that fails,
 /// or is killed, midway leaves no table. Its data, which no entry names,
-/// is deleted on failure (each shard's newest manifest and WAL entry are
-/// left for a later sweep), and by a later sweep after a kill (see
+/// is deleted on failure, and by a later sweep after a kill (see
 /// [`Catalog::collect_dropped_tables`]; a load's markers keep its data
 /// while it runs).
 async fn create_table_as(
@@ -244,10 +242,7 @@ async fn create_table_as(
         }
         Err(e) => Some(e),
     };
-    if let Err(e) = catalog
-        .collect_dropped_tables(std::slice::from_ref(&location), DROPPED_TABLE_GRACE)
-        .await
-    {
+    if let Err(e) = catalog.delete_unnamed(&location).await {
         log::warn!("deleting the rows of a failed CREATE TABLE AS at {location}: {e}");
     }
     failed.map_or(Ok(()), Err)

@@ -49,7 +49,7 @@ use crate::writer::WriterOptions;
 /// How long a table's data must have been untouched before a sweep deletes
 /// it when the catalog no longer names it (tables dropped by this session
 /// are deleted at once).
-pub(crate) const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+const DROPPED_TABLE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// A SQL session over one root. Plain DataFusion for queries; memwal runs
 /// `CREATE/DROP SCHEMA` and `CREATE/DROP TABLE` (with `WITH (...)`

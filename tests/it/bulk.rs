@@ -1122,3 +1122,25 @@ async fn a_create_table_as_killed_midway_leaves_no_table() {
     assert_eq!(scanned_rows(&table).await, 10_000);
     session.close().await.unwrap();
 }
+
+/// A `CREATE TABLE ... AS SELECT` that fails midway (here in its query,
+/// after a bulk load wrote runs) leaves no table and no object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_create_table_as_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = open(dir.path().to_str().unwrap()).await;
+    let ctas = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '4') \
+                AS SELECT value, 1 / (value - 90000) FROM generate_series(1, 100000)";
+    // DDL runs as it is planned.
+    let failed = session.sql(ctas).await.unwrap_err().to_string();
+    assert!(failed.contains("Divide by zero"), "{failed}");
+    let missing = session.table("t").await.map(|_| ()).unwrap_err();
+    assert!(matches!(missing, memwal::Error::NotFound(_)), "{missing}");
+    let tables = dir.path().join("tables");
+    let left = match tables.exists() {
+        true => files(&tables),
+        false => Vec::new(),
+    };
+    assert_eq!(left, Vec::<std::path::PathBuf>::new());
+    session.close().await.unwrap();
+}

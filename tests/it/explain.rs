@@ -52,6 +52,17 @@ async fn metrics_of(
     }
 }
 
+/// A session on `dir` whose puts append at once, and whose loads above
+/// 16 KiB go straight to SSTables.
+async fn open(dir: &tempfile::TempDir) -> MemwalSession {
+    let mut options = WriterOptions::default();
+    options.wal_flush_interval = Duration::ZERO;
+    options.load_memory_bytes = 16 << 10;
+    MemwalSession::open_with(dir.path().to_str().unwrap(), options)
+        .await
+        .unwrap()
+}
+
 /// The text of what `sql` (an `EXPLAIN`) prints.
 async fn explained(session: &MemwalSession, sql: &str) -> String {
     let batches = session.sql(sql).await.unwrap().collect().await.unwrap();
@@ -61,13 +72,7 @@ async fn explained(session: &MemwalSession, sql: &str) -> String {
 #[tokio::test]
 async fn explain_analyze_shows_layers_bytes_merge_and_pruning() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = WriterOptions::default();
-    options.wal_flush_interval = Duration::ZERO;
-    // A load above this goes straight to SSTables.
-    options.load_memory_bytes = 16 << 10;
-    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
-        .await
-        .unwrap();
+    let session = open(&dir).await;
     for sql in [
         "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
         // 100,000 rows (even keys) in SSTables, then 3 newer versions of
@@ -169,13 +174,7 @@ async fn a_part_that_pads_a_plan_says_it_reads_nothing() {
 #[tokio::test]
 async fn explain_analyze_of_a_vector_search_shows_its_layers() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = WriterOptions::default();
-    options.wal_flush_interval = Duration::ZERO;
-    // A load above this goes straight to SSTables.
-    options.load_memory_bytes = 16 << 10;
-    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
-        .await
-        .unwrap();
+    let session = open(&dir).await;
     for sql in [
         "CREATE TABLE v (id BIGINT PRIMARY KEY, emb FLOAT[4]) WITH ('shards' = '1')",
         // Row i at distance i from the origin, in one SSTable with a graph.
@@ -225,11 +224,7 @@ async fn explain_analyze_of_a_vector_search_shows_its_layers() {
 #[tokio::test]
 async fn bytes_read_counts_the_blob_values_read() {
     let dir = tempfile::tempdir().unwrap();
-    let mut options = WriterOptions::default();
-    options.wal_flush_interval = Duration::ZERO;
-    let session = MemwalSession::open_with(dir.path().to_str().unwrap(), options)
-        .await
-        .unwrap();
+    let session = open(&dir).await;
     for sql in [
         "CREATE TABLE b (id BIGINT PRIMARY KEY, img BYTEA) WITH ('img.blob' = 'true')",
         "INSERT INTO b VALUES (1, CAST(repeat('x', 100000) AS BYTEA))",
