@@ -106,14 +106,16 @@ pub struct SearchMetrics {
     /// small layer, one without a graph, or a graph that found fewer than
     /// asked).
     pub exact_scans: Count,
-    /// Candidates dropped because a newer layer holds their key.
+    /// Candidates dropped because a newer layer holds their key (in the
+    /// round that answered).
     pub superseded: Count,
     /// Rounds after the first: every layer asked again for twice as many
     /// candidates, the drops having left too few.
     pub more_rounds: Count,
     /// What the search read (its bytes): the SSTables' vector columns and
     /// graphs (once per SSTable, then cached), the columns a filter reads
-    /// and their blob values, and the candidate rows.
+    /// and their blob values, the candidate rows, and the lookups of
+    /// newer versions of their keys.
     pub read: ReadMetrics,
 }
 
@@ -367,6 +369,9 @@ impl ShardSnapshot {
                 fetched.extend(positions.into_iter().map(|p| (at, p)).zip(rows));
             }
             let mut out = Vec::new();
+            // Counted for the round that answers: each round goes through
+            // the candidates again.
+            let mut superseded = 0;
             let mut complete = true;
             for (at, candidate) in all {
                 if candidate.distance > certain_up_to {
@@ -391,19 +396,21 @@ impl ShardSnapshot {
                     }
                     (None, Layer::Memtable { .. }) => unreachable!("MemTable offers carry rows"),
                 };
-                if self.superseded(&row, at, !marked).await? {
-                    metrics.superseded.add(1);
+                if self.superseded(&row, at, !marked, &metrics.read).await? {
+                    superseded += 1;
                 } else {
                     out.push(Neighbour {
                         distance: candidate.distance,
                         row,
                     });
                     if out.len() == query.k {
+                        metrics.superseded.add(superseded);
                         return Ok(out);
                     }
                 }
             }
             if complete && certain_up_to == f32::INFINITY {
+                metrics.superseded.add(superseded);
                 return Ok(out);
             }
             metrics.more_rounds.add(1);
@@ -418,6 +425,7 @@ impl ShardSnapshot {
         row: &RecordBatch,
         layer: usize,
         ask_sstables: bool,
+        metrics: &ReadMetrics,
     ) -> Result<bool> {
         if !self.schema.has_key() || layer == 0 {
             return Ok(false);
@@ -440,12 +448,7 @@ impl ShardSnapshot {
             false => 0,
         };
         for file in sstables.take(newer) {
-            if self
-                .reader
-                .lookup(file, &key, &ReadMetrics::default())
-                .await?
-                .is_some()
-            {
+            if self.reader.lookup(file, &key, metrics).await?.is_some() {
                 return Ok(true);
             }
         }

@@ -390,7 +390,9 @@ fn normalize(ident: &Ident) -> String {
     }
 }
 
-fn name_parts(name: &ObjectName) -> Result<Vec<String>> {
+/// The parts of a dotted SQL name, each as DataFusion reads it (unquoted
+/// ones lower-cased).
+pub(crate) fn name_parts(name: &ObjectName) -> Result<Vec<String>> {
     name.0
         .iter()
         .map(|part| match part {

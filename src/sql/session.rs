@@ -22,7 +22,7 @@ use datafusion::logical_expr::{
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::Statement as SqlStatement;
+use datafusion::sql::sqlparser::ast::{Statement as SqlStatement, TableFactor};
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use tokio::sync::OnceCell;
 
@@ -167,9 +167,15 @@ impl SessionBuilder {
             super::distributed::check_worker_url(url)?;
         }
         let root = ObjectRoot::open_with_timeout(&self.location, self.store_timeout)?;
-        let tables = TableCache::shared(root.url(), self.writer);
-        let session =
-            MemwalSession::with_tables(root, tables, self.file_access, self.progress, self.workers);
+        let tables = TableCache::shared(root.url(), self.writer.clone());
+        let session = MemwalSession::with_tables(
+            root,
+            tables,
+            self.writer,
+            self.file_access,
+            self.progress,
+            self.workers,
+        );
         if self.min_scan_tasks > 1 {
             let state = session.ctx.state_ref();
             let mut state = state.write();
@@ -222,7 +228,8 @@ impl MemwalSession {
     pub fn new(catalog: Arc<Catalog>, options: WriterOptions) -> Self {
         let session = Self::with_tables(
             catalog.root().clone(),
-            Arc::new(TableCache::new(options)),
+            Arc::new(TableCache::new(options.clone())),
+            options,
             false,
             None,
             Vec::new(),
@@ -238,6 +245,7 @@ impl MemwalSession {
     fn with_tables(
         root: ObjectRoot,
         tables: Arc<TableCache>,
+        opened_with: WriterOptions,
         file_access: bool,
         progress: Option<Arc<InsertProgress>>,
         workers: Vec<url::Url>,
@@ -285,7 +293,7 @@ impl MemwalSession {
             ctx,
             root,
             catalog: Arc::new(OnceCell::new()),
-            opened_with: tables.options(),
+            opened_with,
             tables,
             files,
         }
@@ -479,7 +487,7 @@ impl MemwalSession {
         ddl::refuse_explain(&statement)?;
         ddl::refuse_create_view(&statement)?;
         refuse_prepared_delete_limit(&statement)?;
-        refuse_update(&statement)?;
+        refuse_update(&statement, &self.ctx.state())?;
         // A statement that names no table and is no memwal DDL (`SELECT 1`,
         // `SET`) does not wait for the store.
         if !uses_catalog(&self.ctx.state(), &statement)? {
@@ -699,10 +707,11 @@ fn refuse_prepared_delete_limit(statement: &DFStatement) -> Result<()> {
     Ok(())
 }
 
-/// Refuses `UPDATE` before DataFusion plans it (its optimizer fails
-/// first, in words about casts, on a constant of another shape than the
-/// column's): memwal tables have none.
-fn refuse_update(statement: &DFStatement) -> Result<()> {
+/// Refuses `UPDATE` of a memwal table before DataFusion plans it (its
+/// optimizer fails first, in words about casts, on a constant of another
+/// shape than the column's): memwal tables have none. A table of another
+/// catalog the application registered is left to DataFusion.
+fn refuse_update(statement: &DFStatement, state: &SessionState) -> Result<()> {
     let DFStatement::Statement(s) = statement else {
         return Ok(());
     };
@@ -714,7 +723,17 @@ fn refuse_update(statement: &DFStatement) -> Result<()> {
         },
         _ => return Ok(()),
     };
-    Err(Error::invalid(update_refused(&update.table.relation)))
+    let TableFactor::Table { name, .. } = &update.table.relation else {
+        return Ok(());
+    };
+    let catalog = match ddl::name_parts(name)?.as_slice() {
+        [catalog, _, _] => catalog.clone(),
+        _ => state.config().options().catalog.default_catalog.clone(),
+    };
+    match catalog == CATALOG_NAME {
+        true => Err(Error::invalid(update_refused(name))),
+        false => Ok(()),
+    }
 }
 
 /// Whether `statement` needs the memwal catalog: memwal DDL, or any table

@@ -907,3 +907,32 @@ async fn a_statement_reads_the_catalog_once_whatever_names_it_misses() {
     assert!(answer.contains("| 6 "), "{answer}");
     session.close().await.unwrap();
 }
+
+/// `UPDATE` is refused with memwal's hint for a memwal table, and left to
+/// DataFusion for a table of another catalog.
+#[tokio::test]
+async fn update_is_refused_for_memwal_tables_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = MemwalSession::open(dir.path().to_str().unwrap())
+        .await
+        .unwrap();
+    let refusal = "UPDATE is not supported by memwal tables: INSERT INTO kv the whole new row";
+    session
+        .sql("CREATE TABLE kv (id BIGINT PRIMARY KEY, v BIGINT)")
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE kv SET v = 1",
+        "UPDATE kv AS k SET v = 1 WHERE k.id = 1",
+    ] {
+        let refused = session.sql(sql).await.unwrap_err().to_string();
+        assert!(refused.contains(refusal), "{sql}: {refused}");
+    }
+    let elsewhere = session.sql("UPDATE elsewhere.s.kv SET v = 1").await;
+    let elsewhere = match elsewhere {
+        Ok(frame) => frame.collect().await.unwrap_err().to_string(),
+        Err(e) => e.to_string(),
+    };
+    assert!(!elsewhere.contains("memwal tables"), "{elsewhere}");
+    session.close().await.unwrap();
+}
