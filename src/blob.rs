@@ -442,7 +442,8 @@ pub fn stored_value(
 #[derive(Debug, Clone)]
 pub struct PackReader {
     store: Arc<dyn ObjectStore>,
-    shard_dir: Path,
+    /// Shared, so that a reader counting for one read is a cheap copy.
+    shard_dir: Arc<Path>,
     /// Where the bytes read are counted, if anywhere.
     bytes_read: Option<Count>,
 }
@@ -452,7 +453,7 @@ impl PackReader {
     pub fn new(store: Arc<dyn ObjectStore>, shard_dir: Path) -> Self {
         Self {
             store,
-            shard_dir,
+            shard_dir: Arc::new(shard_dir),
             bytes_read: None,
         }
     }
