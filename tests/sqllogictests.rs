@@ -13,6 +13,8 @@
 //! - `$ROOT` is the root's local directory or URL (with `control
 //!   substitution on`); records marked `onlyif local` run on the local root
 //!   only.
+//! - A file that runs on one root for more than 5 minutes (each takes
+//!   seconds) fails the run, naming the file, instead of holding it up.
 //! - Sessions allow file access (URL tables, `COPY ... TO`), as the
 //!   shell's do.
 //! - Each file also runs `[cluster]`: on a local root, with queries
@@ -23,6 +25,8 @@
 //!   `onlyif cluster`).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{Array, RecordBatch};
 use datafusion::arrow::datatypes::DataType;
@@ -64,7 +68,7 @@ fn options_for(path: &Path) -> WriterOptions {
         let mut o = WriterOptions::default();
         o.memtable_bytes = 2048;
         o.max_sstables = 3;
-        o.sstable_grace = std::time::Duration::from_millis(200);
+        o.sstable_grace = Duration::from_millis(200);
         o
     } else {
         WriterOptions::default()
@@ -114,7 +118,7 @@ impl sqllogictest::AsyncDB for MemwalDb {
         "memwal"
     }
 
-    async fn sleep(dur: std::time::Duration) {
+    async fn sleep(dur: Duration) {
         tokio::time::sleep(dur).await;
     }
 }
@@ -220,6 +224,29 @@ async fn run_file(path: &Path, kind: &str, root: String, complete: bool) -> Resu
     }
 }
 
+/// How long one file may run on one root.
+const FILE_LIMIT: Duration = Duration::from_secs(300);
+
+/// The file and root running now, and since when: a thread watching it
+/// fails the whole run, naming them, once they exceed [`FILE_LIMIT`] (a
+/// hang may block the runtime's threads, so no timer on it would fire).
+fn watchdog() -> Arc<Mutex<Option<(String, Instant)>>> {
+    let running: Arc<Mutex<Option<(String, Instant)>>> = Arc::default();
+    let watched = Arc::clone(&running);
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            if let Some((what, since)) = &*watched.lock().unwrap()
+                && since.elapsed() > FILE_LIMIT
+            {
+                println!("test {what} ... FAILED (still running after {FILE_LIMIT:?})");
+                std::process::exit(1);
+            }
+        }
+    });
+    running
+}
+
 fn main() {
     let filters: Vec<String> = std::env::args()
         .skip(1)
@@ -238,6 +265,7 @@ fn main() {
     });
 
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let running = watchdog();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for file in &files {
         let name = file
@@ -263,7 +291,10 @@ fn main() {
             }
         }
         for (kind, root) in roots {
-            match runtime.block_on(run_file(file, kind, root, complete)) {
+            *running.lock().unwrap() = Some((format!("{name} [{kind}]"), Instant::now()));
+            let result = runtime.block_on(run_file(file, kind, root, complete));
+            *running.lock().unwrap() = None;
+            match result {
                 Ok(()) => {
                     passed += 1;
                     println!("test {name} [{kind}] ... ok");
