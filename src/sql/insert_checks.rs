@@ -19,7 +19,11 @@
 //! for a constant (`Optimizer rule 'simplify_expressions' failed ...
 //! Cannot cast to FixedSizeList(3): value at index 0 has length 2`). The
 //! rewrite replaces each such cast in the insert's input with
-//! [`ToVector`], which checks the lengths when the insert runs.
+//! [`ToVector`], which checks the lengths when the insert runs. Vectors
+//! of another fixed size (`INSERT ... SELECT` from another vector column)
+//! DataFusion refuses while planning (`Cannot automatically convert
+//! FixedSizeList(2 x Float32) to FixedSizeList(3 x Float32)`); that
+//! error is replaced by one naming the column ([`InsertSource`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +43,14 @@ use datafusion::logical_expr::{
     WriteOp, lit,
 };
 
+use datafusion::error::DataFusionError;
+use datafusion::execution::SessionState;
+use datafusion::sql::parser::Statement as DFStatement;
+use datafusion::sql::planner::object_name_to_table_reference;
+use datafusion::sql::sqlparser::ast::{ObjectName, Query, SetExpr, Statement, TableObject};
+
 use super::MemwalTable;
+use super::ddl::name_parts;
 use crate::error::Error;
 
 /// The functions the rewrite calls, to register by name.
@@ -55,6 +66,93 @@ pub(crate) fn check_inserts(plan: LogicalPlan) -> Result<LogicalPlan> {
         other => Ok(Transformed::no(other)),
     })
     .map(|t| t.data)
+}
+
+/// What names the column of an `INSERT ... SELECT` given vectors of
+/// another fixed size, which DataFusion refuses while planning without
+/// naming it: the target, its column list and the source query. (A
+/// `VALUES` source holds lists, whose lengths [`ToVector`] checks.)
+pub(crate) struct InsertSource {
+    table: ObjectName,
+    columns: Vec<ObjectName>,
+    source: Box<Query>,
+}
+
+impl InsertSource {
+    /// The parts of `statement` if it is an `INSERT` from a query.
+    pub(crate) fn of(statement: &DFStatement) -> Option<Self> {
+        let DFStatement::Statement(statement) = statement else {
+            return None;
+        };
+        let Statement::Insert(insert) = statement.as_ref() else {
+            return None;
+        };
+        let (TableObject::TableName(table), Some(source)) = (&insert.table, &insert.source) else {
+            return None;
+        };
+        if matches!(*source.body, SetExpr::Values(_)) {
+            return None;
+        }
+        Some(Self {
+            table: table.clone(),
+            columns: insert.columns.clone(),
+            source: source.clone(),
+        })
+    }
+
+    /// `error`, from planning this insert, as an error naming the column
+    /// if DataFusion refused vectors of another size; otherwise unchanged.
+    pub(crate) async fn name_column(self, state: &SessionState, error: DataFusionError) -> Error {
+        if !error
+            .to_string()
+            .contains("Cannot automatically convert FixedSizeList")
+        {
+            return error.into();
+        }
+        match self.mismatch(state).await {
+            Some(message) => Error::invalid(message),
+            None => error.into(),
+        }
+    }
+
+    /// The first target column whose vectors the source gives in another
+    /// size, described.
+    async fn mismatch(&self, state: &SessionState) -> Option<String> {
+        let normalize = state
+            .config()
+            .options()
+            .sql_parser
+            .enable_ident_normalization;
+        let table = object_name_to_table_reference(self.table.clone(), normalize).ok()?;
+        let schema = state.schema_for_ref(table.clone()).ok()?;
+        let target = schema.table(table.table()).await.ok()??.schema();
+        let targets: Vec<FieldRef> = match self.columns.is_empty() {
+            true => target.fields().iter().cloned().collect(),
+            false => (self.columns.iter())
+                .map(|c| {
+                    let name = name_parts(c).ok()?.pop()?;
+                    Some(Arc::new(target.field_with_name(&name).ok()?.clone()))
+                })
+                .collect::<Option<_>>()?,
+        };
+        let query = DFStatement::Statement(Box::new(Statement::Query(self.source.clone())));
+        let source = state.statement_to_plan(query).await.ok()?;
+        targets
+            .iter()
+            .zip(source.schema().fields())
+            .find_map(|(to, from)| match (to.data_type(), from.data_type()) {
+                (DataType::FixedSizeList(_, dim), DataType::FixedSizeList(_, given))
+                    if dim != given =>
+                {
+                    Some(format!(
+                        "vector column '{}' is FLOAT[{dim}] and was given vectors of length \
+                         {given}",
+                        to.name()
+                    ))
+                }
+                _ => None,
+            })
+    }
 }
 
 fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {

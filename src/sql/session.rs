@@ -539,7 +539,12 @@ impl MemwalSession {
             }
         }
         let delete = delete_kind(&statement);
-        let plan = state.statement_to_plan(statement).await?;
+        let insert = insert_checks::InsertSource::of(&statement);
+        let plan = match (state.statement_to_plan(statement).await, insert) {
+            (Ok(plan), _) => plan,
+            (Err(e), Some(insert)) => return Err(insert.name_column(&state, e).await),
+            (Err(e), None) => return Err(e.into()),
+        };
         self.files.check_plan(&plan)?;
         let writer_option = |variable: &str| {
             let variable = variable.to_ascii_lowercase();
