@@ -124,6 +124,19 @@ pub struct MemLayer {
     pub batches: usize,
 }
 
+/// How far a snapshot of a shard saw into the shard's log: every row of
+/// the generations before `generation`, and the rows of `generation`
+/// numbered below `rows`. Row numbers of a generation are the same in
+/// every process (its WAL entries in order), so a writer can tell the
+/// rows written after the snapshot: a DELETE deletes only versions it saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermark {
+    /// The newest generation the snapshot saw rows of (or would have).
+    pub generation: u64,
+    /// The rows of that generation it saw.
+    pub rows: u64,
+}
+
 /// Where a key's versions are.
 #[derive(Default)]
 struct KeyIndex {
@@ -331,6 +344,13 @@ impl MemTable {
             .next
             .get(row as usize)
             .is_none_or(|&next| next == u64::MAX || next >= cap)
+    }
+
+    /// The row number of the newest written version of the key with
+    /// encoding `key` (visible or not), if it has one here.
+    pub fn newest_row(&self, key: &[u8]) -> Option<u64> {
+        let index = self.index.read().expect("key index poisoned");
+        index.newest.get(key).copied()
     }
 
     /// Batches of complete puts.

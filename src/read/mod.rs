@@ -33,7 +33,7 @@ pub use wal_tail::WalTail;
 
 use crate::blob::{self, PackReader};
 use crate::error::Result;
-use crate::memtable::MemLayer;
+use crate::memtable::{MemLayer, Watermark};
 use crate::schema::{BlobColumn, TableSchema, owned_row};
 use crate::sstable::merge::{self, KeyRange, Run};
 use crate::sstable::{
@@ -57,6 +57,9 @@ pub struct ShardSnapshot {
     pub memtables: Vec<MemLayer>,
     /// Oldest generations first.
     pub sstables: Arc<Vec<SstableFile>>,
+    /// How far it reaches into the shard's log (`None` if not known: rows
+    /// shipped from another process).
+    pub seen: Option<Watermark>,
 }
 
 impl ShardSnapshot {
@@ -1170,6 +1173,7 @@ mod tests {
                 memtable,
             }],
             sstables: Arc::new(files),
+            seen: None,
         };
         let pool: Arc<dyn MemoryPool> = Arc::new(UnboundedMemoryPool::default());
         for parts in [1, 2, 5] {

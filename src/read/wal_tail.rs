@@ -8,8 +8,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::error::{Error, Result};
-use crate::memtable::MemLayer;
-use crate::memtable::MemTable;
+use crate::memtable::{MemLayer, MemTable, Watermark};
 use crate::schema::TableSchema;
 use crate::wal::{EntryKind, WalLog};
 
@@ -27,11 +26,21 @@ pub struct WalTail {
     /// The highest position read so far (at least `cursor`).
     read_through: u64,
     memtable: Arc<MemTable>,
-    /// `(position, MemTable batches up to and including it)` of every
-    /// cached data entry.
-    entries: Vec<(u64, usize)>,
+    /// Every cached data entry, in position order.
+    entries: Vec<Cached>,
     /// The newest writer epoch of the entries read.
     epoch: u64,
+}
+
+/// A data entry of the tail.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    position: u64,
+    /// MemTable batches up to and including the entry's.
+    end: usize,
+    /// The MemTable generation its rows belong to, and how many it holds.
+    generation: u64,
+    rows: u64,
 }
 
 impl WalTail {
@@ -91,9 +100,15 @@ impl WalTail {
                     })?;
                     put.push(self.schema.keyed(batch)?);
                 }
+                let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum();
                 let (end, _) = self.memtable.append(put);
                 self.memtable.mark_durable(end);
-                self.entries.push((position, end));
+                self.entries.push(Cached {
+                    position,
+                    end,
+                    generation: entry.generation,
+                    rows,
+                });
             }
             self.read_through = position;
         }
@@ -133,25 +148,28 @@ impl WalTail {
 
     /// Forgets the entries at or below `cursor`.
     fn drop_through(&mut self, cursor: u64) -> Result<()> {
-        let gone = self.entries.partition_point(|(p, _)| *p <= cursor);
+        let gone = self.entries.partition_point(|e| e.position <= cursor);
         let memtable = Arc::new(MemTable::new(Arc::clone(&self.schema)));
         if gone < self.entries.len() {
             let from = if gone == 0 {
                 0
             } else {
-                self.entries[gone - 1].1
+                self.entries[gone - 1].end
             };
             let mut start = from;
             let mut kept = Vec::with_capacity(self.entries.len() - gone);
-            for &(position, end) in &self.entries[gone..] {
+            for entry in &self.entries[gone..] {
                 let put = self
                     .memtable
-                    .batches(start, end)
+                    .batches(start, entry.end)
                     .into_iter()
                     .map(|b| self.schema.keyed(b.batch))
                     .collect::<Result<Vec<_>>>()?;
-                kept.push((position, memtable.append(put).0));
-                start = end;
+                kept.push(Cached {
+                    end: memtable.append(put).0,
+                    ..*entry
+                });
+                start = entry.end;
             }
             memtable.mark_durable(memtable.written_batches());
             self.entries = kept;
@@ -167,6 +185,17 @@ impl WalTail {
     /// The object of WAL position `position`.
     pub fn path_of(&self, position: u64) -> object_store::path::Path {
         self.wal.path_of(position)
+    }
+
+    /// How far the cached rows reach (see [`Watermark`]); `None` if no
+    /// data entry is cached.
+    pub fn seen(&self) -> Option<Watermark> {
+        let generation = self.entries.last()?.generation;
+        let rows = (self.entries.iter().rev())
+            .take_while(|e| e.generation == generation)
+            .map(|e| e.rows)
+            .sum();
+        Some(Watermark { generation, rows })
     }
 
     /// The cached rows as a MemTable layer.

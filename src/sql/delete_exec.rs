@@ -23,6 +23,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::streams::{observed, properties, stream_of};
+use crate::memtable::Watermark;
 use crate::table::Table;
 
 /// The `count` schema DML statements return.
@@ -37,23 +38,40 @@ fn count_schema() -> SchemaRef {
 /// Deletes the rows its input yields (by their key columns) and returns
 /// their count, once the tombstones are durable. The input is read whole
 /// first, then every key is deleted in one put per shard: like an INSERT,
-/// a DELETE is all or nothing per shard, across crashes.
+/// a DELETE is all or nothing per shard, across crashes. A key written
+/// since the snapshot the input read (by another statement, here or in
+/// another process) is not deleted, nor counted: a DELETE deletes the
+/// versions it read.
 #[derive(Debug)]
 pub struct DeleteExec {
     table: Arc<Table>,
     /// Rows of the table to delete (at least its key columns, named as in
     /// the table).
     input: Arc<dyn ExecutionPlan>,
+    /// How far the input's snapshot of each shard reached (see
+    /// [`Table::delete_seen`]).
+    seen: Vec<Option<Watermark>>,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
 }
 
 impl DeleteExec {
-    /// Deletes from `table` the rows `input` produces.
+    /// Deletes from `table` the rows `input` produces; planned in the same
+    /// statement as `input`, whose snapshots it takes the reach of.
     pub fn new(table: Arc<Table>, input: Arc<dyn ExecutionPlan>) -> Self {
+        let seen = super::statement::seen(&table);
+        Self::with_seen(table, input, seen)
+    }
+
+    fn with_seen(
+        table: Arc<Table>,
+        input: Arc<dyn ExecutionPlan>,
+        seen: Vec<Option<Watermark>>,
+    ) -> Self {
         Self {
             table,
             input,
+            seen,
             properties: properties(count_schema(), 1, EmissionType::Final),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -86,9 +104,10 @@ impl ExecutionPlan for DeleteExec {
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
+        Ok(Arc::new(Self::with_seen(
             Arc::clone(&self.table),
             children.remove(0),
+            self.seen.clone(),
         )))
     }
 
@@ -119,6 +138,7 @@ impl ExecutionPlan for DeleteExec {
         let table = Arc::clone(&self.table);
         let input = Arc::clone(&self.input);
         let schema = self.schema();
+        let seen = self.seen.clone();
         let deleted = async move {
             let key_schema = Arc::new(
                 table
@@ -151,7 +171,7 @@ impl ExecutionPlan for DeleteExec {
             }
             let count = match keys.is_empty() {
                 true => 0,
-                false => table.delete_all(&keys).await?,
+                false => table.delete_seen(&keys, &seen).await?,
             };
             let count: ArrayRef = Arc::new(UInt64Array::from(vec![count]));
             Ok(vec![RecordBatch::try_new(count_schema(), vec![count])?])

@@ -672,11 +672,14 @@ impl MemwalSession {
         };
         // DataFusion's planner, not the session's: the statement is planned
         // again as a whole (across workers, if any) when it runs.
-        let rows = one_statement(
-            DefaultPhysicalPlanner::default().create_physical_plan(&dml.input, state),
-        )
+        // Planned in the same statement as the rows: it deletes only the
+        // versions their snapshots hold.
+        let delete = one_statement(async {
+            let planner = DefaultPhysicalPlanner::default();
+            let rows = planner.create_physical_plan(&dml.input, state).await?;
+            Ok::<_, Error>(DeleteExec::new(Arc::clone(table.table()), rows))
+        })
         .await?;
-        let delete = DeleteExec::new(Arc::clone(table.table()), rows);
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
     }
 }

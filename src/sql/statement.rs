@@ -23,6 +23,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use crate::error::Result;
+use crate::memtable::Watermark;
 use crate::read::ShardSnapshot;
 use crate::table::Table;
 
@@ -93,4 +94,21 @@ pub(super) async fn snapshots(
         .buffered(SNAPSHOTS_IN_FLIGHT)
         .try_collect()
         .await
+}
+
+/// How far the snapshots the statement being planned took of each shard
+/// of `table` reach (`None` for a shard it took none of, or outside a
+/// statement): the versions a DELETE it plans may delete (see
+/// [`Table::delete_seen`]).
+pub(super) fn seen(table: &Table) -> Vec<Option<Watermark>> {
+    let taken = STATEMENT.try_with(|statement| {
+        let taken = statement.lock().expect("statement snapshots poisoned");
+        (0..table.shard_count() as u32)
+            .map(|shard| {
+                let cell = taken.get(&(table.location().to_string(), shard))?;
+                cell.get()?.seen
+            })
+            .collect()
+    });
+    taken.unwrap_or_else(|_| vec![None; table.shard_count()])
 }

@@ -602,6 +602,20 @@ impl SstableReader {
     /// groups whose key range holds one of `keys` and, when few do, whose
     /// bloom filter may contain one.
     pub async fn rows_with_keys(&self, file: &SstableFile, keys: &[ArrayRef]) -> Result<Vec<u64>> {
+        let found = self.find_keys(file, keys).await?;
+        Ok(found.into_iter().map(|(row, _)| row).collect())
+    }
+
+    /// Which of `keys` (as for [`SstableReader::rows_with_keys`]) `file`
+    /// holds a row of: their indices in `keys`, ascending.
+    pub async fn keys_in(&self, file: &SstableFile, keys: &[ArrayRef]) -> Result<Vec<usize>> {
+        let found = self.find_keys(file, keys).await?;
+        Ok(found.into_iter().map(|(_, key)| key).collect())
+    }
+
+    /// The rows of `file` holding one of `keys`: `(position, index in
+    /// keys)`, ascending.
+    async fn find_keys(&self, file: &SstableFile, keys: &[ArrayRef]) -> Result<Vec<(u64, usize)>> {
         let schema = &self.schema;
         let converter = schema.key_converter()?;
         let wanted = converter.convert_columns(keys)?;
@@ -663,7 +677,7 @@ impl SstableReader {
                         w += 1;
                     }
                     if w < hi && wanted.row(w) == row {
-                        hits.push(at);
+                        hits.push((at, w));
                     }
                     at += 1;
                 }

@@ -47,7 +47,7 @@ mod load;
 use crate::blob::{self, PackReader};
 use crate::catalog::Catalog;
 use crate::error::{Error, Result};
-use crate::memtable::{MemLayer, MemTable};
+use crate::memtable::{MemLayer, MemTable, Watermark};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{BlobColumn, KeyedBatch, TableMeta, TableSchema, key};
 use crate::sstable::{ReadMetrics, SstableFile, SstableReader};
@@ -97,6 +97,19 @@ fn gather(mut outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
 }
 
 impl Part {
+    /// Its batches with their key encodings: the ones routing made, the
+    /// first time; encoded again for a retry.
+    fn keyed(&mut self, schema: &TableSchema) -> Result<Vec<KeyedBatch>> {
+        match std::mem::take(&mut self.keys) {
+            keys if keys.len() == self.batches.len() => {
+                Ok(self.batches.iter().cloned().zip(keys).collect())
+            }
+            _ => (self.batches.iter())
+                .map(|b| schema.keyed(b.clone()))
+                .collect(),
+        }
+    }
+
     /// The rows the shard will hold for the part: one per distinct key,
     /// every row without a key.
     fn rows_held(&self) -> u64 {
@@ -127,6 +140,9 @@ struct Shard {
     reader: tokio::sync::Mutex<ShardReader>,
 }
 
+/// A shard's WAL tail and SSTables, and how far they reach.
+type View = (MemLayer, Vec<SstableFile>, Watermark);
+
 /// The shard as a process that does not write it reads it.
 struct ShardReader {
     versions: VersionedObjects,
@@ -138,15 +154,21 @@ struct ShardReader {
 impl ShardReader {
     /// The WAL tail and SSTables as last refreshed, if that was at most
     /// `max_age` ago (a zero age is never fresh).
-    fn fresh_view(&self, max_age: Duration) -> Option<(MemLayer, Vec<SstableFile>)> {
+    fn fresh_view(&self, max_age: Duration) -> Option<View> {
         let at = self.refreshed?;
         (!max_age.is_zero() && at.elapsed() < max_age).then(|| self.view())?
     }
 
-    /// The WAL tail and SSTables as last refreshed, if ever.
-    fn view(&self) -> Option<(MemLayer, Vec<SstableFile>)> {
+    /// The WAL tail and SSTables as last refreshed, if ever, and how far
+    /// they reach (with no WAL tail: to the generation after the SSTables').
+    fn view(&self) -> Option<View> {
         let manifest = self.manifest.as_ref()?;
-        Some((self.tail.layer(), manifest.state.sstables.clone()))
+        let sstables = manifest.state.sstables.clone();
+        let seen = self.tail.seen().unwrap_or_else(|| Watermark {
+            generation: sstables.iter().map(|f| f.generation).max().unwrap_or(0) + 1,
+            rows: 0,
+        });
+        Some((self.tail.layer(), sstables, seen))
     }
 
     /// Reads the shard manifest if it changed (one existence check when it
@@ -470,16 +492,17 @@ impl Table {
             memtable: Arc::new(memtable),
             batches,
         };
-        Ok(self.snapshot_with(shard, layer, sstables))
+        Ok(self.snapshot_with(shard, layer, sstables, None))
     }
 
     /// The snapshot of shard `shard` (not written by this process) made of
-    /// `memtable` over `sstables`.
+    /// `memtable` over `sstables`, reaching `seen`.
     fn snapshot_with(
         &self,
         shard: u32,
         memtable: MemLayer,
         sstables: Vec<SstableFile>,
+        seen: Option<Watermark>,
     ) -> ShardSnapshot {
         ShardSnapshot {
             schema: Arc::clone(&self.schema),
@@ -490,6 +513,7 @@ impl Table {
             ),
             memtables: vec![memtable],
             sstables: Arc::new(sstables),
+            seen,
         }
     }
 
@@ -754,6 +778,46 @@ impl Table {
         self.write(stored).await
     }
 
+    /// Deletes the keys of every batch (rows a `DELETE ... WHERE` read) as
+    /// one put of tombstones per shard, all or none per shard, except keys
+    /// written since the snapshot of their shard the statement read, which
+    /// reached `seen[shard]` (see [`ShardWriter::delete_seen`]; a shard
+    /// without one deletes every key). Returns the tombstones written.
+    pub(crate) async fn delete_seen(
+        &self,
+        keys: &[RecordBatch],
+        seen: &[Option<Watermark>],
+    ) -> Result<u64> {
+        let stored = keys
+            .iter()
+            .map(|k| self.schema.tombstones(k))
+            .collect::<Result<Vec<_>>>()?;
+        let parts = self.route(stored)?;
+        for part in &parts {
+            Self::report_lost_rows(self.slot(part.shard)?)?;
+        }
+        let outcomes = futures::future::join_all(parts.into_iter().map(|mut part| async move {
+            let shard = part.shard;
+            let Some(seen) = seen.get(shard as usize).copied().flatten() else {
+                let rows = part.rows_held();
+                return (shard, self.write_part(part).await.map(|()| rows));
+            };
+            let deleted = self.on_shard(shard, "a delete", |writer| {
+                let tombstones = part.keyed(&self.schema);
+                async move {
+                    let (put, deleted) = writer.delete_seen(tombstones?, seen).await?;
+                    if let Some(put) = put {
+                        put.wait().await?;
+                    }
+                    Ok(deleted)
+                }
+            });
+            (shard, deleted.await)
+        }))
+        .await;
+        gather(outcomes)
+    }
+
     /// Sends stored rows to their shards' writers, one put per shard, and
     /// waits for every part (see the module doc on fenced writers).
     async fn write(&self, stored: Vec<RecordBatch>) -> Result<u64> {
@@ -829,17 +893,7 @@ impl Table {
     async fn write_part(&self, mut part: Part) -> Result<()> {
         let shard = part.shard;
         self.on_shard(shard, "a put", |writer| {
-            let keyed: Result<Vec<KeyedBatch>> = match std::mem::take(&mut part.keys) {
-                keys if keys.len() == part.batches.len() => {
-                    Ok(part.batches.iter().cloned().zip(keys).collect())
-                }
-                // A retry: encode the keys again.
-                _ => part
-                    .batches
-                    .iter()
-                    .map(|b| self.schema.keyed(b.clone()))
-                    .collect(),
-            };
+            let keyed = part.keyed(&self.schema);
             async move { writer.put_keyed(keyed?).await?.wait().await }
         })
         .await
@@ -1039,13 +1093,13 @@ impl Table {
             .try_lock()
             .ok()
             .and_then(|r| r.fresh_view(max_age));
-        if let Some((layer, sstables)) = fresh {
-            return Ok(self.snapshot_with(shard, layer, sstables));
+        if let Some((layer, sstables, seen)) = fresh {
+            return Ok(self.snapshot_with(shard, layer, sstables, Some(seen)));
         }
         // Detached: a read paused while it holds the shard's reader holds
         // up no other read of the shard.
         let location = self.location.clone();
-        let (layer, sstables) = detached("reading a shard", async move {
+        let (layer, sstables, seen) = detached("reading a shard", async move {
             let mut reader = slot.reader.lock().await;
             if let Some(view) = reader.fresh_view(max_age) {
                 return Ok(view);
@@ -1054,7 +1108,7 @@ impl Table {
             Ok(reader.view().expect("refreshed above"))
         })
         .await?;
-        Ok(self.snapshot_with(shard, layer, sstables))
+        Ok(self.snapshot_with(shard, layer, sstables, Some(seen)))
     }
 
     /// What a reader sees now of each shard in `shards` (like
@@ -1308,13 +1362,14 @@ impl ShardWriter {
     /// What a reader sees of the shard now: the visible rows of every
     /// MemTable not yet in an SSTable, and the manifest's SSTables.
     pub fn snapshot(&self) -> ShardSnapshot {
-        let (memtables, sstables) = self.layers();
+        let (memtables, sstables, seen) = self.layers();
         ShardSnapshot {
             schema: Arc::clone(self.schema()),
             reader: Arc::clone(self.sstable_reader()),
             packs: self.pack_reader(),
             memtables,
             sstables,
+            seen: Some(seen),
         }
     }
 }

@@ -43,13 +43,15 @@ mod options;
 mod replay;
 mod wal_task;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 #[cfg(any(test, feature = "testing"))]
 use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::array::UInt32Array;
+use datafusion::arrow::compute::take_record_batch;
 use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -62,7 +64,7 @@ use replay::Replayed;
 
 use crate::blob::PackReader;
 use crate::error::{Error, Result};
-use crate::memtable::{MemLayer, MemTable};
+use crate::memtable::{MemLayer, MemTable, Watermark};
 use crate::schema::{KeyedBatch, TableSchema};
 use crate::sstable::{SstableFile, SstableReader};
 use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
@@ -607,9 +609,10 @@ impl ShardWriter {
     }
 
     /// What a reader may see of the shard now: the visible batches of every
-    /// MemTable not yet in an SSTable (oldest first), and the manifest's
-    /// SSTables. `crate::table` makes snapshots of them.
-    pub fn layers(&self) -> (Vec<MemLayer>, Arc<Vec<SstableFile>>) {
+    /// MemTable not yet in an SSTable (oldest first), the manifest's
+    /// SSTables, and how far they reach. `crate::table` makes snapshots of
+    /// them.
+    pub fn layers(&self) -> (Vec<MemLayer>, Arc<Vec<SstableFile>>, Watermark) {
         let layers = self.shared.layers.read().expect("layers poisoned");
         // Newest first: a batch of a newer generation becomes visible only
         // after every batch of the older ones, so reading the visible
@@ -624,7 +627,14 @@ impl ShardWriter {
             })
             .collect();
         memtables.reverse();
-        (memtables, Arc::clone(&layers.sstables))
+        let active = memtables
+            .last()
+            .expect("there is always an active MemTable");
+        let seen = Watermark {
+            generation: layers.active().number,
+            rows: active.memtable.rows_within(active.batches),
+        };
+        (memtables, Arc::clone(&layers.sstables), seen)
     }
 
     /// The reader of this shard's SSTables (its caches are shared).
@@ -734,17 +744,121 @@ impl ShardWriter {
     /// Appends already checked rows in stored form with their key
     /// encodings (see [`TableSchema::keyed`]) as one put.
     pub(crate) async fn put_keyed(&self, put: Vec<KeyedBatch>) -> Result<Durability> {
+        let appended = self.append_keyed(&put, None).await?;
+        let (durability, _) = appended.expect("a put has nothing to wait for");
+        Ok(durability.expect("a put with rows appends them"))
+    }
+
+    /// Appends the tombstones of a DELETE that read a snapshot reaching
+    /// `seen` (keyed, like [`ShardWriter::put_keyed`]), except those of
+    /// keys written since: a DELETE deletes only versions it saw, never a
+    /// row another statement wrote meanwhile. Returns the put (`None` if
+    /// no tombstone was left) and how many tombstones it holds. Fails with
+    /// [`Error::DeleteConflict`], writing nothing, if rows written since
+    /// the snapshot are no longer in a MemTable (a flush or a load took
+    /// them), where they cannot be told from the ones it saw.
+    pub(crate) async fn delete_seen(
+        &self,
+        tombstones: Vec<KeyedBatch>,
+        seen: Watermark,
+    ) -> Result<(Option<Durability>, u64)> {
+        let mut since = Since {
+            seen,
+            checked: HashSet::new(),
+            changed: HashSet::new(),
+        };
+        // Each round reads the SSTables that flushes and loads added since
+        // the snapshot (outside the append lock); the append then finds
+        // none unread, or another round reads the ones that came meanwhile.
+        for _ in 0..DELETE_ROUNDS {
+            let unread: Vec<SstableFile> = {
+                let layers = self.shared.layers.read().expect("layers poisoned");
+                since.unread(&layers)
+            };
+            if !unread.is_empty() {
+                self.read_changed(&tombstones, &unread, &mut since).await?;
+            }
+            if let Some(done) = self.append_keyed(&tombstones, Some(&since)).await? {
+                return Ok(done);
+            }
+        }
+        Err(Error::DeleteConflict(self.shared.shard_dir.to_string()))
+    }
+
+    /// Adds to `since` the keys of `tombstones` that `files` (SSTables
+    /// added since the snapshot) hold a version of; fails if one holds a
+    /// version it cannot tell from one the snapshot saw.
+    async fn read_changed(
+        &self,
+        tombstones: &[KeyedBatch],
+        files: &[SstableFile],
+        since: &mut Since,
+    ) -> Result<()> {
+        let schema = &self.shared.schema;
+        // The keys sorted and distinct, as a lookup takes them.
+        let batches: Vec<&RecordBatch> = tombstones.iter().map(|(b, _)| b).collect();
+        let all = datafusion::arrow::compute::concat_batches(&schema.stored, batches)?;
+        let encodings: Vec<&Box<[u8]>> = (tombstones.iter())
+            .flat_map(|(_, k)| k.as_ref().expect("tombstones have keys"))
+            .collect();
+        let columns = schema.key_columns(&all);
+        let rows = schema.key_converter()?.convert_columns(&columns)?;
+        let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+        order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
+        order.dedup_by(|a, b| rows.row(*a as usize) == rows.row(*b as usize));
+        let indices = UInt32Array::from(order.clone());
+        let sorted: Vec<_> = (columns.iter())
+            .map(|c| datafusion::arrow::compute::take(c, &indices, None))
+            .collect::<std::result::Result<_, _>>()?;
+        for file in files {
+            let found = self.shared.reader.keys_in(file, &sorted).await?;
+            // A file of rows all written after the snapshot, or one that
+            // also holds rows it saw (a flush of the generation it ended
+            // in, or a compaction over it).
+            let all_after = file.first_generation > since.seen.generation
+                || (file.first_generation == since.seen.generation && since.seen.rows == 0);
+            if !found.is_empty() && !all_after {
+                return Err(Error::DeleteConflict(self.shared.shard_dir.to_string()));
+            }
+            for i in found {
+                since.changed.insert(encodings[order[i] as usize].clone());
+            }
+            since.checked.insert(file.path.clone());
+        }
+        Ok(())
+    }
+
+    /// [`ShardWriter::put_keyed`], or the append of
+    /// [`ShardWriter::delete_seen`] with what it found `since`: `Ok(None)`
+    /// if SSTables it did not read came meanwhile (nothing appended), and
+    /// no put if nothing was left to append.
+    async fn append_keyed(
+        &self,
+        put: &[KeyedBatch],
+        since: Option<&Since>,
+    ) -> Result<Option<(Option<Durability>, u64)>> {
         let shared = &self.shared;
         self.backpressure().await?;
-        let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
         let _no_load_committing = shared.ingest_gate.read().await;
-        let (generation, end) = {
+        let (generation, end, rows) = {
             let _one_writer = shared.append_lock.lock().expect("append lock poisoned");
             // Checked under the lock `close` sets `closing` under: the WAL
             // task, which reads `closing` before `written`, sees every put
             // that got past here.
             shared.accepting()?;
-            let active = Arc::clone(shared.layers.read().expect("layers poisoned").active());
+            let (active, put) = {
+                let layers = shared.layers.read().expect("layers poisoned");
+                let put = match since {
+                    None => put.to_vec(),
+                    Some(since) if !since.unread(&layers).is_empty() => return Ok(None),
+                    Some(since) => since.unchanged(&layers, put)?,
+                };
+                (Arc::clone(layers.active()), put)
+            };
+            let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
+            if rows == 0 {
+                return Ok(Some((None, 0)));
+            }
             let (end, bytes) = active.memtable.append(put);
             if !shared.options.durable {
                 active.memtable.mark_durable(end);
@@ -756,18 +870,19 @@ impl ShardWriter {
             if active.memtable.bytes() >= shared.options.memtable_bytes {
                 shared.rotate(1);
             }
-            (active.number, end)
+            (active.number, end, rows)
         };
         shared.counters.puts.fetch_add(1, Ordering::Relaxed);
         shared.counters.rows.fetch_add(rows, Ordering::Relaxed);
         shared.wake.notify_one();
         shared.index_wake.notify_one();
-        Ok(Durability {
+        let durability = Durability {
             progress: shared.progress.subscribe(),
             generation,
             target: end,
             durable: shared.options.durable,
-        })
+        };
+        Ok(Some((Some(durability), rows)))
     }
 
     /// Waits while too many bytes are in memory and not in SSTables.
@@ -1073,6 +1188,65 @@ impl Shared {
         self.flush_wake.notify_one();
         self.index_wake.notify_one();
         self.compaction_wake.notify_one();
+    }
+}
+
+/// Rounds of reading the SSTables added since a DELETE's snapshot before
+/// it gives up (each round follows a flush or load that came during the
+/// one before).
+const DELETE_ROUNDS: usize = 8;
+
+/// What a DELETE found written since the snapshot it read (see
+/// [`ShardWriter::delete_seen`]).
+struct Since {
+    seen: Watermark,
+    /// The SSTables added since that it read.
+    checked: HashSet<String>,
+    /// Keys they hold a version of (encoded).
+    changed: HashSet<Box<[u8]>>,
+}
+
+impl Since {
+    /// The SSTables in `layers` (a load's included) holding rows written
+    /// after the snapshot that it has not read.
+    fn unread(&self, layers: &Layers) -> Vec<SstableFile> {
+        let loaded = (layers.generations.iter())
+            .filter(|g| g.number >= self.seen.generation)
+            .flat_map(|g| g.ingested.lock().expect("ingested poisoned").clone());
+        (layers.sstables.iter().cloned())
+            .chain(loaded)
+            .filter(|f| f.generation >= self.seen.generation && !self.checked.contains(&f.path))
+            .collect()
+    }
+
+    /// The rows of `tombstones` whose key has no version written after the
+    /// snapshot: in the SSTables it read, or in the MemTables of `layers`.
+    fn unchanged(&self, layers: &Layers, tombstones: &[KeyedBatch]) -> Result<Vec<KeyedBatch>> {
+        let newer: Vec<&Arc<Generation>> = (layers.generations.iter())
+            .filter(|g| g.number >= self.seen.generation)
+            .collect();
+        let changed = |key: &[u8]| {
+            self.changed.contains(key)
+                || newer.iter().any(|g| match g.memtable.newest_row(key) {
+                    Some(row) => g.number > self.seen.generation || row >= self.seen.rows,
+                    None => false,
+                })
+        };
+        let mut kept = Vec::with_capacity(tombstones.len());
+        for (batch, keys) in tombstones {
+            let keys = keys.as_ref().expect("tombstones have keys");
+            let rows: Vec<u32> = (0..keys.len() as u32)
+                .filter(|&i| !changed(&keys[i as usize]))
+                .collect();
+            if rows.len() == keys.len() {
+                kept.push((batch.clone(), Some(keys.clone())));
+            } else if !rows.is_empty() {
+                let batch = take_record_batch(batch, &UInt32Array::from(rows.clone()))?;
+                let keys = rows.iter().map(|&i| keys[i as usize].clone()).collect();
+                kept.push((batch, Some(keys)));
+            }
+        }
+        Ok(kept)
     }
 }
 

@@ -936,3 +936,89 @@ async fn update_is_refused_for_memwal_tables_only() {
     assert!(!elsewhere.contains("memwal tables"), "{elsewhere}");
     session.close().await.unwrap();
 }
+
+/// A `DELETE ... WHERE` deletes the versions it read, as another session
+/// (process) sees it: rows upserted out of its predicate while it runs
+/// survive, whether they were flushed meanwhile (a shell's close) or are
+/// still in the WAL, and rows inserted meanwhile are not its; it counts
+/// only what it deleted (found from outside: an upsert was acknowledged,
+/// read back, and then gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_deletes_only_the_versions_it_read() {
+    use memwal::testing::{FaultyStore, OpKind};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+    let other = session_over(
+        Arc::clone(&inner),
+        "memory://read",
+        catalog.clone(),
+        writer.clone(),
+    )
+    .await;
+    query(&other, "CREATE TABLE t (id BIGINT PRIMARY KEY, p BIGINT)").await;
+    query(
+        &other,
+        "INSERT INTO t SELECT value, 3 FROM generate_series(1, 1000)",
+    )
+    .await;
+    other.table("t").await.unwrap().close().await.unwrap();
+    // The DELETE's rows are read from the SSTable once it took its snapshot.
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let reads = faulty.gate(OpKind::Get, "/sst/");
+    let deleting = session_over(faulty.clone(), "memory://read", catalog, writer).await;
+    let delete = tokio::spawn(async move { query(&deleting, "DELETE FROM t WHERE p = 3").await });
+    reads.arrived(1).await;
+    query(&other, "INSERT INTO t VALUES (7, 4), (1001, 3)").await;
+    other.table("t").await.unwrap().close().await.unwrap();
+    query(&other, "INSERT INTO t VALUES (8, 4)").await;
+    reads.open();
+    let deleted = delete.await.unwrap();
+    assert!(deleted.contains("| 998   |"), "{deleted}");
+    let rows = query(&other, "SELECT id, p FROM t ORDER BY id").await;
+    let expected = "\
++------+---+
+| id   | p |
++------+---+
+| 7    | 4 |
+| 8    | 4 |
+| 1001 | 3 |
++------+---+";
+    assert_eq!(rows, expected);
+}
+
+/// Two identical DELETEs at once (two processes) delete each row once:
+/// their counts add up to the rows deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_deletes_at_once_count_each_row_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let (a, b) = (isolated(root).await, isolated(root).await);
+    query(
+        &a,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY) WITH ('shards' = '2')",
+    )
+    .await;
+    query(
+        &a,
+        "INSERT INTO t SELECT value FROM generate_series(1, 20000)",
+    )
+    .await;
+    let count = |out: String| -> u64 {
+        out.lines()
+            .nth(3)
+            .unwrap()
+            .trim_matches(|c| c == '|' || c == ' ')
+            .parse()
+            .unwrap()
+    };
+    let (x, y) = tokio::join!(
+        query(&a, "DELETE FROM t WHERE id <= 10000"),
+        query(&b, "DELETE FROM t WHERE id <= 10000")
+    );
+    assert_eq!(count(x) + count(y), 10000);
+    assert!(
+        query(&a, "SELECT count(*) AS n FROM t")
+            .await
+            .contains("| 10000 |")
+    );
+}
