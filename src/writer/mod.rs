@@ -48,10 +48,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
-#[cfg(any(test, feature = "testing"))]
-use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::array::UInt32Array;
-use datafusion::arrow::compute::take_record_batch;
+use datafusion::arrow::array::{RecordBatch, UInt32Array};
+use datafusion::arrow::compute::{concat_batches, take, take_record_batch};
 use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -797,7 +795,7 @@ impl ShardWriter {
         let schema = &self.shared.schema;
         // The keys sorted and distinct, as a lookup takes them.
         let batches: Vec<&RecordBatch> = tombstones.iter().map(|(b, _)| b).collect();
-        let all = datafusion::arrow::compute::concat_batches(&schema.stored, batches)?;
+        let all = concat_batches(&schema.stored, batches)?;
         let encodings: Vec<&Box<[u8]>> = (tombstones.iter())
             .flat_map(|(_, k)| k.as_ref().expect("tombstones have keys"))
             .collect();
@@ -808,7 +806,7 @@ impl ShardWriter {
         order.dedup_by(|a, b| rows.row(*a as usize) == rows.row(*b as usize));
         let indices = UInt32Array::from(order.clone());
         let sorted: Vec<_> = (columns.iter())
-            .map(|c| datafusion::arrow::compute::take(c, &indices, None))
+            .map(|c| take(c, &indices, None))
             .collect::<std::result::Result<_, _>>()?;
         for file in files {
             let found = self.shared.reader.keys_in(file, &sorted).await?;
