@@ -625,13 +625,27 @@ impl ShardWriter {
             })
             .collect();
         memtables.reverse();
-        let active = memtables
-            .last()
-            .expect("there is always an active MemTable");
-        let seen = Watermark {
-            generation: layers.active().number,
-            rows: active.memtable.rows_within(active.batches),
-        };
+        // The first generation not seen whole: rows written but not yet
+        // visible (a frozen generation's last puts too), or a load's runs
+        // not yet in the manifest.
+        let seen = (layers.generations.iter().zip(&memtables))
+            .find_map(|(g, layer)| {
+                let loading = !g.ingested.lock().expect("ingested poisoned").is_empty();
+                let rows = layer.memtable.rows_within(layer.batches);
+                (loading || layer.batches < layer.memtable.written_batches()).then_some(Watermark {
+                    generation: g.number,
+                    rows: if loading { 0 } else { rows },
+                })
+            })
+            .unwrap_or_else(|| {
+                let active = memtables
+                    .last()
+                    .expect("there is always an active MemTable");
+                Watermark {
+                    generation: layers.active().number,
+                    rows: active.memtable.rows_within(active.batches),
+                }
+            });
         (memtables, Arc::clone(&layers.sstables), seen)
     }
 
