@@ -756,7 +756,7 @@ impl ShardWriter {
     /// Appends already checked rows in stored form with their key
     /// encodings (see [`TableSchema::keyed`]) as one put.
     pub(crate) async fn put_keyed(&self, put: Vec<KeyedBatch>) -> Result<Durability> {
-        let appended = self.append_keyed(&put, None).await?;
+        let appended = self.append_keyed(Append::Put(put)).await?;
         let (durability, _) = appended.expect("a put has nothing to wait for");
         Ok(durability.expect("a put with rows appends them"))
     }
@@ -790,7 +790,10 @@ impl ShardWriter {
             if !unread.is_empty() {
                 self.read_changed(&tombstones, &unread, &mut since).await?;
             }
-            if let Some(done) = self.append_keyed(&tombstones, Some(&since)).await? {
+            if let Some(done) = self
+                .append_keyed(Append::Delete(&tombstones, &since))
+                .await?
+            {
                 return Ok(done);
             }
         }
@@ -840,15 +843,11 @@ impl ShardWriter {
         Ok(())
     }
 
-    /// [`ShardWriter::put_keyed`], or the append of
-    /// [`ShardWriter::delete_seen`] with what it found `since`: `Ok(None)`
-    /// if SSTables it did not read came meanwhile (nothing appended), and
-    /// no put if nothing was left to append.
-    async fn append_keyed(
-        &self,
-        put: &[KeyedBatch],
-        since: Option<&Since>,
-    ) -> Result<Option<(Option<Durability>, u64)>> {
+    /// Appends a put, or the tombstones of [`ShardWriter::delete_seen`]
+    /// but those of keys changed since: `Ok(None)` if SSTables the delete
+    /// did not read came meanwhile (nothing appended), and no put if
+    /// nothing was left to append.
+    async fn append_keyed(&self, append: Append<'_>) -> Result<Option<(Option<Durability>, u64)>> {
         let shared = &self.shared;
         self.backpressure().await?;
         let _no_load_committing = shared.ingest_gate.read().await;
@@ -860,10 +859,12 @@ impl ShardWriter {
             shared.accepting()?;
             let (active, put) = {
                 let layers = shared.layers.read().expect("layers poisoned");
-                let put = match since {
-                    None => put.to_vec(),
-                    Some(since) if !since.unread(&layers).is_empty() => return Ok(None),
-                    Some(since) => since.unchanged(&layers, put)?,
+                let put = match append {
+                    Append::Put(put) => put,
+                    Append::Delete(_, since) if !since.unread(&layers).is_empty() => {
+                        return Ok(None);
+                    }
+                    Append::Delete(tombstones, since) => since.unchanged(&layers, tombstones)?,
                 };
                 (Arc::clone(layers.active()), put)
             };
@@ -1208,6 +1209,15 @@ impl Shared {
 /// one before).
 const DELETE_ROUNDS: usize = 8;
 
+/// What [`ShardWriter::append_keyed`] appends.
+enum Append<'a> {
+    /// A put's rows.
+    Put(Vec<KeyedBatch>),
+    /// A DELETE's tombstones, with what it found written since its
+    /// snapshot.
+    Delete(&'a [KeyedBatch], &'a Since),
+}
+
 /// What a DELETE found written since the snapshot it read (see
 /// [`ShardWriter::delete_seen`]).
 struct Since {
@@ -1222,13 +1232,15 @@ impl Since {
     /// The SSTables in `layers` (a load's included) holding rows written
     /// after the snapshot that it has not read.
     fn unread(&self, layers: &Layers) -> Vec<SstableFile> {
-        let loaded = (layers.generations.iter())
-            .filter(|g| g.number >= self.seen.generation)
-            .flat_map(|g| g.ingested.lock().expect("ingested poisoned").clone());
-        (layers.sstables.iter().cloned())
-            .chain(loaded)
-            .filter(|f| f.generation >= self.seen.generation && !self.checked.contains(&f.path))
-            .collect()
+        let new = |f: &&SstableFile| {
+            f.generation >= self.seen.generation && !self.checked.contains(&f.path)
+        };
+        let mut files: Vec<SstableFile> = layers.sstables.iter().filter(new).cloned().collect();
+        for g in (layers.generations.iter()).filter(|g| g.number >= self.seen.generation) {
+            let loaded = g.ingested.lock().expect("ingested poisoned");
+            files.extend(loaded.iter().filter(new).cloned());
+        }
+        files
     }
 
     /// The rows of `tombstones` whose key has no version written after the
