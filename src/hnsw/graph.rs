@@ -586,8 +586,24 @@ impl Graph {
     /// rule, a vector stored more times than a list holds links (rows with
     /// the same embedding; versions of a row whose vector did not change)
     /// made copies link only to copies: a group no search could leave.
+    ///
+    /// Inner product is no metric (a vector of a large norm is "nearer" to
+    /// a candidate than the base is, whatever their angle), so with it the
+    /// test dropped most candidates and left graphs over vectors of one
+    /// sign too sparse to search: for it, "nearer" in the test is by
+    /// Euclidean distance (the candidates still come nearest first by
+    /// inner product).
     fn select(&self, base: u32, candidates: &[(D, u32)], m: usize) -> Vec<(D, u32)> {
         let base_vector = self.vector(self.node(base));
+        let euclidean = kernels().l2;
+        let spreads = |c: u32, d: D, spread: &[u32]| match self.metric {
+            Metric::Dot => {
+                let v = self.vector(self.node(c));
+                let to_base = euclidean(v, base_vector);
+                (spread.iter()).all(|&s| euclidean(v, self.vector(self.node(s))) >= to_base)
+            }
+            _ => self.none_nearer(&self.node_query(c), spread, d),
+        };
         let mut kept: Vec<(D, u32)> = Vec::with_capacity(m);
         let mut spread: Vec<u32> = Vec::with_capacity(m);
         let mut copies = 0;
@@ -600,7 +616,7 @@ impl Graph {
                     kept.push((d, c));
                     copies += 1;
                 }
-            } else if self.none_nearer(&self.node_query(c), &spread, d) {
+            } else if spreads(c, d, &spread) {
                 kept.push((d, c));
                 spread.push(c);
             }
