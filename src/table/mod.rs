@@ -792,35 +792,22 @@ impl Table {
             .iter()
             .map(|k| self.schema.tombstones(k))
             .collect::<Result<Vec<_>>>()?;
-        let parts = self.route(stored)?;
-        for part in &parts {
-            Self::report_lost_rows(self.slot(part.shard)?)?;
-        }
-        let outcomes = futures::future::join_all(parts.into_iter().map(|mut part| async move {
-            let shard = part.shard;
-            let Some(seen) = seen.get(shard as usize).copied().flatten() else {
-                let rows = part.rows_held();
-                return (shard, self.write_part(part).await.map(|()| rows));
-            };
-            let deleted = self.on_shard(shard, "a delete", |writer| {
-                let tombstones = part.keyed(&self.schema);
-                async move {
-                    let (put, deleted) = writer.delete_seen(tombstones?, seen).await?;
-                    if let Some(put) = put {
-                        put.wait().await?;
-                    }
-                    Ok(deleted)
-                }
-            });
-            (shard, deleted.await)
-        }))
-        .await;
-        gather(outcomes)
+        self.write_seen(stored, seen).await
     }
 
     /// Sends stored rows to their shards' writers, one put per shard, and
     /// waits for every part (see the module doc on fenced writers).
     async fn write(&self, stored: Vec<RecordBatch>) -> Result<u64> {
+        self.write_seen(stored, &[]).await
+    }
+
+    /// [`Table::write`], the part of each shard that has a reach in `seen`
+    /// being a DELETE's tombstones (see [`Table::delete_seen`]).
+    async fn write_seen(
+        &self,
+        stored: Vec<RecordBatch>,
+        seen: &[Option<Watermark>],
+    ) -> Result<u64> {
         let parts = self.route(stored)?;
         // Rows an earlier write lost fail this one before it writes
         // anything, not one shard's part of it.
@@ -829,11 +816,34 @@ impl Table {
         }
         // Every shard's part ends, whatever the others' outcome.
         let outcomes = futures::future::join_all(parts.into_iter().map(|part| async move {
-            let (shard, rows) = (part.shard, part.rows_held());
-            (shard, self.write_part(part).await.map(|()| rows))
+            let shard = part.shard;
+            let written = match seen.get(shard as usize).copied().flatten() {
+                None => {
+                    let rows = part.rows_held();
+                    self.write_part(part).await.map(|()| rows)
+                }
+                Some(seen) => self.delete_part(part, seen).await,
+            };
+            (shard, written)
         }))
         .await;
         gather(outcomes)
+    }
+
+    /// Deletes one shard's part of a DELETE that read up to `seen`, as
+    /// [`ShardWriter::delete_seen`]; returns the tombstones written.
+    async fn delete_part(&self, mut part: Part, seen: Watermark) -> Result<u64> {
+        self.on_shard(part.shard, "a delete", |writer| {
+            let tombstones = part.keyed(&self.schema);
+            async move {
+                let (put, deleted) = writer.delete_seen(tombstones?, seen).await?;
+                if let Some(put) = put {
+                    put.wait().await?;
+                }
+                Ok(deleted)
+            }
+        })
+        .await
     }
 
     /// Splits stored rows by shard, each row's key encoded once (for
