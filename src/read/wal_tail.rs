@@ -69,9 +69,7 @@ impl WalTail {
     /// an SSTable and a newer manifest (the caller should read that and
     /// refresh again) or, if the manifest did not change, it is lost.
     pub async fn refresh(&mut self, cursor: u64) -> Result<Option<u64>> {
-        if cursor > self.cursor {
-            self.drop_through(cursor)?;
-        }
+        self.forget_through(cursor)?;
         let positions = match self.readable().await? {
             Ok(positions) => positions,
             Err(gone) => return Ok(Some(gone)),
@@ -146,8 +144,12 @@ impl WalTail {
         Ok(Ok(positions))
     }
 
-    /// Forgets the entries at or below `cursor`.
-    fn drop_through(&mut self, cursor: u64) -> Result<()> {
+    /// Forgets the entries at or below `cursor` (a newer manifest's
+    /// replay cursor: its SSTables hold them).
+    pub fn forget_through(&mut self, cursor: u64) -> Result<()> {
+        if cursor <= self.cursor {
+            return Ok(());
+        }
         let gone = self.entries.partition_point(|e| e.position <= cursor);
         let memtable = Arc::new(MemTable::new(Arc::clone(&self.schema)));
         if gone < self.entries.len() {

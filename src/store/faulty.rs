@@ -479,34 +479,41 @@ impl ObjectStore for FaultyStore {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        let at = prefix.cloned().unwrap_or_default();
-        let mode = self.lock().on_call(OpKind::List, at.as_ref());
-        match mode {
-            Some(mode) => {
-                futures::stream::once(async move { Err(injected(OpKind::List, &at, mode)) }).boxed()
+        let this = Self {
+            inner: Arc::clone(&self.inner),
+            state: Arc::clone(&self.state),
+        };
+        let prefix = prefix.cloned();
+        futures::stream::once(async move {
+            let at = prefix.clone().unwrap_or_default();
+            if let Some(mode) = this.enter(OpKind::List, &at).await {
+                return futures::stream::once(
+                    async move { Err(injected(OpKind::List, &at, mode)) },
+                )
+                .boxed();
             }
-            None => {
-                let hidden: Vec<String> = {
-                    let mut state = self.lock();
-                    state.hidden.retain(|(_, left)| *left > 0);
-                    state
-                        .hidden
-                        .iter_mut()
-                        .map(|(needle, left)| {
-                            *left -= 1;
-                            needle.clone()
-                        })
-                        .collect()
-                };
-                self.inner
-                    .list(prefix)
-                    .try_filter(move |meta| {
-                        let path = meta.location.as_ref();
-                        futures::future::ready(!hidden.iter().any(|n| path.contains(n.as_str())))
+            let hidden: Vec<String> = {
+                let mut state = this.lock();
+                state.hidden.retain(|(_, left)| *left > 0);
+                state
+                    .hidden
+                    .iter_mut()
+                    .map(|(needle, left)| {
+                        *left -= 1;
+                        needle.clone()
                     })
-                    .boxed()
-            }
-        }
+                    .collect()
+            };
+            this.inner
+                .list(prefix.as_ref())
+                .try_filter(move |meta| {
+                    let path = meta.location.as_ref();
+                    futures::future::ready(!hidden.iter().any(|n| path.contains(n.as_str())))
+                })
+                .boxed()
+        })
+        .flatten()
+        .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {

@@ -172,8 +172,16 @@ impl ShardReader {
     }
 
     /// Reads the shard manifest if it changed (one existence check when it
-    /// did not), the WAL after its cursor, and checks the manifest did not
-    /// move meanwhile (`location`: the table's, for errors).
+    /// did not), the WAL after its cursor, and then the newest manifest
+    /// (`location`: the table's, for errors).
+    ///
+    /// Every row acknowledged before the WAL listing is in it or, moved
+    /// into an SSTable, in a manifest committed before the WAL holding it
+    /// was deleted: the newest manifest read after the listing, with the
+    /// listed entries after its cursor, is a consistent view however
+    /// often a writer flushed meanwhile. A refresh starts over only when
+    /// an entry it listed was gone by the time it read it and no newer
+    /// manifest covers it.
     async fn refresh(&mut self, location: &str) -> Result<()> {
         let started = Instant::now();
         self.refreshed = None;
@@ -195,34 +203,41 @@ impl ShardReader {
             };
             if manifest.state.dropped {
                 self.manifest = Some(manifest);
-                return Err(dropped_error(
-                    location,
-                    "dropped; open the table again by name",
-                ));
+                return Err(dropped_error(location, DROPPED));
             }
-            let cursor = manifest.state.replay_after;
-            let gone = self.tail.refresh(cursor).await?;
-            // A flush that committed (and deleted the WAL it covers) after
-            // the manifest was read leaves no gap to see when nothing was
-            // written after it: check the manifest again. `has_newer`
-            // trusts version N+1 to exist for a while once N is superseded,
-            // which a dropped table's deleted versions break: an entry of a
-            // newer writer than the manifest names, or a gap, has the
-            // newest version resolved in full.
-            let claimed = self.tail.newest_epoch() > manifest.state.epoch;
-            unclaimed = claimed;
-            let moved = claimed
+            let gone = self.tail.refresh(manifest.state.replay_after).await?;
+            // `has_newer` trusts version N+1 to exist for a while once N
+            // is superseded, which a dropped table's deleted versions
+            // break: an entry of a newer writer than the manifest names,
+            // or a gap, has the newest version resolved in full.
+            let moved = self.tail.newest_epoch() > manifest.state.epoch
                 || self.versions.has_newer(&manifest).await?
                 || (gone.is_some()
                     && self.versions.latest_version(manifest.version).await? > manifest.version);
-            resolve = moved;
+            let manifest = if moved {
+                let newest = self
+                    .versions
+                    .load_latest(manifest.version, ShardManifest::decode)
+                    .await?;
+                if newest.state.dropped {
+                    self.manifest = Some(newest);
+                    return Err(dropped_error(location, DROPPED));
+                }
+                self.tail.forget_through(newest.state.replay_after)?;
+                newest
+            } else {
+                manifest
+            };
+            unclaimed = self.tail.newest_epoch() > manifest.state.epoch;
+            resolve = unclaimed;
+            let cursor = manifest.state.replay_after;
             self.manifest = Some(manifest);
-            match (gone, moved) {
-                (None, false) => {
+            match gone {
+                None if !unclaimed => {
                     self.refreshed = Some(started);
                     return Ok(());
                 }
-                (Some(position), false) => {
+                Some(position) if !moved => {
                     return Err(Error::Corrupt {
                         path: self.tail.path_of(position).to_string(),
                         reason: "WAL entry missing: the shard manifest's replay cursor is \
@@ -230,7 +245,10 @@ impl ShardReader {
                             .into(),
                     });
                 }
-                _ => {}
+                // Moved into an SSTable since it was listed: read on
+                // from the newer cursor (or, past it, find what did).
+                Some(position) => resolve = resolve || position > cursor,
+                None => {}
             }
         }
         if unclaimed {
@@ -260,6 +278,9 @@ fn live_writer(slot: &Shard) -> Option<Arc<ShardWriter>> {
     let current = slot.writer.read().expect("writer slot poisoned").clone()?;
     (current.stopped().is_none() && !current.is_closed()).then_some(current)
 }
+
+/// How a shard manifest that says its table was dropped is reported.
+const DROPPED: &str = "dropped; open the table again by name";
 
 /// [`Error::NotFound`] of the table at `location`, dropped (`how` says
 /// when).
@@ -579,7 +600,7 @@ impl Table {
     /// and for every shard once this process dropped the table.
     fn slot(&self, shard: u32) -> Result<&Arc<Shard>> {
         if self.dropped.load(Ordering::Acquire) {
-            return Err(self.dropped_error("dropped; open the table again by name"));
+            return Err(self.dropped_error(DROPPED));
         }
         self.shards.get(shard as usize).ok_or_else(|| {
             Error::invalid(format!(

@@ -721,6 +721,60 @@ async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropp
     );
 }
 
+/// A read in one process completes while another process's writer
+/// flushes (and deletes the WAL it flushed) each time the read lists the
+/// WAL (found from outside: a `SELECT count(*)` beside a shell with
+/// `memtable_bytes=1` failed half the time with "commit conflict on a
+/// consistent snapshot ... gave up after 10 attempts").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_completes_while_another_process_flushes_under_every_listing() {
+    use memwal::testing::{FaultyStore, OpKind};
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+    let other = session_over(
+        Arc::clone(&inner),
+        "memory://read",
+        catalog.clone(),
+        writer.clone(),
+    )
+    .await;
+    query(
+        &other,
+        "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
+    )
+    .await;
+    query(&other, "INSERT INTO t VALUES (0, 0)").await;
+    let faulty = FaultyStore::new(Arc::clone(&inner));
+    let reader = session_over(faulty.clone(), "memory://read", catalog, writer).await;
+    let mut listing = faulty.gate(OpKind::List, "/wal");
+    let mut read = tokio::spawn(async move { count(&reader, "t").await });
+    let mut written = 1;
+    let answer = loop {
+        tokio::select! {
+            answer = &mut read => break answer.unwrap(),
+            () = listing.arrived(1) => {
+                assert!(written <= 20, "the read never completed");
+                // While the read lists the WAL, the other process writes
+                // a row and flushes it (its close), deleting the WAL.
+                query(&other, &format!("INSERT INTO t VALUES ({written}, 1)")).await;
+                other.table("t").await.unwrap().close().await.unwrap();
+                written += 1;
+                let next = faulty.gate(OpKind::List, "/wal");
+                listing.open();
+                listing = next;
+            }
+        }
+    };
+    listing.open();
+    assert!(written > 1, "the read did not list the WAL");
+    // What it read is a prefix of the writes: row 0 and the next n - 1.
+    let n = written - 1;
+    assert!(
+        answer.contains(&format!("| {}", n + 1)) && answer.contains(&format!("| {n} |")),
+        "{answer}"
+    );
+}
+
 /// A statement whose snapshot reads an SSTable that another process's
 /// writer replaced and deleted meanwhile (its `sstable_grace` shorter than
 /// the statement) fails saying so, not with a bare "not found" (found from
