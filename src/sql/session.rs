@@ -604,12 +604,15 @@ impl MemwalSession {
                 analyze.input = Arc::new(planned);
                 LogicalPlan::Analyze(analyze)
             }
-            LogicalPlan::Dml(dml) if every_row => LogicalPlan::Dml(DmlStatement::new(
-                dml.table_name,
-                dml.target,
-                WriteOp::Truncate,
-                dml.input,
-            )),
+            LogicalPlan::Dml(dml) if every_row => {
+                require_key(&dml)?;
+                LogicalPlan::Dml(DmlStatement::new(
+                    dml.table_name,
+                    dml.target,
+                    WriteOp::Truncate,
+                    dml.input,
+                ))
+            }
             plan => match self.plan_delete_by_rows(state, plan).await? {
                 Ok(rows) => {
                     LogicalPlanBuilder::scan("delete", provider_as_source(rows), None)?.build()?
@@ -681,6 +684,17 @@ impl MemwalSession {
         })
         .await?;
         Ok(Ok(Arc::new(PlannedStatement(Arc::new(delete)))))
+    }
+}
+
+/// Refuses a `DELETE` of a memwal table without a key (see
+/// [`MemwalTable::require_key`]) while planning, not under the
+/// "TRUNCATE operation" DataFusion's planner would wrap the refusal in.
+fn require_key(dml: &DmlStatement) -> Result<()> {
+    let provider = source_as_provider(&dml.target)?;
+    match provider.downcast_ref::<MemwalTable>() {
+        Some(table) => Ok(table.require_key()?),
+        None => Ok(()),
     }
 }
 

@@ -251,7 +251,7 @@ impl MemwalTable {
 
     /// Refuses to delete from a table without a key: rows are deleted by
     /// key (tombstones), and an append-only table has none.
-    fn require_key(&self) -> Result<()> {
+    pub(crate) fn require_key(&self) -> Result<()> {
         if self.table.table_schema().has_key() {
             Ok(())
         } else {
