@@ -325,7 +325,11 @@ impl Table {
         let begin = markers.begin(&self.store, self.options.load_heartbeat());
         let loaded = (self.load(&mut load, (begin, open), &kept, first, rows_read, rest)).await;
         load.end(&mut markers, &self.store, loaded.is_err()).await;
-        loaded
+        match loaded {
+            // A run deleted under the load: by a DROP TABLE, most likely.
+            Err(e) => Err(self.explain_missing(0, e).await),
+            ok => ok,
+        }
     }
 
     /// The load of [`Table::bulk_load`]: `first` (stored, the first

@@ -663,7 +663,7 @@ impl Table {
         dropped_error(&self.location, how)
     }
 
-    /// `error`, met reading `shard`; or, if it is an object gone missing
+    /// `error`, met reading (or loading) `shard`; or, if it is an object gone missing
     /// because the table was dropped meanwhile, an SSTable the shard's
     /// newest manifest no longer names (replaced, and deleted after the
     /// writer's `sstable_grace`), or an SSTable of a shard this root has no
@@ -691,7 +691,7 @@ impl Table {
         };
         match versions.load_latest(known, ShardManifest::decode).await {
             Ok(manifest) if manifest.state.dropped => {
-                self.dropped_error("dropped while this statement read it")
+                self.dropped_error("dropped while this statement ran")
             }
             // No manifest at all: the SSTable is of another root's shard.
             Ok(manifest) if manifest.version == 0 && sstable.is_some() => Error::NotFound(format!(

@@ -685,14 +685,7 @@ async fn a_loss_is_reported_after_the_open_that_found_it_was_dropped() {
 async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_str().unwrap();
-    let shell = |sql: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
-            .args(["--root", root, "-q", "-c", sql])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let shell = |sql: &str| shell(root, &[], sql);
     let out = shell(
         "CREATE TABLE t (id BIGINT PRIMARY KEY, name TEXT) WITH ('shards' = '4'); \
          INSERT INTO t SELECT value, 'n' || value FROM generate_series(1, 2000000)",
@@ -716,9 +709,46 @@ async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropp
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the query finished before the drop");
     assert!(
-        stderr.contains("dropped while this statement read it"),
+        stderr.contains("dropped while this statement ran"),
         "{stderr}"
     );
+}
+
+/// A `memwal` shell on `root` (with `args` before `-c`) running `sql`,
+/// its stderr piped.
+fn shell(root: &str, args: &[&str], sql: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["--root", root, "-q"])
+        .args(args)
+        .args(["-c", sql])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// A bulk load overtaken by a DROP TABLE in another process says the
+/// table was dropped (found from outside: "Object at location
+/// .../load/.../data.parquet not found", a run deleted under it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_overtaken_by_a_drop_in_another_process_says_the_table_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let created = shell(root, &[], "CREATE TABLE t (id BIGINT PRIMARY KEY, v TEXT)");
+    assert!(created.wait_with_output().unwrap().status.success());
+    let load = shell(
+        root,
+        &["--option", "load_memory_bytes=2MiB"],
+        "INSERT INTO t SELECT value, 'bulk' FROM generate_series(1, 3000000) ORDER BY random()",
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let dropped = shell(root, &[], "DROP TABLE t").wait_with_output().unwrap();
+    assert!(dropped.status.success());
+    let out = load.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the load finished before the drop");
+    assert!(stderr.contains("dropped"), "{stderr}");
+    assert!(!stderr.contains("not found"), "{stderr}");
 }
 
 /// A read in one process completes while another process's writer
