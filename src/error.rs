@@ -42,13 +42,13 @@ pub enum Error {
         attempts: u32,
     },
 
-    /// A `DELETE ... WHERE` found that rows of the shard at the path were
-    /// written while it ran and have since left memory (flushed, or
+    /// A `DELETE` (or `TRUNCATE`) found that rows of the shard at the path
+    /// were written while it ran and have since left memory (flushed, or
     /// loaded), so it cannot tell them from the versions it read. Nothing
     /// was deleted in that shard; running the statement again reads them.
     #[error(
-        "the rows of {0} changed while this DELETE ran and were flushed since, so it cannot tell \
-         which it read; nothing was deleted there: run the DELETE again"
+        "the rows of {0} changed while this DELETE or TRUNCATE ran and were flushed since, so \
+         it cannot tell which it read; nothing was deleted there: run the statement again"
     )]
     DeleteConflict(String),
 

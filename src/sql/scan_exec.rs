@@ -504,7 +504,7 @@ impl ExecutionPlan for ScanExec {
 /// `rows`, with an object found missing because the table was dropped
 /// while the statement read it, or an SSTable replaced and deleted
 /// meanwhile, reported as that (see [`Table::explain_missing`]).
-fn explain_missing(
+pub(super) fn explain_missing(
     rows: SendableRecordBatchStream,
     table: Arc<Table>,
     shard: u32,

@@ -20,6 +20,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use futures::StreamExt;
 
+use super::scan_exec::explain_missing;
 use super::streams::observed;
 use super::vector::DISTANCE_COLUMN;
 use crate::read::{Neighbour, SearchMetrics, ShardSnapshot, VectorQuery};
@@ -195,6 +196,7 @@ impl ExecutionPlan for VectorSearchExec {
         let shards = self.partitions.get(partition).cloned().ok_or_else(|| {
             DataFusionError::Internal(format!("{}: no partition {partition}", self.name()))
         })?;
+        let first_shard = shards.first().map_or(0, |(shard, _)| *shard);
         let query = self.query.clone();
         let projection = self.projection.clone();
         let schema = self.schema();
@@ -243,6 +245,7 @@ impl ExecutionPlan for VectorSearchExec {
             Ok::<_, DataFusionError>(batch)
         };
         let rows = RecordBatchStreamAdapter::new(schema, futures::stream::once(rows).boxed());
-        Ok(observed(Box::pin(rows), baseline))
+        let rows = explain_missing(Box::pin(rows), Arc::clone(&self.table), first_shard);
+        Ok(observed(rows, baseline))
     }
 }

@@ -663,12 +663,13 @@ impl Table {
         dropped_error(&self.location, how)
     }
 
-    /// `error`, met reading (or loading) `shard`; or, if it is an object gone missing
-    /// because the table was dropped meanwhile, an SSTable the shard's
-    /// newest manifest no longer names (replaced, and deleted after the
-    /// writer's `sstable_grace`), or an SSTable of a shard this root has no
-    /// manifest of (a plan of another root's process),
-    /// [`Error::NotFound`] saying that.
+    /// `error`, met reading (or loading) `shard`; or, if it is an object
+    /// gone missing because the table was dropped meanwhile, an SSTable the
+    /// shard's newest manifest no longer names (replaced, and deleted after
+    /// the writer's `sstable_grace`), or an SSTable of a shard this root
+    /// has no manifest of (a plan of another root's process),
+    /// [`Error::NotFound`] saying that; [`Error::Corrupt`] if the newest
+    /// manifest still names the SSTable (it was lost).
     pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
         let Error::Store(object_store::Error::NotFound { path, .. }) = &error else {
             return error;
@@ -701,21 +702,34 @@ impl Table {
                      (every worker must serve the coordinator's root): {error}",
                 self.location
             )),
-            // Replaced: a manifest newer than this process read names it no more.
-            Ok(manifest)
-                if manifest.version > known
-                    && sstable.as_ref().is_some_and(|missing| {
-                        !(manifest.state.sstables.iter())
-                            .any(|live| missing.ends_with(paths::sstable_dir(&live.path)))
-                    }) =>
-            {
-                Error::NotFound(format!(
-                    "the SSTable {path} of shard {shard} that this statement's snapshot \
-                     reads (replaced since by the shard's writer, and deleted after its \
-                     sstable_grace, which was shorter than this statement; run it again)"
-                ))
+            Ok(manifest) => {
+                let Some(missing) = sstable else {
+                    return error;
+                };
+                let named = (manifest.state.sstables.iter())
+                    .map(|live| paths::sstable_dir(&live.path))
+                    .find(|dir| missing.ends_with(dir));
+                match named {
+                    // A live SSTable is deleted only once no manifest
+                    // names it: this one was lost.
+                    Some(dir) => Error::Corrupt {
+                        path: format!("{dir}/{}", path.rsplit('/').next().unwrap_or_default()),
+                        reason: format!(
+                            "missing, though shard manifest version {} names its SSTable",
+                            manifest.version
+                        ),
+                    },
+                    // Replaced: a manifest newer than this process read
+                    // names it no more.
+                    None if manifest.version > known => Error::NotFound(format!(
+                        "the SSTable {path} of shard {shard} that this statement's snapshot \
+                         reads (replaced since by the shard's writer, and deleted after its \
+                         sstable_grace, which was shorter than this statement; run it again)"
+                    )),
+                    None => error,
+                }
             }
-            _ => error,
+            Err(_) => error,
         }
     }
 
