@@ -18,6 +18,7 @@ mod function_args;
 mod insert_checks;
 mod insert_sink;
 mod key_filters;
+mod prepared_delete;
 mod scan_exec;
 mod session;
 mod statement;

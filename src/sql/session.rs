@@ -34,6 +34,7 @@ use super::config::MemwalConfig;
 use super::delete_exec::{DeleteExec, PlannedStatement};
 use super::files::FileAccess;
 use super::insert_sink::InsertProgress;
+use super::prepared_delete::PreparedDeletes;
 use super::scan_exec::MinPartitions;
 use super::statement::{StatementPlanner, one_statement};
 use super::stats::StatsFunction;
@@ -70,6 +71,8 @@ pub struct MemwalSession {
     /// memwal.<option>` goes back to.
     opened_with: WriterOptions,
     files: FileAccess,
+    /// Shared by clones, like the prepared statements of `ctx`.
+    prepared_deletes: Arc<PreparedDeletes>,
 }
 
 impl std::fmt::Debug for MemwalSession {
@@ -294,6 +297,7 @@ impl MemwalSession {
             root,
             catalog: Arc::new(OnceCell::new()),
             opened_with,
+            prepared_deletes: Arc::default(),
             tables,
             files,
         }
@@ -481,20 +485,30 @@ impl MemwalSession {
             .config_options()
             .sql_parser
             .enable_ident_normalization;
+        if let Some(delete) = self.prepared_deletes.expand(&statement, normalize)? {
+            return Box::pin(self.execute(delete)).await;
+        }
         delete_alias::unalias_delete(&mut statement, normalize)?;
         // Refusals that must come before anything is read.
         self.files.check_statement(&statement)?;
         ddl::refuse_explain(&statement)?;
         ddl::refuse_create_view(&statement)?;
-        refuse_prepared_delete_limit(&statement)?;
         refuse_update(&statement, &self.ctx.state())?;
+        let prepares = matches!(&statement, DFStatement::Statement(s)
+            if matches!(s.as_ref(), SqlStatement::Prepare { .. } | SqlStatement::Deallocate { .. }))
+        .then(|| statement.clone());
         // A statement that names no table and is no memwal DDL (`SELECT 1`,
         // `SET`) does not wait for the store.
-        if !uses_catalog(&self.ctx.state(), &statement)? {
-            return self.plan(statement, None).await;
+        let ran = if !uses_catalog(&self.ctx.state(), &statement)? {
+            self.plan(statement, None).await
+        } else {
+            let catalog = self.fresh_catalog().await?;
+            (catalog.in_statement(self.plan(statement, Some(&catalog)))).await
+        };
+        if let (Ok(_), Some(statement)) = (&ran, prepares) {
+            self.prepared_deletes.ran(&statement, normalize);
         }
-        let catalog = self.fresh_catalog().await?;
-        (catalog.in_statement(self.plan(statement, Some(&catalog)))).await
+        ran
     }
 
     /// Plans (and runs, if DDL) a statement that passed the refusals of
@@ -711,22 +725,6 @@ fn delete_kind(statement: &DFStatement) -> Option<bool> {
         DFStatement::Explain(explain) => delete_kind(&explain.statement),
         _ => None,
     }
-}
-
-/// Refuses `PREPARE ... AS DELETE ... LIMIT n`: DataFusion plans the
-/// prepared statement's execution through `delete_from`, which never sees
-/// the `LIMIT` and would delete every matching row.
-fn refuse_prepared_delete_limit(statement: &DFStatement) -> Result<()> {
-    if let DFStatement::Statement(s) = statement
-        && let SqlStatement::Prepare { statement, .. } = s.as_ref()
-        && let SqlStatement::Delete(delete) = statement.as_ref()
-        && delete.limit.is_some()
-    {
-        return Err(Error::invalid(
-            "memwal does not prepare a DELETE with LIMIT: run it as a statement of its own",
-        ));
-    }
-    Ok(())
 }
 
 /// Refuses `UPDATE` of a memwal table before DataFusion plans it (its

@@ -202,9 +202,8 @@ impl TableProvider for MemwalTable {
             return Err(DataFusionError::Plan(
                 "memwal refuses a DELETE without a usable filter: DataFusion drops \
                  WHERE false and subquery predicates. memwal's session plans such a \
-                 DELETE itself when it runs as a statement of its own (the memwal shell, \
-                 MemwalSession::sql, Root.sql), not through PREPARE/EXECUTE or a plain \
-                 DataFusion SessionContext; TRUNCATE deletes every row"
+                 DELETE itself (the memwal shell, MemwalSession::sql, Root.sql), a plain \
+                 DataFusion SessionContext does not; TRUNCATE deletes every row"
                     .into(),
             ));
         };
