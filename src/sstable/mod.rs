@@ -368,6 +368,24 @@ pub fn deletions_complete(files: &[SstableFile]) -> bool {
     older.iter().all(|f| f.checked_through >= newest.generation)
 }
 
+/// [`Error::Corrupt`] naming the object if `error` is a store's "not
+/// found" of an object of one of `live` (the SSTables shard manifest
+/// version `version` names): an SSTable is deleted only once no manifest
+/// names it, so this one was lost. `None` for any other error.
+pub fn lost(error: &Error, live: &[SstableFile], version: u64) -> Option<Error> {
+    let Error::Store(object_store::Error::NotFound { path, .. }) = error else {
+        return None;
+    };
+    let missing = paths::sstable_dir_of_object(path)?;
+    let dir = (live.iter())
+        .map(|f| paths::sstable_dir(&f.path))
+        .find(|dir| missing.ends_with(dir))?;
+    Some(Error::Corrupt {
+        path: format!("{dir}/{}", path.rsplit('/').next().unwrap_or_default()),
+        reason: format!("missing, though shard manifest version {version} names its SSTable"),
+    })
+}
+
 /// How far the marks of `files[i]` are complete (see
 /// [`SstableFile::checked_through`]): the newest file has nothing newer.
 pub fn checked_through(files: &[SstableFile], i: usize) -> u64 {

@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable, Watermark};
 use crate::read::{ShardSnapshot, WalTail};
 use crate::schema::{BlobColumn, KeyedBatch, TableMeta, TableSchema, key};
-use crate::sstable::{ReadMetrics, SstableFile, SstableReader};
+use crate::sstable::{self, ReadMetrics, SstableFile, SstableReader};
 use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use crate::writer::{ShardManifest, ShardWriter, WriterOptions, WriterStats};
@@ -703,30 +703,19 @@ impl Table {
                 self.location
             )),
             Ok(manifest) => {
-                let Some(missing) = sstable else {
-                    return error;
-                };
-                let named = (manifest.state.sstables.iter())
-                    .map(|live| paths::sstable_dir(&live.path))
-                    .find(|dir| missing.ends_with(dir));
-                match named {
-                    // A live SSTable is deleted only once no manifest
-                    // names it: this one was lost.
-                    Some(dir) => Error::Corrupt {
-                        path: format!("{dir}/{}", path.rsplit('/').next().unwrap_or_default()),
-                        reason: format!(
-                            "missing, though shard manifest version {} names its SSTable",
-                            manifest.version
-                        ),
-                    },
-                    // Replaced: a manifest newer than this process read
-                    // names it no more.
-                    None if manifest.version > known => Error::NotFound(format!(
+                let state = &manifest.state;
+                if let Some(lost) = sstable::lost(&error, &state.sstables, manifest.version) {
+                    return lost;
+                }
+                // Replaced: a manifest newer than this process read names
+                // it no more.
+                match sstable {
+                    Some(_) if manifest.version > known => Error::NotFound(format!(
                         "the SSTable {path} of shard {shard} that this statement's snapshot \
                          reads (replaced since by the shard's writer, and deleted after its \
                          sstable_grace, which was shorter than this statement; run it again)"
                     )),
-                    None => error,
+                    _ => error,
                 }
             }
             Err(_) => error,

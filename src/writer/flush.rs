@@ -160,6 +160,12 @@ impl Shared {
                         log::debug!("{what} failed after a newer writer claimed the shard: {e}");
                         return Err(fenced);
                     }
+                    let manifest = self.manifest();
+                    if let Some(lost) =
+                        sstable::lost(&e, &manifest.state.sstables, manifest.version)
+                    {
+                        return Err(lost);
+                    }
                     failures += 1;
                     if !self.options.retry(failures, tried.elapsed()) {
                         return Err(Error::Poisoned(format!(
