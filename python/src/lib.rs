@@ -12,12 +12,12 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::{
-    ArrayData, ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader, make_array,
+    ArrayData, ArrayRef, AsArray, RecordBatch, RecordBatchIterator, RecordBatchReader, make_array,
     new_null_array,
 };
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ffi::FFI_ArrowSchema;
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
@@ -99,16 +99,28 @@ fn to_py(error: Error) -> PyErr {
 /// thousands of terms long overflows the stack a caller's thread has.
 const STACK_BYTES: usize = 256 << 20;
 
-fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
+/// memwal's runtime, made by the first call in this process. A process
+/// forked from one that made it has none of its threads (waiting on it
+/// would never end): there it is an error.
+fn runtime() -> PyResult<&'static Runtime> {
+    static RUNTIME: OnceLock<(u32, Runtime)> = OnceLock::new();
+    let (made_in, runtime) = RUNTIME.get_or_init(|| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("memwal")
             .thread_stack_size(STACK_BYTES)
             .build()
-            .expect("a tokio runtime")
-    })
+            .expect("a tokio runtime");
+        (std::process::id(), runtime)
+    });
+    match *made_in == std::process::id() {
+        true => Ok(runtime),
+        false => Err(MemwalError::new_err(
+            "this process was forked from one that had used memwal, whose threads a fork \
+             does not copy: start it with multiprocessing's 'spawn' or 'forkserver' method \
+             (multiprocessing.get_context('spawn')), or use memwal only after the fork",
+        )),
+    }
 }
 
 /// Runs `future` to its end on memwal's runtime with the GIL released.
@@ -117,7 +129,8 @@ where
     F: Future + Send,
     F::Output: Send,
 {
-    Ok(py.detach(|| runtime().block_on(future)))
+    let runtime = runtime()?;
+    Ok(py.detach(|| runtime.block_on(future)))
 }
 
 /// Like [`wait`], but runs `future` on one of the runtime's threads (a
@@ -127,8 +140,9 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let task = runtime().spawn(future);
-    match py.detach(|| runtime().block_on(task)) {
+    let runtime = runtime()?;
+    let task = runtime.spawn(future);
+    match py.detach(|| runtime.block_on(task)) {
         Ok(output) => Ok(output),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => Err(MemwalError::new_err(e.to_string())),
@@ -168,7 +182,7 @@ where
     Fut: Future<Output = memwal::Result<T>> + Send,
 {
     let codec = foreign_codec(session)?;
-    let made = wait(py, make(runtime().handle().clone(), codec))?.map_err(to_py)?;
+    let made = wait(py, make(runtime()?.handle().clone(), codec))?.map_err(to_py)?;
     PyCapsule::new_with_value(py, made, name)
 }
 
@@ -252,9 +266,17 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         let cast_to = |name: &str, column: &ArrayRef, to: &DataType| match column.data_type() == to
         {
             true => Ok(Arc::clone(column)),
-            false => cast_with_options(column, to, &strict).map_err(|e| {
-                ArrowError::InvalidArgumentError(format!("column '{name}' of type {to}: {e}"))
-            }),
+            false => {
+                let error = |e| {
+                    ArrowError::InvalidArgumentError(format!("column '{name}' of type {to}: {e}"))
+                };
+                let cast =
+                    cast_with_options(column, to, &strict).map_err(|e| error(e.to_string()))?;
+                match beyond_range(column, &cast) {
+                    Some(value) => Err(error(format!("{value:e} is beyond the range of {to}"))),
+                    None => Ok(cast),
+                }
+            }
         };
         let complete = schema
             .fields()
@@ -296,10 +318,34 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
     };
-    reader
-        .map(|batch| batch.and_then(conformed))
-        .collect::<Result<Vec<_>, ArrowError>>()
-        .map_err(|e| InvalidInputError::new_err(e.to_string()))
+    // Importing a batch that does not match the stream's schema panics
+    // in arrow's FFI (an assertion): that is bad input too.
+    let batches = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reader
+            .map(|batch| batch.and_then(conformed))
+            .collect::<Result<Vec<_>, ArrowError>>()
+    }));
+    match batches {
+        Ok(batches) => batches.map_err(|e| InvalidInputError::new_err(e.to_string())),
+        Err(panic) => {
+            let why = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(InvalidInputError::new_err(format!(
+                "a batch of the Arrow stream does not match the stream's schema ({why})"
+            )))
+        }
+    }
+}
+
+/// A finite value of `from` that its cast `to` a narrower float made
+/// infinite (arrow's cast does so without an error), if any.
+fn beyond_range(from: &ArrayRef, to: &ArrayRef) -> Option<f64> {
+    let from = from.as_primitive_opt::<Float64Type>()?;
+    let to = to.as_primitive_opt::<Float32Type>()?;
+    (from.iter().zip(to.iter()))
+        .find(|(f, t)| f.is_some_and(f64::is_finite) && t.is_some_and(f32::is_infinite))
+        .and_then(|(f, _)| f)
 }
 
 /// Whether a put casts a column of type `from` to the table's `to`: only

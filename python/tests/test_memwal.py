@@ -250,6 +250,66 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
     assert [r[2] for r in rows(t.get([7, 8]))] == ["a", "b"]
 
 
+def test_a_float_beyond_a_columns_range_and_a_malformed_stream_are_refused(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, x FLOAT, y DOUBLE)")
+    t = root.table("t")
+    # Found from outside: 1e300 was stored as inf; inf itself stays inf.
+    with pytest.raises(memwal.InvalidInputError, match="column 'x'.*1e300 is beyond the range"):
+        t.put({"id": [1], "x": [1e300]})
+    assert t.put({"id": [2], "x": [float("inf")], "y": [1e300]}) == 1
+    assert rows(t.scan()) == [(2, float("inf"), 1e300)]
+    # A stream whose second batch does not match its schema (found from
+    # outside: arrow's import panicked, a PanicException).
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float32())])
+
+    def batches():
+        yield pa.record_batch([pa.array([3]), pa.array([1.0], pa.float32())], schema=schema)
+        yield pa.record_batch([pa.array([4])], names=["id"])
+
+    stream = pa.RecordBatchReader.from_batches(schema, batches())
+    with pytest.raises(memwal.InvalidInputError, match="does not match the stream's schema"):
+        t.put(stream)
+    assert rows(t.scan()) == [(2, float("inf"), 1e300)]
+
+
+def test_a_process_forked_after_memwal_ran_is_told_to_spawn(tmp_path):
+    # Found from outside: a multiprocessing child (fork) of a process that
+    # had used memwal waited forever for the runtime's threads.
+    location = str(tmp_path / "root")
+    script = textwrap.dedent(f"""
+        import multiprocessing, sys
+        import memwal
+
+        def child(location, start):
+            try:
+                with memwal.open(location) as r:
+                    r.table("t").put({{"id": [2]}})
+                print(start, "ok", flush=True)
+            except memwal.MemwalError as e:
+                print(start, "refused:", e, flush=True)
+
+        if __name__ == "__main__":
+            with memwal.open({location!r}) as r:
+                r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+                r.table("t").put({{"id": [1]}})
+            for start in ["fork", "spawn"]:
+                p = multiprocessing.get_context(start).Process(target=child, args=({location!r}, start))
+                p.start()
+                p.join(60)
+                assert p.exitcode == 0, (start, p.exitcode)
+    """)
+    path = tmp_path / "forks.py"
+    path.write_text(script)
+    out = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("fork refused: this process was forked"), out.stdout
+    assert "'spawn'" in lines[0]
+    assert lines[1] == "spawn ok", out.stdout
+
+
 def test_a_dropped_or_closed_handle_refuses_writes(tmp_path):
     r = memwal.open(tmp_path / "root")  # a path object too
     r.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")

@@ -250,7 +250,7 @@ impl MemwalTable {
 
     /// Refuses to delete from a table without a key: rows are deleted by
     /// key (tombstones), and an append-only table has none.
-    pub(crate) fn require_key(&self) -> Result<()> {
+    pub(super) fn require_key(&self) -> Result<()> {
         if self.table.table_schema().has_key() {
             Ok(())
         } else {
