@@ -151,9 +151,11 @@ class Table:
         type differs from the table's is cast where every value keeps its
         meaning (``string`` for ``string_view`` or a dictionary of strings,
         ``int64`` for ``int32`` with overflow an error, a list of floats for
-        a vector column; numbers for a float column are rounded to its
-        precision, as SQL's CAST does), never by rounding to an integer or
-        parsing text; the others are not copied. A column given twice is
+        a vector column, a timestamp of a coarser unit such as a Python
+        ``datetime``'s microseconds; numbers for a float column are rounded
+        to its precision, as SQL's CAST does, and one beyond its range is
+        an error), never by rounding to an integer or parsing text; the
+        others are not copied. A column given twice is
         refused.
         Returns the rows stored: one per distinct key."""
         return self._live().put(self._arrow(data))

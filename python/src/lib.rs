@@ -17,7 +17,9 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{BooleanBuffer, Buffer, NullBuffer};
 use datafusion::arrow::compute::{CastOptions, cast_with_options};
-use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Float64Type, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Float32Type, Float64Type, Schema, SchemaRef, TimeUnit,
+};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ffi::FFI_ArrowSchema;
 use datafusion::arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
@@ -316,6 +318,14 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
                 }
             }
         }
+        // Nullable columns left out are NULL here too: the refusal names
+        // only what is wrong.
+        for t in schema.fields() {
+            if t.is_nullable() && batch.column_by_name(t.name()).is_none() {
+                columns.push(new_null_array(t.data_type(), batch.num_rows()));
+                fields.push(t.as_ref().clone());
+            }
+        }
         RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
     };
     // Importing a batch that does not match the stream's schema panics
@@ -352,19 +362,27 @@ fn beyond_range(from: &ArrayRef, to: &ArrayRef) -> Option<f64> {
 /// where every value keeps its meaning (other string or binary layouts,
 /// dictionary-encoded ones unpacked, integers to integers or decimals
 /// with overflow an error, numbers to floats, rounded to the float's
-/// precision as SQL's `CAST` does, decimals to a finer scale, lists of
+/// precision as SQL's `CAST` does, decimals to a finer scale, timestamps
+/// of one time zone to a finer unit with overflow an error, lists of
 /// numbers to vectors, an all-NULL column); never a rounding to an
 /// integer or a parse of text.
 fn castable(from: &DataType, to: &DataType) -> bool {
     use DataType::*;
     let text = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
     let bytes = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView);
+    let finer = |unit: &TimeUnit| match unit {
+        TimeUnit::Second => 0,
+        TimeUnit::Millisecond => 1,
+        TimeUnit::Microsecond => 2,
+        TimeUnit::Nanosecond => 3,
+    };
     match (from, to) {
         (Null, _) => true,
         (Dictionary(_, values), b) => values.as_ref() == b || castable(values, b),
         (a, b) if a.is_integer() && (b.is_integer() || matches!(b, Decimal128(..))) => true,
         (a, b) if (a.is_integer() || a.is_floating()) && b.is_floating() => true,
         (Decimal128(_, a), Decimal128(_, b)) => b >= a,
+        (Timestamp(a, zone_a), Timestamp(b, zone_b)) => zone_a == zone_b && finer(b) >= finer(a),
         (a, b) if text(a) && text(b) => true,
         (a, b) if bytes(a) && bytes(b) => true,
         (

@@ -248,6 +248,26 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
     notes = pa.array(["a", "b"]).dictionary_encode()
     assert t.put(pa.table({"id": [7, 8], "note": notes})) == 2
     assert [r[2] for r in rows(t.get([7, 8]))] == ["a", "b"]
+    # A refusal names what is wrong, not the nullable columns left out
+    # (found from outside: "... not Int32; missing note, emb").
+    with pytest.raises(memwal.InvalidInputError) as refused:
+        t.put({"id": [9], "n": ["x"]})
+    assert "missing" not in str(refused.value), refused.value
+
+
+def test_a_timestamp_of_a_coarser_unit_is_cast(root):
+    # Found from outside: a Python datetime (microseconds) was refused for
+    # a TIMESTAMP column (nanoseconds).
+    import datetime
+
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY, at TIMESTAMP)")
+    t = root.table("t")
+    at = datetime.datetime(2026, 12, 7, 11, 45, 30, 123456)
+    assert t.put({"id": [1], "at": [at]}) == 1
+    assert t.get(1).column("at").to_pylist() == [at]
+    # Beyond what nanoseconds hold: an error, not a wrapped value.
+    with pytest.raises(memwal.InvalidInputError, match="column 'at'"):
+        t.put({"id": [2], "at": [datetime.datetime(3000, 1, 1)]})
 
 
 def test_a_float_beyond_a_columns_range_and_a_malformed_stream_are_refused(root):
