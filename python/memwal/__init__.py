@@ -168,6 +168,11 @@ class Table:
         columns (returns the distinct keys given; a key with no row counts
         too, as nothing is read to delete by key)."""
         if isinstance(keys, str):
+            if not keys.strip():
+                raise InvalidInputError(
+                    "an empty predicate: give a condition, such as 'id > 5' (or 'true' "
+                    "to delete every row)"
+                )
             # By name: only while the name still names this table.
             self._live().check_current()
             result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {keys}")

@@ -255,6 +255,14 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
     assert "missing" not in str(refused.value), refused.value
 
 
+def test_an_empty_predicate_or_an_unknown_scheme_is_invalid_input(root):
+    root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
+    with pytest.raises(memwal.InvalidInputError, match="an empty predicate"):
+        root.table("t").delete(" ")
+    with pytest.raises(memwal.InvalidInputError, match="not one memwal opens"):
+        memwal.open("ftp://host/path")
+
+
 def test_a_timestamp_of_a_coarser_unit_is_cast(root):
     # Found from outside: a Python datetime (microseconds) was refused for
     # a TIMESTAMP column (nanoseconds).

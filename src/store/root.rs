@@ -177,7 +177,14 @@ impl ObjectRoot {
                 let env: Vec<(String, String)> = std::env::vars()
                     .map(|(k, v)| (k.to_ascii_lowercase(), v))
                     .collect();
-                let (store, prefix) = object_store::parse_url_opts(&url, env)?;
+                // A scheme object_store does not know, or one built
+                // without its feature: the root is what is wrong.
+                let (store, prefix) = object_store::parse_url_opts(&url, env).map_err(|e| {
+                    Error::invalid(format!(
+                        "root '{location}' is not one memwal opens (a path, file://, \
+                         memory:// or s3://): {e}"
+                    ))
+                })?;
                 Ok(Self::with_prefix(Arc::from(store), prefix, location))
             }
         }
@@ -402,6 +409,12 @@ mod tests {
         }
         // A name with dots in it is a name.
         ObjectRoot::open("memory://m/a..b/.x").unwrap();
+        // A scheme no store opens (found from outside: "object store:
+        // Generic URL error").
+        match ObjectRoot::open("ftp://host/path") {
+            Err(Error::InvalidInput(why)) => assert!(why.contains("not one memwal opens"), "{why}"),
+            other => panic!("ftp: {other:?}"),
+        }
         // Not quietly the prefix `q`, nor the directory `fh`.
         for bad in [
             "s3://b/q?x=1",
