@@ -86,7 +86,9 @@ class Root:
 
     def sql(self, query: str) -> pa.Table:
         """Runs one statement through memwal's own session (DDL, INSERT,
-        DELETE, queries) and returns its result."""
+        DELETE, queries) and returns its result. Ctrl-C (a signal whose
+        handler raises) stops it within 0.1 s: a query's work stops, and a
+        write's shards hold their part of it or not, each whole."""
         return pa.table(self._live().sql(query))
 
     def table(self, name: str) -> Table:

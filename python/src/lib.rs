@@ -10,6 +10,7 @@ use std::ffi::CStr;
 use std::future::Future;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use datafusion::arrow::array::{
     ArrayData, ArrayRef, AsArray, RecordBatch, RecordBatchIterator, RecordBatchReader, make_array,
@@ -135,19 +136,35 @@ where
     Ok(py.detach(|| runtime.block_on(future)))
 }
 
+/// How often a wait on SQL looks for a signal (Ctrl-C) to the process.
+const SIGNAL_CHECKS: Duration = Duration::from_millis(100);
+
 /// Like [`wait`], but runs `future` on one of the runtime's threads (a
 /// large stack) instead of the caller's: for SQL, which is planned there.
+/// A signal whose Python handler raises (Ctrl-C's `KeyboardInterrupt`)
+/// stops the wait within [`SIGNAL_CHECKS`] and drops the statement.
 fn wait_on_runtime<F>(py: Python<'_>, future: F) -> PyResult<F::Output>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let runtime = runtime()?;
-    let task = runtime.spawn(future);
-    match py.detach(|| runtime.block_on(task)) {
-        Ok(output) => Ok(output),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(MemwalError::new_err(e.to_string())),
+    let mut task = runtime.spawn(future);
+    loop {
+        let ended = py.detach(|| {
+            runtime.block_on(async { tokio::time::timeout(SIGNAL_CHECKS, &mut task).await })
+        });
+        match ended {
+            Ok(Ok(output)) => return Ok(output),
+            Ok(Err(e)) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Ok(Err(e)) => return Err(MemwalError::new_err(e.to_string())),
+            Err(_still_running) => {
+                if let Err(raised) = py.check_signals() {
+                    task.abort();
+                    return Err(raised);
+                }
+            }
+        }
     }
 }
 

@@ -263,6 +263,34 @@ def test_an_empty_predicate_or_an_unknown_scheme_is_invalid_input(root):
         memwal.open("ftp://host/path")
 
 
+def test_ctrl_c_stops_a_long_statement(tmp_path):
+    # Found from outside: a KeyboardInterrupt came only when the query
+    # ended. A join of 10^10 pairs runs for minutes.
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time
+        import memwal
+
+        with memwal.open({str(tmp_path / "root")!r}) as r:
+            threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+            started = time.monotonic()
+            try:
+                r.sql("SELECT count(*) FROM generate_series(1, 100000) a, "
+                      "generate_series(1, 100000) b WHERE a.value + b.value = 7")
+                print("finished")
+            except KeyboardInterrupt:
+                print("interrupted", round(time.monotonic() - started, 1))
+            print(r.sql("SELECT 1 AS one").to_pylist())
+    """)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=os.environ
+    )
+    assert out.returncode == 0, out.stderr
+    interrupted, after = out.stdout.splitlines()
+    assert interrupted.startswith("interrupted"), out.stdout
+    assert float(interrupted.split()[1]) < 5, out.stdout
+    assert after == "[{'one': 1}]"
+
+
 def test_a_timestamp_of_a_coarser_unit_is_cast(root):
     # Found from outside: a Python datetime (microseconds) was refused for
     # a TIMESTAMP column (nanoseconds).
