@@ -714,6 +714,22 @@ async fn a_query_overtaken_by_a_drop_in_another_process_says_the_table_was_dropp
     );
 }
 
+/// Two sessions like two processes on one in-memory root: another
+/// process's, and this one's, whose requests go through a fault-injecting
+/// store (its gates hold them while the other acts).
+async fn two_processes() -> (
+    MemwalSession,
+    Arc<memwal::testing::FaultyStore>,
+    MemwalSession,
+) {
+    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let faulty = memwal::testing::FaultyStore::new(Arc::clone(&inner));
+    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
+    let other = session_over(inner, "memory://two", catalog.clone(), writer.clone()).await;
+    let this = session_over(faulty.clone(), "memory://two", catalog, writer).await;
+    (other, faulty, this)
+}
+
 /// A `memwal` shell on `root` (with `args` before `-c`) running `sql`,
 /// its stderr piped.
 fn shell(root: &str, args: &[&str], sql: &str) -> std::process::Child {
@@ -758,24 +774,14 @@ async fn a_load_overtaken_by_a_drop_in_another_process_says_the_table_was_droppe
 /// consistent snapshot ... gave up after 10 attempts").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_completes_while_another_process_flushes_under_every_listing() {
-    use memwal::testing::{FaultyStore, OpKind};
-    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
-    let other = session_over(
-        Arc::clone(&inner),
-        "memory://read",
-        catalog.clone(),
-        writer.clone(),
-    )
-    .await;
+    use memwal::testing::OpKind;
+    let (other, faulty, reader) = two_processes().await;
     query(
         &other,
         "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '1')",
     )
     .await;
     query(&other, "INSERT INTO t VALUES (0, 0)").await;
-    let faulty = FaultyStore::new(Arc::clone(&inner));
-    let reader = session_over(faulty.clone(), "memory://read", catalog, writer).await;
     let mut listing = faulty.gate(OpKind::List, "/wal");
     let mut read = tokio::spawn(async move { count(&reader, "t").await });
     let mut written = 1;
@@ -1029,16 +1035,8 @@ async fn update_is_refused_for_memwal_tables_only() {
 /// read back, and then gone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_deletes_only_the_versions_it_read() {
-    use memwal::testing::{FaultyStore, OpKind};
-    let inner: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let (catalog, writer) = (CatalogOptions::default(), WriterOptions::default());
-    let other = session_over(
-        Arc::clone(&inner),
-        "memory://read",
-        catalog.clone(),
-        writer.clone(),
-    )
-    .await;
+    use memwal::testing::OpKind;
+    let (other, faulty, deleting) = two_processes().await;
     query(&other, "CREATE TABLE t (id BIGINT PRIMARY KEY, p BIGINT)").await;
     query(
         &other,
@@ -1047,9 +1045,7 @@ async fn a_delete_deletes_only_the_versions_it_read() {
     .await;
     other.table("t").await.unwrap().close().await.unwrap();
     // The DELETE's rows are read from the SSTable once it took its snapshot.
-    let faulty = FaultyStore::new(Arc::clone(&inner));
     let reads = faulty.gate(OpKind::Get, "/sst/");
-    let deleting = session_over(faulty.clone(), "memory://read", catalog, writer).await;
     let delete = tokio::spawn(async move { query(&deleting, "DELETE FROM t WHERE p = 3").await });
     reads.arrived(1).await;
     query(&other, "INSERT INTO t VALUES (7, 4), (1001, 3)").await;
