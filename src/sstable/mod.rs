@@ -106,7 +106,7 @@ pub fn newest_per_key_sorted(schema: &TableSchema, batches: &[RecordBatch]) -> R
 
 /// [`newest_per_key_sorted`], and for each of its rows the index of the
 /// input row (counting through `batches`) it is.
-fn sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<(RecordBatch, Vec<u32>)> {
+pub fn sorted(schema: &TableSchema, batches: &[RecordBatch]) -> Result<(RecordBatch, Vec<u32>)> {
     let all = concat_batches(&schema.stored, batches)?;
     if !schema.has_key() || all.num_rows() == 0 {
         let order = (0..all.num_rows() as u32).collect();

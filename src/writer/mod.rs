@@ -49,7 +49,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{concat_batches, take, take_record_batch};
+use datafusion::arrow::compute::take_record_batch;
 use object_store::ObjectStore;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
@@ -64,7 +64,7 @@ use crate::blob::PackReader;
 use crate::error::{Error, Result};
 use crate::memtable::{MemLayer, MemTable, Watermark};
 use crate::schema::{KeyedBatch, TableSchema};
-use crate::sstable::{SstableFile, SstableReader};
+use crate::sstable::{self, SstableFile, SstableReader};
 use crate::store::{CommitOptions, Versioned, VersionedObjects, paths};
 use crate::wal::WalLog;
 use latency::LatencyHistogram;
@@ -757,7 +757,9 @@ impl ShardWriter {
     /// encodings (see [`TableSchema::keyed`]) as one put.
     pub(crate) async fn put_keyed(&self, put: Vec<KeyedBatch>) -> Result<Durability> {
         let appended = self.append_keyed(Append::Put(put)).await?;
-        let (durability, _) = appended.expect("a put has nothing to wait for");
+        let Ok((durability, _)) = appended else {
+            unreachable!("a put has nothing to wait for")
+        };
         Ok(durability.expect("a put with rows appends them"))
     }
 
@@ -782,6 +784,7 @@ impl ShardWriter {
         // Each round reads the SSTables that flushes and loads added since
         // the snapshot (outside the append lock); the append then finds
         // none unread, or another round reads the ones that came meanwhile.
+        let mut tombstones = tombstones;
         for _ in 0..DELETE_ROUNDS {
             let unread: Vec<SstableFile> = {
                 let layers = self.shared.layers.read().expect("layers poisoned");
@@ -790,11 +793,9 @@ impl ShardWriter {
             if !unread.is_empty() {
                 self.read_changed(&tombstones, &unread, &mut since).await?;
             }
-            if let Some(done) = self
-                .append_keyed(Append::Delete(&tombstones, &since))
-                .await?
-            {
-                return Ok(done);
+            match (self.append_keyed(Append::Delete(tombstones, &since))).await? {
+                Ok(done) => return Ok(done),
+                Err(unappended) => tombstones = unappended,
             }
         }
         Err(Error::DeleteConflict(self.shared.shard_dir.to_string()))
@@ -811,20 +812,12 @@ impl ShardWriter {
     ) -> Result<()> {
         let schema = &self.shared.schema;
         // The keys sorted and distinct, as a lookup takes them.
-        let batches: Vec<&RecordBatch> = tombstones.iter().map(|(b, _)| b).collect();
-        let all = concat_batches(&schema.stored, batches)?;
+        let batches: Vec<RecordBatch> = tombstones.iter().map(|(b, _)| b.clone()).collect();
+        let (distinct, order) = sstable::sorted(schema, &batches)?;
+        let sorted = schema.key_columns(&distinct);
         let encodings: Vec<&Box<[u8]>> = (tombstones.iter())
             .flat_map(|(_, k)| k.as_ref().expect("tombstones have keys"))
             .collect();
-        let columns = schema.key_columns(&all);
-        let rows = schema.key_converter()?.convert_columns(&columns)?;
-        let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
-        order.sort_by(|&a, &b| rows.row(a as usize).cmp(&rows.row(b as usize)));
-        order.dedup_by(|a, b| rows.row(*a as usize) == rows.row(*b as usize));
-        let indices = UInt32Array::from(order.clone());
-        let sorted: Vec<_> = (columns.iter())
-            .map(|c| take(c, &indices, None))
-            .collect::<std::result::Result<_, _>>()?;
         for file in files {
             let found = self.shared.reader.keys_in(file, &sorted).await?;
             // A file of rows all written after the snapshot, or one that
@@ -844,10 +837,11 @@ impl ShardWriter {
     }
 
     /// Appends a put, or the tombstones of [`ShardWriter::delete_seen`]
-    /// but those of keys changed since: `Ok(None)` if SSTables the delete
-    /// did not read came meanwhile (nothing appended), and no put if
-    /// nothing was left to append.
-    async fn append_keyed(&self, append: Append<'_>) -> Result<Option<(Option<Durability>, u64)>> {
+    /// but those of keys changed since, and returns the put (none if
+    /// nothing was left to append) and its rows; the tombstones back,
+    /// nothing appended, if SSTables the delete did not read came
+    /// meanwhile.
+    async fn append_keyed(&self, append: Append<'_>) -> Result<Appended> {
         let shared = &self.shared;
         self.backpressure().await?;
         let _no_load_committing = shared.ingest_gate.read().await;
@@ -861,8 +855,8 @@ impl ShardWriter {
                 let layers = shared.layers.read().expect("layers poisoned");
                 let put = match append {
                     Append::Put(put) => put,
-                    Append::Delete(_, since) if !since.unread(&layers).is_empty() => {
-                        return Ok(None);
+                    Append::Delete(tombstones, since) if !since.unread(&layers).is_empty() => {
+                        return Ok(Err(tombstones));
                     }
                     Append::Delete(tombstones, since) => since.unchanged(&layers, tombstones)?,
                 };
@@ -870,7 +864,7 @@ impl ShardWriter {
             };
             let rows = put.iter().map(|(b, _)| b.num_rows() as u64).sum::<u64>();
             if rows == 0 {
-                return Ok(Some((None, 0)));
+                return Ok(Ok((None, 0)));
             }
             let (end, bytes) = active.memtable.append(put);
             if !shared.options.durable {
@@ -895,7 +889,7 @@ impl ShardWriter {
             target: end,
             durable: shared.options.durable,
         };
-        Ok(Some((Some(durability), rows)))
+        Ok(Ok((Some(durability), rows)))
     }
 
     /// Waits while too many bytes are in memory and not in SSTables.
@@ -1215,8 +1209,12 @@ enum Append<'a> {
     Put(Vec<KeyedBatch>),
     /// A DELETE's tombstones, with what it found written since its
     /// snapshot.
-    Delete(&'a [KeyedBatch], &'a Since),
+    Delete(Vec<KeyedBatch>, &'a Since),
 }
+
+/// What [`ShardWriter::append_keyed`] did: the put and its rows, or a
+/// DELETE's tombstones back, not appended.
+type Appended = std::result::Result<(Option<Durability>, u64), Vec<KeyedBatch>>;
 
 /// What a DELETE found written since the snapshot it read (see
 /// [`ShardWriter::delete_seen`]).
@@ -1245,7 +1243,7 @@ impl Since {
 
     /// The rows of `tombstones` whose key has no version written after the
     /// snapshot: in the SSTables it read, or in the MemTables of `layers`.
-    fn unchanged(&self, layers: &Layers, tombstones: &[KeyedBatch]) -> Result<Vec<KeyedBatch>> {
+    fn unchanged(&self, layers: &Layers, tombstones: Vec<KeyedBatch>) -> Result<Vec<KeyedBatch>> {
         let newer: Vec<&Arc<Generation>> = (layers.generations.iter())
             .filter(|g| g.number >= self.seen.generation)
             .collect();
@@ -1258,14 +1256,14 @@ impl Since {
         };
         let mut kept = Vec::with_capacity(tombstones.len());
         for (batch, keys) in tombstones {
-            let keys = keys.as_ref().expect("tombstones have keys");
+            let keys = keys.expect("tombstones have keys");
             let rows: Vec<u32> = (0..keys.len() as u32)
                 .filter(|&i| !changed(&keys[i as usize]))
                 .collect();
             if rows.len() == keys.len() {
-                kept.push((batch.clone(), Some(keys.clone())));
+                kept.push((batch, Some(keys)));
             } else if !rows.is_empty() {
-                let batch = take_record_batch(batch, &UInt32Array::from(rows.clone()))?;
+                let batch = take_record_batch(&batch, &UInt32Array::from(rows.clone()))?;
                 let keys = rows.iter().map(|&i| keys[i as usize].clone()).collect();
                 kept.push((batch, Some(keys)));
             }
