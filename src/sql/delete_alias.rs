@@ -51,10 +51,7 @@ pub(super) fn unalias_delete(statement: &mut DFStatement, normalize: bool) -> Re
         )));
     }
     let alias = table_alias.name;
-    let key = |ident: &Ident| match ident.quote_style {
-        None if normalize => ident.value.to_lowercase(),
-        _ => ident.value.clone(),
-    };
+    let key = |ident: &Ident| normalized(ident, normalize);
     let Some(selection) = &mut delete.selection else {
         return Ok(());
     };
@@ -92,6 +89,15 @@ pub(super) fn unalias_delete(statement: &mut DFStatement, normalize: bool) -> Re
         ControlFlow::<()>::Continue(())
     });
     Ok(())
+}
+
+/// A name as DataFusion compares it: unquoted names fold to lower case
+/// when `normalize` (its `enable_ident_normalization`) is on.
+pub(super) fn normalized(name: &Ident, normalize: bool) -> String {
+    match name.quote_style {
+        None if normalize => name.value.to_lowercase(),
+        _ => name.value.clone(),
+    }
 }
 
 /// Breaks at a relation that goes by one of `names` (its own alias, or

@@ -11,9 +11,10 @@ use std::sync::Mutex;
 
 use datafusion::sql::parser::Statement as DFStatement;
 use datafusion::sql::sqlparser::ast::{
-    CastKind, DataType, Expr, Ident, Statement, Value, visit_expressions_mut,
+    CastKind, DataType, Expr, Statement, Value, visit_expressions_mut,
 };
 
+use super::delete_alias::normalized;
 use crate::error::{Error, Result};
 
 /// The prepared DELETEs of a session, by name.
@@ -48,10 +49,10 @@ impl PreparedDeletes {
                     types: data_types.clone(),
                     delete: statement.as_ref().clone(),
                 };
-                by_name.insert(key(name, normalize), prepared);
+                by_name.insert(normalized(name, normalize), prepared);
             }
             Statement::Deallocate { name, .. } => {
-                by_name.remove(&key(name, normalize));
+                by_name.remove(&normalized(name, normalize));
             }
             _ => {}
         }
@@ -84,7 +85,7 @@ impl PreparedDeletes {
             return Ok(None);
         };
         let by_name = self.by_name.lock().expect("prepared deletes poisoned");
-        let Some(prepared) = by_name.get(&key(ident, normalize)) else {
+        let Some(prepared) = by_name.get(&normalized(ident, normalize)) else {
             return Ok(None);
         };
         if !using.is_empty()
@@ -132,14 +133,5 @@ impl PreparedDeletes {
             )));
         }
         Ok(Some(DFStatement::Statement(Box::new(delete))))
-    }
-}
-
-/// A statement name as DataFusion keys it: unquoted names fold to lower
-/// case when `normalize` is on.
-fn key(name: &Ident, normalize: bool) -> String {
-    match name.quote_style {
-        None if normalize => name.value.to_lowercase(),
-        _ => name.value.clone(),
     }
 }
