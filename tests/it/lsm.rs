@@ -526,7 +526,7 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
         run_until_failure(clean.clone(), &ops).await,
         (ops.len(), false)
     );
-    let (mut cases, mut stopped) = (0, 0);
+    let mut cases = 0;
     for (kind, needle) in targets {
         // Count this target's calls in a clean run.
         let probe_dir = tempfile::tempdir().unwrap();
@@ -539,6 +539,7 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
         run_until_failure(probe.clone(), &ops).await;
         let calls = probe.matched_calls();
         assert!(calls > 0, "no {kind:?} call on {needle}");
+        let mut fired = 0;
         for nth in 1..=calls {
             for after in [false, true] {
                 cases += 1;
@@ -552,8 +553,16 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
                     .times(u64::MAX);
                 faulty.inject(if after { fault.after_write() } else { fault });
                 let (acked, failed) = run_until_failure(faulty.clone(), &ops).await;
-                stopped += usize::from(failed);
                 let case = format!("{kind:?} #{nth} on {needle} (after: {after}), {acked} acked");
+                // Whether a run reaches a later call, and whether the
+                // writer still waits for it, depends on timing: a
+                // compaction runs in the background and a close may end it.
+                // The first write of each kind is not a compaction's (the
+                // shard's claim, its first flush): it stops the writer.
+                fired += usize::from(faulty.injected() > 0);
+                if kind == OpKind::Put && nth == 1 && !after {
+                    assert!(failed, "{case}: the writer went on past a failed write");
+                }
 
                 // Reopen without faults: acknowledged operations are all
                 // there; the one in flight may or may not be.
@@ -580,10 +589,9 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
                 check_wal(&inner, &m).await;
             }
         }
+        assert!(fired > 0, "no fault on {kind:?} {needle} fired");
     }
     assert!(cases > 40, "only {cases} cases");
-    // Most faults stop the writer.
-    assert!(stopped * 2 > cases, "{stopped} of {cases} runs stopped");
 }
 
 /// A writer whose flush meets SSTables that a newer writer merged and
