@@ -43,6 +43,20 @@ pub struct PackRun {
     pub last: u64,
 }
 
+/// Why a read of a pack that is not in the store fails.
+const MISSING_PACK: &str = "a row names a blob pack that does not exist";
+
+/// The position and epoch of the pack a read found missing, if `error` is
+/// that.
+pub(crate) fn missing_pack(error: &Error) -> Option<(u64, u64)> {
+    match error {
+        Error::Corrupt { path, reason } if reason == MISSING_PACK => {
+            paths::parse_blob_pack(path.rsplit('/').next()?)
+        }
+        _ => None,
+    }
+}
+
 impl From<[u64; 3]> for PackRun {
     fn from([epoch, first, last]: [u64; 3]) -> Self {
         Self { epoch, first, last }
@@ -525,7 +539,7 @@ impl PackReader {
             path: path.to_string(),
             reason,
         };
-        let missing = || corrupt("a row names a blob pack that does not exist".into());
+        let missing = || corrupt(MISSING_PACK.into());
         if matches!(e, object_store::Error::NotFound { .. }) {
             return missing();
         }

@@ -369,19 +369,27 @@ pub fn deletions_complete(files: &[SstableFile]) -> bool {
 }
 
 /// [`Error::Corrupt`] naming the object if `error` is a store's "not
-/// found" of an object of one of `live` (the SSTables shard manifest
-/// version `version` names): an SSTable is deleted only once no manifest
-/// names it, so this one was lost. `None` for any other error.
+/// found" of an object one of `live` (the SSTables shard manifest version
+/// `version` names) names: its file, its deletion vector or a graph. Such
+/// an object is deleted only once no manifest names it, so this one was
+/// lost. `None` for any other error, an older deletion vector of a live
+/// SSTable (replaced by a newer one) included.
 pub fn lost(error: &Error, live: &[SstableFile], version: u64) -> Option<Error> {
     let Error::Store(object_store::Error::NotFound { path, .. }) = error else {
         return None;
     };
     let missing = paths::sstable_dir_of_object(path)?;
-    let dir = (live.iter())
-        .map(|f| paths::sstable_dir(&f.path))
-        .find(|dir| missing.ends_with(dir))?;
+    let name = path.rsplit('/').next().unwrap_or_default();
+    let file = (live.iter()).find(|f| missing.ends_with(paths::sstable_dir(&f.path)))?;
+    let named = |object: &str| object.rsplit('/').next() == Some(name);
+    let graph =
+        |g: &GraphFile| paths::graph_file(&file.path, g.column()).is_ok_and(|p| named(p.as_ref()));
+    let deletions = file.deletions.as_ref().is_some_and(|d| named(&d.path));
+    if !(named(&file.path) || deletions || file.graphs.iter().any(graph)) {
+        return None;
+    }
     Some(Error::Corrupt {
-        path: format!("{dir}/{}", path.rsplit('/').next().unwrap_or_default()),
+        path: format!("{}/{name}", paths::sstable_dir(&file.path)),
         reason: format!("missing, though shard manifest version {version} names its SSTable"),
     })
 }

@@ -450,7 +450,7 @@ impl Table {
             .collect()
             .await;
         drop(held);
-        super::gather(outcomes)
+        self.gather(outcomes).await
     }
 
     /// The writer of `shard` for a load: opened, and taken back from other

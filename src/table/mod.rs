@@ -664,15 +664,20 @@ impl Table {
     }
 
     /// `error`, met reading (or loading) `shard`; or, if it is an object
-    /// gone missing because the table was dropped meanwhile, an SSTable the
-    /// shard's newest manifest no longer names (replaced, and deleted after
-    /// the writer's `sstable_grace`), or an SSTable of a shard this root
-    /// has no manifest of (a plan of another root's process),
-    /// [`Error::NotFound`] saying that; [`Error::Corrupt`] if the newest
-    /// manifest still names the SSTable (it was lost).
+    /// gone missing because the table was dropped meanwhile, an object of
+    /// an SSTable or a blob pack the shard's newest manifest no longer
+    /// names (replaced, and deleted after the writer's `sstable_grace`), or
+    /// an SSTable of a shard this root has no manifest of (a plan of
+    /// another root's process), [`Error::NotFound`] saying that;
+    /// [`Error::Corrupt`] if the newest manifest still names the object
+    /// (it was lost).
     pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
-        let Error::Store(object_store::Error::NotFound { path, .. }) = &error else {
-            return error;
+        let (path, pack) = match &error {
+            Error::Store(object_store::Error::NotFound { path, .. }) => (path, None),
+            Error::Corrupt { path, .. } if blob::missing_pack(&error).is_some() => {
+                (path, blob::missing_pack(&error))
+            }
+            _ => return error,
         };
         let sstable = paths::sstable_dir_of_object(path).map(str::to_string);
         // The shard the object is of (a statement's partition may read
@@ -707,15 +712,23 @@ impl Table {
                 if let Some(lost) = sstable::lost(&error, &state.sstables, manifest.version) {
                     return lost;
                 }
+                let named = |(position, epoch): (u64, u64)| {
+                    (state.sstables.iter().flat_map(|f| &f.packs))
+                        .any(|r| r.epoch == epoch && (r.first..=r.last).contains(&position))
+                };
                 // Replaced: a manifest newer than this process read names
                 // it no more.
-                match sstable {
-                    Some(_) if manifest.version > known => Error::NotFound(format!(
-                        "the SSTable {path} of shard {shard} that this statement's snapshot \
-                         reads (replaced since by the shard's writer, and deleted after its \
+                let replaced = match pack {
+                    Some(pack) => !named(pack),
+                    None => sstable.is_some(),
+                };
+                match replaced && manifest.version > known {
+                    true => Error::NotFound(format!(
+                        "{path} of shard {shard}, which this statement's snapshot reads \
+                         (replaced since by the shard's writer, and deleted after its \
                          sstable_grace, which was shorter than this statement; run it again)"
                     )),
-                    _ => error,
+                    false => error,
                 }
             }
             Err(_) => error,
@@ -851,7 +864,30 @@ impl Table {
             (shard, written)
         }))
         .await;
-        gather(outcomes)
+        self.gather(outcomes).await
+    }
+
+    /// [`gather`]; but if the shards a write failed in failed because the
+    /// table was dropped meanwhile, that: the parts written went to a
+    /// table no one can read any more.
+    async fn gather(&self, outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
+        let gathered = gather(outcomes);
+        if let Err(Error::PartlyWritten { failed, .. }) = &gathered
+            && self.dropped_now(failed[0]).await
+        {
+            return Err(self.dropped_error("dropped while this statement ran"));
+        }
+        gathered
+    }
+
+    /// Whether the newest manifest of `shard` says the table was dropped.
+    async fn dropped_now(&self, shard: u32) -> bool {
+        let Ok(slot) = self.slot(shard) else {
+            // Dropped by this process (or no such shard).
+            return self.dropped.load(Ordering::Acquire);
+        };
+        let versions = slot.reader.lock().await.versions.clone();
+        (versions.load_latest(0, ShardManifest::decode).await).is_ok_and(|m| m.state.dropped)
     }
 
     /// Deletes one shard's part of a DELETE that read up to `seen`, as

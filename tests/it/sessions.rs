@@ -767,6 +767,36 @@ async fn a_load_overtaken_by_a_drop_in_another_process_says_the_table_was_droppe
     assert!(!stderr.contains("not found"), "{stderr}");
 }
 
+/// A write that took effect in some shards before a DROP TABLE in another
+/// process failed it in the others says the table was dropped, not which
+/// shards took it (found from outside: "the write took effect in shards
+/// [0] (1482 rows) and failed in shards [1]", rows no one can read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cut_off_by_a_drop_in_another_process_says_the_table_was_dropped() {
+    use memwal::testing::OpKind;
+    let (other, faulty, this) = two_processes().await;
+    let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT) WITH ('shards' = '2')";
+    query(&other, create).await;
+    let held = faulty.gate(OpKind::Put, "/shards/1/wal/");
+    let writing = tokio::spawn(async move {
+        let values: Vec<String> = (0..20).map(|id| format!("({id}, 1)")).collect();
+        let insert = format!("INSERT INTO t VALUES {}", values.join(", "));
+        match this.sql(&insert).await {
+            Ok(rows) => rows.collect().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    held.arrived(1).await;
+    // Shard 0's part is durable (a shard's part is all or nothing).
+    while count(&other, "t").await.contains("| 0 ") {
+        tokio::task::yield_now().await;
+    }
+    query(&other, "DROP TABLE t").await;
+    held.open();
+    let err = writing.await.unwrap().unwrap_err();
+    assert!(err.contains("dropped while this statement ran"), "{err}");
+}
+
 /// A read in one process completes while another process's writer
 /// flushes (and deletes the WAL it flushed) each time the read lists the
 /// WAL (found from outside: a `SELECT count(*)` beside a shell with
@@ -856,6 +886,89 @@ async fn a_statement_whose_sstables_were_compacted_away_meanwhile_says_so() {
         "{err}"
     );
     writer.close().await.unwrap();
+}
+
+/// Like SSTables, the deletion vectors and blob packs a statement's
+/// snapshot reads may be replaced and deleted meanwhile (found from
+/// outside: scans beside a shell with `sstable_grace=0ms` that upserted
+/// blobs and flushed were told those objects were corrupt).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_whose_deletion_vector_or_blob_pack_was_replaced_meanwhile_says_so() {
+    let rows = |keys: std::ops::Range<u32>, value: &str| {
+        let rows: Vec<String> = keys.map(|k| format!("({k}, {value})")).collect();
+        format!("INSERT INTO t VALUES {}", rows.join(", "))
+    };
+    let packed = "repeat('v', 5000)::bytea";
+    // Each case: the statements of its SSTables (each flushed on its own),
+    // the object the read is held at, what replaces that meanwhile, and
+    // whether a compaction follows.
+    let cases = [
+        // The second SSTable marks a fifth of the first one's rows, the
+        // third another fifth: the first one, still live (less than half
+        // of it marked), has a new deletion vector.
+        (
+            vec![rows(0..100, "'x'"), rows(0..20, "'y'")],
+            "deletions-",
+            rows(20..40, "'z'"),
+            false,
+        ),
+        // The only row naming the pack is deleted, and compacted away.
+        (
+            vec![rows(0..1, packed)],
+            "/blobs/",
+            "DELETE FROM t WHERE id = 0".to_string(),
+            true,
+        ),
+    ];
+    for (written, held, replace, compact) in cases {
+        let inner: Arc<dyn object_store::ObjectStore> =
+            Arc::new(object_store::memory::InMemory::new());
+        let session_on = |store: Arc<dyn object_store::ObjectStore>| {
+            let mut options = WriterOptions::default();
+            options.sstable_grace = std::time::Duration::ZERO;
+            // No compaction but the test's.
+            options.max_sstables = 100;
+            session_over(
+                store,
+                "memory://replaced",
+                CatalogOptions::default(),
+                options,
+            )
+        };
+        let writer = session_on(Arc::clone(&inner)).await;
+        let create = "CREATE TABLE t (id BIGINT PRIMARY KEY, raw BYTEA) \
+                      WITH ('raw.blob' = 'true', 'shards' = '1')";
+        query(&writer, create).await;
+        for statement in written {
+            query(&writer, &statement).await;
+            writer.table("t").await.unwrap().close().await.unwrap();
+        }
+        let faulty = memwal::testing::FaultyStore::new(Arc::clone(&inner));
+        let gate = faulty.gate(memwal::testing::OpKind::Get, held);
+        let reader = session_on(faulty.clone()).await;
+        let reading = tokio::spawn(async move {
+            match reader.sql("SELECT id, raw FROM t").await {
+                Ok(rows) => rows.collect().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(10), gate.arrived(1))
+            .await
+            .unwrap_or_else(|_| panic!("{held}: never read"));
+        query(&writer, &replace).await;
+        let t = writer.table("t").await.unwrap();
+        t.close().await.unwrap();
+        if compact {
+            t.compact().await.unwrap();
+        }
+        gate.open();
+        let err = reading.await.unwrap().unwrap_err();
+        assert!(
+            err.contains("replaced since by the shard's writer") && err.contains(held),
+            "{held}: {err}"
+        );
+        writer.close().await.unwrap();
+    }
 }
 
 /// A statement paused while it opens a shard's writer (its future not
