@@ -94,9 +94,11 @@ fn validate_name(name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::invalid("empty name"));
     }
-    if name.chars().count() > MAX_NAME_LEN {
+    let length = name.chars().count();
+    if length > MAX_NAME_LEN {
+        let start: String = name.chars().take(32).collect();
         return Err(Error::invalid(format!(
-            "name '{name}' is longer than {MAX_NAME_LEN} characters"
+            "name '{start}...' ({length} characters) is longer than {MAX_NAME_LEN} characters"
         )));
     }
     if let Some(c) = name
@@ -181,6 +183,13 @@ mod tests {
         for bad in ["", "a..b", "a$b", "a/b", "tab\there"] {
             assert!(ObjectPath::parse_dotted(bad).is_err(), "{bad:?}");
         }
-        assert!(ObjectPath::new(["x".repeat(129)]).is_err());
+        assert!(ObjectPath::new(["x".repeat(128)]).is_ok());
+        // The error quotes the start of a long name, not all of it.
+        let err = ObjectPath::new(["x".repeat(5000)]).unwrap_err().to_string();
+        assert!(
+            err.contains("(5000 characters) is longer than 128"),
+            "{err}"
+        );
+        assert!(err.len() < 200, "{err}");
     }
 }

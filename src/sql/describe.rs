@@ -175,6 +175,12 @@ fn describe(meta: &TableMeta) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
+/// The SQL name of `t` (as `SHOW CREATE TABLE` writes it), for messages;
+/// the Arrow name of a type SQL has none for.
+pub(super) fn type_name(t: &DataType) -> String {
+    sql_type(t, &mut None).unwrap_or_else(|_| t.to_string())
+}
+
 /// The SQL type DataFusion plans back to `t` in a session whose time zone
 /// is `zone`, which the first timestamp with a zone sets.
 fn sql_type(t: &DataType, zone: &mut Option<String>) -> Result<String> {

@@ -144,10 +144,11 @@ impl InsertSource {
                 (DataType::FixedSizeList(_, dim), DataType::FixedSizeList(_, given))
                     if dim != given =>
                 {
-                    Some(format!(
-                        "vector column '{}' is FLOAT[{dim}] and was given vectors of length \
-                         {given}",
-                        to.name()
+                    Some(wrong_length(
+                        Some(to.name()),
+                        to.data_type(),
+                        *given as usize,
+                        true,
                     ))
                 }
                 _ => None,
@@ -399,6 +400,30 @@ fn is_vector_cast_to(cast: &Cast) -> bool {
     matches!(cast.field.data_type(), DataType::FixedSizeList(..))
 }
 
+/// Why a list of `length` values (several lists, if `lists`) does not fit
+/// `column` (if known) of type `list`, a fixed-size list: a `FLOAT[n]` is
+/// a vector column, given vectors; any other is given lists.
+fn wrong_length(column: Option<&str>, list: &DataType, length: usize, lists: bool) -> String {
+    let vector =
+        matches!(list, DataType::FixedSizeList(item, _) if *item.data_type() == DataType::Float32);
+    let given = match (vector, lists) {
+        (true, false) => "a vector",
+        (true, true) => "vectors",
+        (false, false) => "a list",
+        (false, true) => "lists",
+    };
+    let list = super::describe::type_name(list);
+    match column {
+        Some(column) if vector => {
+            format!("vector column '{column}' is {list} and was given {given} of length {length}")
+        }
+        Some(column) => {
+            format!("column '{column}' is {list} and was given {given} of length {length}")
+        }
+        None => format!("a {list} column was given {given} of length {length}"),
+    }
+}
+
 /// `to_vector(value, <the cast's type>, column)`.
 fn to_vector(cast: Cast, column: Expr) -> Result<Expr> {
     let vector = Expr::Literal(ScalarValue::try_from(cast.field.data_type())?, None);
@@ -456,13 +481,7 @@ impl ScalarUDFImpl for ToVector {
         };
         for length in lengths.flatten() {
             if length != dim as usize {
-                let message = match column {
-                    Some(column) => format!(
-                        "vector column '{column}' is FLOAT[{dim}] and was given a vector of \
-                         length {length}"
-                    ),
-                    None => format!("a FLOAT[{dim}] column was given a vector of length {length}"),
-                };
+                let message = wrong_length(column, &vector, length, false);
                 return Err(Error::invalid(message).into());
             }
         }

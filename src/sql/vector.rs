@@ -11,7 +11,7 @@ use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float32Array};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Field, Float32Type, Schema, SchemaRef};
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{DFSchema, ScalarValue, plan_err};
+use datafusion::common::{DFSchema, ScalarValue, exec_err, plan_err};
 use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::utils::conjunction;
@@ -389,7 +389,7 @@ impl ScalarUDFImpl for DistanceFunction {
                 if values.null_count() > 0
                     && let Some(at) = range.clone().find(|&j| values.is_null(j))
                 {
-                    return plan_err!(
+                    return exec_err!(
                         "{}: the {which} vector holds NULL at element {} of {}",
                         self.name,
                         at - range.start + 1,
@@ -404,12 +404,12 @@ impl ScalarUDFImpl for DistanceFunction {
                     continue;
                 }
                 if let Some(fault) = vector_fault(vector) {
-                    return plan_err!("{}: the {which} vector holds {fault}", self.name);
+                    return exec_err!("{}: the {which} vector holds {fault}", self.name);
                 }
                 checked[arg] = constant[arg];
             }
             if x.len() != y.len() {
-                return plan_err!(
+                return exec_err!(
                     "{}: vectors of different dimensions ({} and {})",
                     self.name,
                     x.len(),
