@@ -672,11 +672,10 @@ impl Table {
     /// [`Error::Corrupt`] if the newest manifest still names the object
     /// (it was lost).
     pub(crate) async fn explain_missing(&self, shard: u32, error: Error) -> Error {
-        let (path, pack) = match &error {
-            Error::Store(object_store::Error::NotFound { path, .. }) => (path, None),
-            Error::Corrupt { path, .. } if blob::missing_pack(&error).is_some() => {
-                (path, blob::missing_pack(&error))
-            }
+        let pack = blob::missing_pack(&error);
+        let path = match &error {
+            Error::Store(object_store::Error::NotFound { path, .. }) => path,
+            Error::Corrupt { path, .. } if pack.is_some() => path,
             _ => return error,
         };
         let sstable = paths::sstable_dir_of_object(path).map(str::to_string);
