@@ -13,9 +13,12 @@
 //! - **Ambiguous writes are resolved before anything is retried.** When a
 //!   put fails with anything but "already exists", the version is read back:
 //!   our bytes there means we committed; other bytes means we lost the race;
-//!   nothing there means the write did not land and the same version is
-//!   tried again. If the read-back fails too, the caller gets
-//!   [`Error::CommitOutcomeUnknown`]. Encoders must make every attempt's
+//!   nothing there means the write has not landed and the same version is
+//!   tried again (the same bytes: a retry that lands first leaves a late
+//!   original only "already exists"). A write that failed slowly (timed
+//!   out) may still land after the read-back: past its retries, its
+//!   outcome is [`Error::CommitOutcomeUnknown`], as when the read-back
+//!   fails too; never "not written". Encoders must make every attempt's
 //!   bytes unique (the catalog embeds a random commit id), or two writers of
 //!   identical bytes could not be told apart.
 //! - **The tip is always found.** Readers start from the larger of what they
@@ -55,7 +58,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::store::{paths, retry_store_call};
+use crate::store::{QUICK_FAILURE, paths, retry_store_call};
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
@@ -499,7 +502,7 @@ impl VersionedObjects {
     pub async fn put_version(&self, version: u64, body: Bytes) -> Result<PutOutcome> {
         let path = self.path_of(version);
         let bytes = seal(&self.dir, version, &body);
-        let mut attempt = 0;
+        let (mut attempt, mut retried_slow) = (0, false);
         loop {
             let payload = PutPayload::from_bytes(bytes.clone());
             let started = Instant::now();
@@ -515,20 +518,37 @@ impl VersionedObjects {
                 Err(e) => e,
             };
             let failed_after = started.elapsed();
+            // A write that failed slowly (timed out) may still be on its
+            // way: the request can reach the store after the read-back.
+            let slow = failed_after >= QUICK_FAILURE;
             match self.read_slot(version).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
+                // The same bytes once more after a slow failure, however
+                // slow: this write lands first (and the late one finds the
+                // version taken) or meets the late one, either way an
+                // answer.
                 Ok(None)
                     if retry_store_call(
                         attempt + 1,
                         self.options.transient_retries,
                         failed_after,
-                    ) =>
+                    ) || (slow && !retried_slow) =>
                 {
                     attempt += 1;
+                    retried_slow |= slow;
                     log::debug!("retrying write of {path} after: {err}");
                     tokio::time::sleep(self.options.backoff(attempt)).await;
+                }
+                Ok(None) if slow => {
+                    return Err(Error::CommitOutcomeUnknown {
+                        path: path.to_string(),
+                        write: err.to_string(),
+                        read_back: "nothing there yet, but a write that timed out may still \
+                                    land"
+                            .into(),
+                    });
                 }
                 Ok(None) => {
                     return Err(Error::Store(object_store::Error::Generic {
@@ -1038,20 +1058,37 @@ mod tests {
         assert_eq!(faulty.injected(), 2);
     }
 
+    /// A write that failed slowly (a timeout: the store's client retried
+    /// it already) may still land after it is read back: it is tried once
+    /// more, which decides it, and then its outcome is unknown, never
+    /// "not written" (found from outside: a DROP TABLE whose catalog PUT
+    /// was held 2 s failed as not written, then took effect).
     #[tokio::test]
-    async fn a_write_that_failed_slowly_is_not_tried_again() {
-        // The store's client retried it already, within its timeout.
-        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
-        let objs = objects(faulty.clone());
-        let base = objs.load_latest(0, decode).await.unwrap();
-        faulty.inject(Fault::nth(OpKind::Put, 1).on_paths_containing(".txt"));
-        faulty.set_latency(QUICK_FAILURE);
-        let err = objs
-            .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("after 1 attempts"), "{err}");
-        assert_eq!(faulty.calls(OpKind::Put), 1);
+    async fn a_write_that_failed_slowly_is_tried_once_more_then_unknown() {
+        for (failures, written) in [(1, true), (2, false)] {
+            let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+            let objs = objects(faulty.clone());
+            let base = objs.load_latest(0, decode).await.unwrap();
+            faulty.inject(
+                Fault::nth(OpKind::Put, 1)
+                    .times(failures)
+                    .on_paths_containing(".txt"),
+            );
+            faulty.set_latency(QUICK_FAILURE);
+            let done = objs
+                .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+                .await;
+            assert_eq!(faulty.calls(OpKind::Put), 2);
+            match done {
+                Ok(done) => assert!(written && done.version == 1),
+                Err(err) => assert!(
+                    !written
+                        && matches!(err, Error::CommitOutcomeUnknown { .. })
+                        && err.to_string().contains("may still land"),
+                    "{err}"
+                ),
+            }
+        }
     }
 
     #[tokio::test]
