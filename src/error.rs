@@ -53,17 +53,19 @@ pub enum Error {
     DeleteConflict(String),
 
     /// A version write failed in a way that leaves its outcome unknown (for
-    /// example a timeout after the request was sent) and reading it back to
-    /// find out failed too. The change may or may not be committed.
+    /// example a timeout after the request was sent) and reading it back
+    /// could not settle it (the read failed, or found nothing while the
+    /// write may still land). The change may or may not be committed.
     #[error(
-        "outcome of the commit of {path} is unknown: the write failed ({write}) and reading it back failed ({read_back})"
+        "outcome of the commit of {path} is unknown: the write failed ({write}); reading it \
+         back: {read_back}"
     )]
     CommitOutcomeUnknown {
         /// The version object written.
         path: String,
         /// Why the write failed.
         write: String,
-        /// Why reading it back failed.
+        /// What reading it back found, or why it failed.
         read_back: String,
     },
 
@@ -123,8 +125,9 @@ pub enum Error {
     /// `failed` ones none of it (unless `cause` says a commit's outcome
     /// is unknown).
     #[error(
-        "the write took effect in shards {written:?} ({rows} rows) and failed in shards \
-         {failed:?}, each shard's part in whole or not at all: {cause}"
+        "the write took effect in shards {written:?} ({rows} rows) and {} in shards \
+         {failed:?}, each shard's part in whole or not at all: {cause}",
+        if cause.outcome_unknown() { "has an unknown outcome" } else { "failed" }
     )]
     PartlyWritten {
         /// Shards whose part took effect.
@@ -173,6 +176,16 @@ impl Error {
     /// Shorthand for [`Error::InvalidInput`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidInput(msg.into())
+    }
+
+    /// Whether this is a commit whose outcome is unknown, or a writer
+    /// stopped by one: the change may have taken effect.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::CommitOutcomeUnknown { .. } => true,
+            Error::Poisoned(reason) => reason.starts_with("outcome of the commit of "),
+            _ => false,
+        }
     }
 }
 
@@ -295,5 +308,36 @@ mod tests {
             e.to_string(),
             "object store: Generic S3 error: error sending request: operation timed out"
         );
+    }
+
+    /// A shard whose commit's outcome is unknown is not said to have
+    /// failed (found from outside: "failed in shards [1]" over a cause
+    /// saying the commit's outcome was unknown; its rows were there).
+    #[test]
+    fn a_partial_write_names_an_unknown_outcome_as_such() {
+        let unknown = Error::CommitOutcomeUnknown {
+            path: "t/shards/1/wal/4.arrow".into(),
+            write: "timed out".into(),
+            read_back: "timed out".into(),
+        };
+        let stopped = Error::Poisoned(unknown.to_string());
+        let partly = |cause: Error| {
+            Error::PartlyWritten {
+                written: vec![0],
+                rows: 4,
+                failed: vec![1],
+                cause: Box::new(cause),
+            }
+            .to_string()
+        };
+        for cause in [unknown, stopped] {
+            let message = partly(cause);
+            assert!(
+                message.contains("(4 rows) and has an unknown outcome in shards [1]"),
+                "{message}"
+            );
+        }
+        let message = partly(Error::NotFound("t".into()));
+        assert!(message.contains("and failed in shards [1]"), "{message}");
     }
 }
