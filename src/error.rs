@@ -180,7 +180,7 @@ impl Error {
 
     /// Whether this is a commit whose outcome is unknown, or a writer
     /// stopped by one: the change may have taken effect.
-    pub fn outcome_unknown(&self) -> bool {
+    pub(crate) fn outcome_unknown(&self) -> bool {
         match self {
             Error::CommitOutcomeUnknown { .. } => true,
             Error::Poisoned(reason) => reason.starts_with("outcome of the commit of "),

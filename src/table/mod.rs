@@ -713,7 +713,7 @@ impl Table {
                 }
                 let named = |(position, epoch): (u64, u64)| {
                     (state.sstables.iter().flat_map(|f| &f.packs))
-                        .any(|r| r.epoch == epoch && (r.first..=r.last).contains(&position))
+                        .any(|r| r.contains(epoch, position))
                 };
                 // Replaced: a manifest newer than this process read names
                 // it no more.
