@@ -69,6 +69,17 @@ pub enum Error {
         read_back: String,
     },
 
+    /// A step failed before anything of the change was stored (a commit
+    /// whose write failed and whose version reading back found absent, a
+    /// write whose shard could not be opened): it can be run again.
+    #[error("{what} failed; nothing of it was written: {cause}")]
+    NotWritten {
+        /// What failed (a commit, a write to a shard).
+        what: String,
+        /// Why.
+        cause: String,
+    },
+
     /// Another writer claimed the shard: a newer epoch's fence (or another
     /// writer's entry) holds the WAL position this writer needed. Nothing of
     /// the rejected write is stored; recovery is to reopen the writer.
@@ -203,8 +214,19 @@ fn store_message(e: &object_store::Error) -> String {
         }
         cause = c.source();
     }
+    // The S3 client's last resort for credentials is the instance
+    // metadata service, whose error alone hides that none were set.
+    if message.contains(INSTANCE_METADATA) {
+        message.push_str(
+            " (no S3 credentials were found: set AWS_ACCESS_KEY_ID and \
+             AWS_SECRET_ACCESS_KEY, or run where the instance metadata service gives them)",
+        );
+    }
     shorten_s3_error_documents(&message)
 }
+
+/// The address of the instance metadata service.
+const INSTANCE_METADATA: &str = "169.254.169.254";
 
 /// `message` with every S3 error document (`<?xml ...?><Error><Code>C
 /// </Code><Message>M</Message>...</Error>`) in it replaced by `C: M`.
@@ -307,6 +329,23 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "object store: Generic S3 error: error sending request: operation timed out"
+        );
+    }
+
+    /// Found from outside: with no credentials set, the only error was the
+    /// instance metadata service's.
+    #[test]
+    fn a_failed_credentials_lookup_says_none_were_set() {
+        let e = Error::Store(object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing PUT http://169.254.169.254/latest/api/token: 403".into(),
+        });
+        assert!(
+            e.to_string().ends_with(
+                "(no S3 credentials were found: set AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY, or run where the instance metadata service gives them)"
+            ),
+            "{e}"
         );
     }
 

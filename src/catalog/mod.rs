@@ -566,7 +566,8 @@ fn check_storable(mutation: &Mutation) -> Result<()> {
 }
 
 /// A batch-level failure, handed to each waiter of the batch with its kind
-/// and message intact.
+/// and message intact; any other kind came before a version was written
+/// (every write's failure is one of the kinds kept), and says so.
 struct SharedError(Error);
 
 impl SharedError {
@@ -589,10 +590,16 @@ impl SharedError {
                 path: path.clone(),
                 reason: reason.clone(),
             },
-            other => Error::Store(object_store::Error::Generic {
-                store: "memwal catalog",
-                source: format!("commit failed: {other}").into(),
-            }),
+            Error::NotWritten { what, cause } => Error::NotWritten {
+                what: what.clone(),
+                cause: cause.clone(),
+            },
+            // Failed before its version was written (reading the tip,
+            // encoding).
+            other => Error::NotWritten {
+                what: "the catalog's commit".into(),
+                cause: other.to_string(),
+            },
         }
     }
 }

@@ -13,8 +13,8 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, ObjectStoreExt, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 
 /// The kinds of call a [`Fault`] can target.
@@ -43,7 +43,9 @@ pub enum FaultMode {
     /// Fail without touching the inner store.
     Before,
     /// Perform the operation, then report a failure: the caller cannot tell
-    /// whether it took effect (a lost acknowledgement).
+    /// whether it took effect (a lost acknowledgement). A read's body is
+    /// cut short instead, with an error that names no object, as an HTTP
+    /// client's does.
     After,
     /// Perform the operation, lose its answer, and perform it again, as an
     /// HTTP client retrying by itself does: a put-if-absent then reports
@@ -375,6 +377,15 @@ fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
     }
 }
 
+/// A response body cut short, as the HTTP client reports it: naming no
+/// object.
+fn cut_body() -> object_store::Error {
+    object_store::Error::Generic {
+        store: "FaultyStore",
+        source: "injected: request or response body error".into(),
+    }
+}
+
 impl fmt::Display for FaultyStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "FaultyStore({})", self.inner)
@@ -432,6 +443,12 @@ impl ObjectStore for FaultyStore {
             OpKind::Get
         };
         match self.enter(kind, location).await {
+            Some(FaultMode::After | FaultMode::Retried) if kind == OpKind::Get => {
+                let mut got = self.inner.get_opts(location, options).await?;
+                got.payload =
+                    GetResultPayload::Stream(futures::stream::iter([Err(cut_body())]).boxed());
+                Ok(got)
+            }
             Some(mode) => Err(injected(kind, location, mode)),
             None => self.inner.get_opts(location, options).await,
         }
@@ -443,6 +460,10 @@ impl ObjectStore for FaultyStore {
         ranges: &[std::ops::Range<u64>],
     ) -> object_store::Result<Vec<Bytes>> {
         match self.enter(OpKind::Get, location).await {
+            Some(FaultMode::After | FaultMode::Retried) => {
+                self.inner.get_ranges(location, ranges).await?;
+                Err(cut_body())
+            }
             Some(mode) => Err(injected(OpKind::Get, location, mode)),
             None => self.inner.get_ranges(location, ranges).await,
         }

@@ -6,6 +6,7 @@
 mod faulty;
 #[cfg(any(test, feature = "testing"))]
 mod latency;
+mod named;
 pub mod paths;
 mod root;
 mod versioned;

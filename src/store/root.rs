@@ -14,6 +14,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ClientConfigKey, ObjectStore, RetryConfig};
 use url::Url;
 
+use super::named::NamedReads;
 use crate::error::{Error, Result};
 
 /// Refuses a `.` or `..` segment in the path of the root URL `location`:
@@ -191,10 +192,11 @@ impl ObjectRoot {
     }
 
     /// A root over an existing store (for example the fault-injecting store of `memwal::testing`);
-    /// `url` is only used in messages.
+    /// `url` is only used in messages. A read's error that names no object
+    /// (a response body cut short) is given the object's name.
     pub fn new(store: Arc<dyn ObjectStore>, url: impl Into<String>) -> Self {
         Self {
-            store,
+            store: Arc::new(NamedReads::new(store)),
             url: url.into(),
         }
     }

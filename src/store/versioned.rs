@@ -551,15 +551,14 @@ impl VersionedObjects {
                     });
                 }
                 Ok(None) => {
-                    return Err(Error::Store(object_store::Error::Generic {
-                        store: "memwal",
-                        source: format!(
-                            "version {path} was not written after {} attempts \
-                             (read back: absent); last error: {err}",
+                    return Err(Error::NotWritten {
+                        what: format!("the commit of {path}"),
+                        cause: format!(
+                            "{} (attempts: {}; reading it back found nothing)",
+                            Error::from(err),
                             attempt + 1
-                        )
-                        .into(),
-                    }));
+                        ),
+                    });
                 }
                 Err(read_back) => {
                     return Err(Error::CommitOutcomeUnknown {

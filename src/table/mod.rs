@@ -337,7 +337,8 @@ impl OpenWriter {
                 self.options.clone(),
                 taking_back,
             )
-            .await?,
+            .await
+            .map_err(|e| self.open_failed(e))?,
         );
         if writer.opened_empty()
             && let Err(e) = self.check_still_named().await
@@ -348,6 +349,25 @@ impl OpenWriter {
         }
         *slot.writer.write().expect("writer slot poisoned") = Some(Arc::clone(&writer));
         Ok(Some(writer))
+    }
+
+    /// The failure of an open as the failure of the write it was for,
+    /// which wrote nothing: a store's error says so (a fence or claim that
+    /// timed out would read as the write's own outcome). Typed kinds
+    /// (fenced, dropped, corrupt, ...) stay as they are.
+    fn open_failed(&self, e: Error) -> Error {
+        match e {
+            Error::Store(_) | Error::Io(_) | Error::CommitOutcomeUnknown { .. } => {
+                Error::NotWritten {
+                    what: format!(
+                        "the write to shard {} of the table at '{}'",
+                        self.slot.index, self.location
+                    ),
+                    cause: format!("opening the shard: {e}"),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Whether the catalog the table was opened through still names it,

@@ -123,10 +123,13 @@ async fn write_that_never_lands_fails_and_leaves_nothing() {
     );
     let err = catalog.create_namespace(ns("a"), false).await.unwrap_err();
     let msg = err.to_string();
+    assert!(matches!(err, Error::NotWritten { .. }), "{msg}");
     assert!(
-        msg.contains("was not written") && msg.contains("injected Put fault"),
+        msg.contains("nothing of it was written") && msg.contains("injected Put fault"),
         "{msg}"
     );
+    // Said once, not wrapped again on the way to the waiter.
+    assert_eq!(msg.matches("object store").count(), 1, "{msg}");
     let after = reopen(&store).await;
     assert!(ids(&after).is_empty());
     assert_eq!(after.version(), 0);

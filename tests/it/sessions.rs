@@ -1215,3 +1215,53 @@ async fn identical_deletes_at_once_count_each_row_once() {
             .contains("| 10000 |")
     );
 }
+
+/// Found from outside over S3: a write whose shard could not be opened
+/// (its fence's PUT timed out) gave the bare store error, and a scan
+/// whose response body stalled named no object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_open_says_nothing_was_written_and_a_cut_read_names_its_object() {
+    use memwal::testing::{Fault, FaultyStore, OpKind};
+    let faulty = FaultyStore::new(Arc::new(object_store::memory::InMemory::new()));
+    let session = session_over(
+        faulty.clone(),
+        "memory://named",
+        CatalogOptions::default(),
+        WriterOptions::default(),
+    )
+    .await;
+    query(&session, "CREATE TABLE t (id BIGINT PRIMARY KEY)").await;
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/wal/"),
+    );
+    let failed = session.sql("INSERT INTO t VALUES (1)").await.unwrap();
+    let message = failed.collect().await.unwrap_err().to_string();
+    assert!(
+        message.contains("the write to shard 0 of the table at 'tables/t-")
+            && message.contains("failed; nothing of it was written: opening the shard: "),
+        "{message}"
+    );
+    faulty.clear();
+    query(&session, "INSERT INTO t VALUES (2)").await;
+    session.close().await.unwrap();
+    let answer = query(&session, "SELECT id FROM t").await;
+    assert!(
+        answer.contains("| 2 ") && !answer.contains("| 1 "),
+        "{answer}"
+    );
+    // The SSTable's body is cut short.
+    faulty.inject(
+        Fault::nth(OpKind::Get, 1)
+            .times(u64::MAX)
+            .after_write()
+            .on_paths_containing("/sst/"),
+    );
+    let cut = session.sql("SELECT id FROM t").await.unwrap();
+    let message = cut.collect().await.unwrap_err().to_string();
+    assert!(
+        message.contains("reading tables/t-") && message.contains("/data.parquet: injected"),
+        "{message}"
+    );
+}
