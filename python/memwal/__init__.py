@@ -12,7 +12,7 @@
 
     items = root.table("items")
     items.put(pa.table({"id": [7], "name": ["seven"]}))  # durable when it returns
-    items.delete([7])                                  # or a SQL predicate: "id > 5"
+    items.delete([7])                                  # or a predicate: where="id > 5"
 
 The catalog, tables and ``vector_search`` cross to datafusion-python through
 DataFusion's FFI (the same major version, 55, on both sides); Arrow data
@@ -162,24 +162,34 @@ class Table:
         Returns the rows stored: one per distinct key."""
         return self._live().put(self._arrow(data))
 
-    def delete(self, keys: Any) -> int:
+    def delete(self, keys: Any = None, *, where: str | None = None) -> int:
         """Deletes rows and returns once that is durable.
 
-        ``keys``: a SQL predicate (``"id > 5"``: returns the rows deleted),
-        a list of key values (one key column) or Arrow data of the key
-        columns (returns the distinct keys given; a key with no row counts
-        too, as nothing is read to delete by key)."""
+        ``keys``: key values (a list, numpy array, pandas Series or pyarrow
+        array of them; one key column) or Arrow data of the key columns:
+        returns the distinct keys given (a key with no row counts too, as
+        nothing is read to delete by key). ``where``: a SQL predicate
+        (``where="id > 5"``) instead: returns the rows deleted. A bare
+        string is refused, as it could be either (a text key ``'true'``,
+        or the predicate deleting every row)."""
+        if (keys is None) == (where is None):
+            raise InvalidInputError("give the keys to delete, or where= a SQL predicate")
         if isinstance(keys, str):
-            if not keys.strip():
-                raise InvalidInputError(
-                    "an empty predicate: give a condition, such as 'id > 5' (or 'true' "
-                    "to delete every row)"
-                )
-            # By name: only while the name still names this table.
-            self._live().check_current()
-            result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {keys}")
-            return int(result.column(0)[0].as_py())
-        return self._live().delete_keys(self._keys(keys))
+            raise InvalidInputError(
+                f"delete({keys!r}): a string could be a key or a predicate: give "
+                f"delete([{keys!r}]) for the key, or delete(where={keys!r}) for the predicate"
+            )
+        if where is None:
+            return self._live().delete_keys(self._keys(keys))
+        if not where.strip():
+            raise InvalidInputError(
+                "an empty predicate: give a condition, such as where='id > 5' (or "
+                "where='true' to delete every row)"
+            )
+        # By name: only while the name still names this table.
+        self._live().check_current()
+        result = self._root.sql(f"DELETE FROM {_sql_name(self.name)} WHERE {where}")
+        return int(result.column(0)[0].as_py())
 
     def get(self, keys: Any) -> pa.Table:
         """The newest live rows with the keys ``keys`` (a key value, a list,

@@ -76,6 +76,10 @@ fn to_py(error: Error) -> PyErr {
             ConflictError::new_err(message)
         }
         Error::Fenced { .. } => FencedError::new_err(message),
+        // Rows lost because another writer took the shard.
+        Error::LostRows { cause, .. } if cause.starts_with("fenced: ") => {
+            FencedError::new_err(message)
+        }
         // SQL that does not parse or plan, or casts a value that cannot
         // be cast, is bad input too.
         Error::DataFusion(e)

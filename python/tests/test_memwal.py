@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -81,7 +82,7 @@ def test_put_get_delete_upsert(root):
     assert rows(kv.get([300, 301])) == [(300, 9, "r"), (301, 8, "q")]
     # By key: the distinct keys given (999 has no row; nothing is read).
     assert kv.delete([0, 1, 2, 999, 2]) == 4
-    assert kv.delete("id >= 90 AND id < 100") == 10
+    assert kv.delete(where="id >= 90 AND id < 100") == 10
     table = kv.scan()
     assert table.num_rows == 100 - 3 - 10 + 3
     assert {0, 1, 2, 95}.isdisjoint(table.column("id").to_pylist())
@@ -193,6 +194,24 @@ def test_a_reopened_root_and_a_second_process(tmp_path):
         assert rows(r.table("t").scan()) == [(2, "B"), (3, "c"), (4, "d")]
 
 
+def test_rows_lost_to_another_writer_raise_fenced_error(tmp_path):
+    # Found from outside: it raised a bare MemwalError.
+    location = str(tmp_path / "root")
+    first = memwal.open(location, durable=False)
+    first.sql("CREATE TABLE kv (id BIGINT PRIMARY KEY)")
+    t = first.table("kv")
+    t.put({"id": [1]})
+    with memwal.open(location) as second:
+        second.table("kv").put({"id": [2]})  # takes the shard
+    with pytest.raises(memwal.FencedError, match="lost"):
+        # Acknowledged before durable: a put is lost, and reported by a
+        # later one once the writer's append met the new writer's fence.
+        for n in range(3, 200):
+            t.put({"id": [n]})
+            time.sleep(0.05)
+    first.close()
+
+
 def test_two_processes_write_one_table_at_once(tmp_path):
     location = str(tmp_path / "root")
     with memwal.open(location) as r:
@@ -258,9 +277,27 @@ def test_inputs_are_cast_only_where_values_keep_their_meaning(root):
 def test_an_empty_predicate_or_an_unknown_scheme_is_invalid_input(root):
     root.sql("CREATE TABLE t (id BIGINT PRIMARY KEY)")
     with pytest.raises(memwal.InvalidInputError, match="an empty predicate"):
-        root.table("t").delete(" ")
+        root.table("t").delete(where=" ")
     with pytest.raises(memwal.InvalidInputError, match="not one memwal opens"):
         memwal.open("ftp://host/path")
+
+
+def test_a_bare_string_is_neither_a_key_nor_a_predicate_to_delete(root):
+    # Found from outside: delete("true") on a text-keyed table ran
+    # DELETE ... WHERE true (every row), where get("true") reads the key.
+    root.sql("CREATE TABLE tk (name TEXT PRIMARY KEY, n INT)")
+    t = root.table("tk")
+    t.put({"name": ["a", "true", "c"], "n": [1, 2, 3]})
+    with pytest.raises(memwal.InvalidInputError, match=r"delete\(\['true'\]\) for the key"):
+        t.delete("true")
+    with pytest.raises(memwal.InvalidInputError, match="or where= a SQL predicate"):
+        t.delete()
+    with pytest.raises(memwal.InvalidInputError, match="or where= a SQL predicate"):
+        t.delete(["a"], where="n > 1")
+    assert t.scan().num_rows == 3
+    assert t.delete(["true"]) == 1
+    assert t.delete(where="n = 3") == 1
+    assert t.scan().column("name").to_pylist() == ["a"]
 
 
 def test_ctrl_c_stops_a_long_statement(tmp_path):
@@ -379,7 +416,7 @@ def test_a_dropped_or_closed_handle_refuses_writes(tmp_path):
     # What goes by name does not reach the new table of that name either.
     r.table("t").put({"id": [2]})
     with pytest.raises(memwal.NotFoundError, match="dropped"):
-        t.delete("id = 2")
+        t.delete(where="id = 2")
     with pytest.raises(memwal.NotFoundError, match="dropped"):
         t.stats()
     with pytest.raises(memwal.NotFoundError, match="dropped"):

@@ -155,7 +155,14 @@ fn main() -> std::process::ExitCode {
     let shell = std::thread::Builder::new()
         .name("memwal".into())
         .stack_size(STACK_BYTES)
-        .spawn(move || runtime.block_on(run(args)))
+        .spawn(move || {
+            let result = runtime.block_on(run(args));
+            // Not shut down: what is left on it is a query's tasks that
+            // another library still waits for (its waits panic on a task
+            // cancelled by a shutdown); everything of memwal's is closed.
+            std::mem::forget(runtime);
+            result
+        })
         .expect("the shell's thread");
     match shell.join() {
         Ok(Ok(())) => std::process::ExitCode::SUCCESS,

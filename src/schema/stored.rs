@@ -351,17 +351,21 @@ impl TableSchema {
         if !unknown.is_empty() {
             why.push(format!("not in the table: {}", unknown.join(", ")));
         }
-        if why.is_empty() {
-            why.push("the order differs".to_string());
-        }
+        // The batch's own columns only when what differs is their order
+        // (a caller may have added some: they would read as given).
+        let given = match why.is_empty() {
+            true => {
+                why.push("the order differs".to_string());
+                let fields = got.fields().iter();
+                format!(
+                    " ({})",
+                    describe(fields.map(|f| (f.name(), f.data_type())).collect())
+                )
+            }
+            false => String::new(),
+        };
         Err(Error::invalid(format!(
-            "batch columns ({}) do not match the table's ({}): {}",
-            describe(
-                got.fields()
-                    .iter()
-                    .map(|f| (f.name(), f.data_type()))
-                    .collect()
-            ),
+            "the batch's columns{given} do not match the table's ({}): {}",
             describe(expected.iter().map(|f| (f.name(), f.data_type())).collect()),
             why.join("; "),
         )))
@@ -591,6 +595,41 @@ mod tests {
             err.to_string()
                 .contains("beyond the range of FLOAT (inf) in row 1"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn columns_that_do_not_match_are_named_and_only_those() {
+        let t = table();
+        let ids: ArrayRef = Arc::new(Int64Array::from(vec![1]));
+        let put = |fields: Vec<Field>, columns: Vec<ArrayRef>| {
+            let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+            t.to_stored(&batch).unwrap_err().to_string()
+        };
+        let id = || Field::new("id", DataType::Int64, false);
+        let zzz = Field::new("zzz", DataType::Int64, true);
+        let err = put(vec![id(), zzz], vec![Arc::clone(&ids), Arc::clone(&ids)]);
+        assert_eq!(
+            err,
+            "invalid input: the batch's columns do not match the table's (id Int64, emb \
+             FixedSizeList(3 x Float32)): missing emb; not in the table: zzz"
+        );
+        let wide = Field::new("id", DataType::Int32, false);
+        let int32: ArrayRef = Arc::new(datafusion::arrow::array::Int32Array::from(vec![1]));
+        let err = put(vec![wide], vec![int32]);
+        assert!(
+            err.ends_with("): id is Int32, not Int64; missing emb"),
+            "{err}"
+        );
+        let emb = batch(&t, [1.0; 6], [true; 2], [true; 6]).slice(0, 1);
+        let swapped = put(
+            vec![emb.schema().field(1).clone(), id()],
+            vec![Arc::clone(emb.column(1)), ids],
+        );
+        assert!(
+            swapped.contains("columns (emb FixedSizeList(3 x Float32), id Int64) do not match")
+                && swapped.ends_with(": the order differs"),
+            "{swapped}"
         );
     }
 
