@@ -213,6 +213,8 @@ class Table:
     def _keys(self, keys: Any) -> Any:
         if not self.primary_key:
             raise InvalidInputError(f"table {self.name} has no primary key")
+        if keys is None:
+            raise InvalidInputError("no keys given (None)")
         if isinstance(keys, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) or (
             type(keys).__name__ == "DataFrame"
         ):

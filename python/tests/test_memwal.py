@@ -292,6 +292,8 @@ def test_a_bare_string_is_neither_a_key_nor_a_predicate_to_delete(root):
         t.delete("true")
     with pytest.raises(memwal.InvalidInputError, match="or where= a SQL predicate"):
         t.delete()
+    with pytest.raises(memwal.InvalidInputError, match=r"no keys given \(None\)"):
+        t.get(None)
     with pytest.raises(memwal.InvalidInputError, match="or where= a SQL predicate"):
         t.delete(["a"], where="n > 1")
     assert t.scan().num_rows == 3

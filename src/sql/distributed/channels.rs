@@ -133,6 +133,9 @@ impl NamedWorker {
                 ": it stopped answering (no answer to a ping for {}s)",
                 PING_TIMEOUT.as_secs()
             )
+        } else if chain.contains("tcp connect error") {
+            // A connection made before, made again on this request.
+            ": cannot connect to it (it is not running, or not at this address)".into()
         } else if lost.iter().any(|sign| chain.contains(sign)) {
             ": the connection to it broke (the worker exited or stopped answering, or what \
              listens there is no memwal worker)"
