@@ -24,18 +24,24 @@
 //! DataFusion refuses while planning (`Cannot automatically convert
 //! FixedSizeList(2 x Float32) to FixedSizeList(3 x Float32)`); that
 //! error is replaced by one naming the column ([`InsertSource`]).
+//!
+//! A number cast to `FLOAT` (a `DOUBLE`, a decimal, text) beyond its range
+//! would be stored as infinity, as DataFusion casts it; the rewrite
+//! replaces such casts with [`ToFloat`], which refuses the value instead
+//! (as an INSERT does for an integer out of its column's range).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Float32Type, Float64Type};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue, internal_datafusion_err, plan_err};
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::Alias;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::sort_properties::{ExprProperties, SortProperties};
 use datafusion::logical_expr::{
     Cast, ColumnarValue, DmlStatement, Expr, LogicalPlan, LogicalPlanBuilder, Projection,
@@ -54,8 +60,12 @@ use super::ddl::name_parts;
 use crate::error::Error;
 
 /// The functions the rewrite calls, to register by name.
-pub(crate) fn check_functions() -> [ScalarUDF; 2] {
-    [ScalarUDF::from(NotNull), ScalarUDF::from(ToVector)]
+pub(crate) fn check_functions() -> [ScalarUDF; 3] {
+    [
+        ScalarUDF::from(NotNull),
+        ScalarUDF::from(ToVector),
+        ScalarUDF::from(ToFloat),
+    ]
 }
 
 /// Rewrites every insert into a memwal table in `plan` (see the module
@@ -172,7 +182,7 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
             let expr = projection
                 .expr
                 .into_iter()
-                .map(named_vector_cast)
+                .map(named_checked_cast)
                 .collect::<Result<Vec<_>>>()?;
             let projection =
                 Projection::try_new_with_schema(expr, projection.input, projection.schema)?;
@@ -185,7 +195,16 @@ fn check_insert(dml: DmlStatement) -> Result<Transformed<LogicalPlan>> {
             LogicalPlan::Values(values) => LogicalPlan::Values(named_casts(values, &columns)?),
             other => other,
         };
-        let node = node.map_expressions(|e| e.transform_up(vector_cast))?.data;
+        // Under the names they had: a node above names its input's
+        // columns by them.
+        let names = NamePreserver::new(&node);
+        let node = node
+            .map_expressions(|e| {
+                let name = names.save(&e);
+                Ok(e.transform_up(checked_cast)?
+                    .update_data(|e| name.restore(e)))
+            })?
+            .data;
         match node {
             LogicalPlan::Values(values) => {
                 Ok(Transformed::yes(LogicalPlan::Values(nullable(values)?)))
@@ -248,18 +267,19 @@ fn values_columns(input: &LogicalPlan) -> HashMap<String, String> {
     columns
 }
 
-/// `values` with each cast of a whole value to a vector type a
-/// [`ToVector`] told its target column (see [`values_columns`]).
+/// `values` with each cast of a whole value to a vector type or `FLOAT`
+/// a [`ToVector`] or [`ToFloat`] told its target column (see
+/// [`values_columns`]).
 fn named_casts(mut values: Values, columns: &HashMap<String, String>) -> Result<Values> {
     for row in &mut values.values {
         for (value, field) in row.iter_mut().zip(values.schema.fields()) {
             if let Some(column) = columns.get(field.name())
-                && is_vector_cast(value)
+                && is_checked_cast(value)
             {
                 let Expr::Cast(cast) = std::mem::replace(value, lit(ScalarValue::Null)) else {
                     unreachable!("checked above")
                 };
-                *value = to_vector(cast, lit(column.clone()))?;
+                *value = checked(cast, lit(column.clone()))?;
             }
         }
     }
@@ -356,19 +376,20 @@ fn two(args: Vec<ColumnarValue>) -> Result<[ColumnarValue; 2]> {
 }
 
 /// A cast aliased to a target column (see [`check_insert`]) becomes a
-/// [`ToVector`] told that column; other expressions stay as they are.
-fn named_vector_cast(expr: Expr) -> Result<Expr> {
+/// [`ToVector`] or [`ToFloat`] told that column; other expressions stay
+/// as they are.
+fn named_checked_cast(expr: Expr) -> Result<Expr> {
     match expr {
         Expr::Alias(Alias {
             expr,
             relation,
             name,
             metadata,
-        }) if is_vector_cast(&expr) => {
+        }) if is_checked_cast(&expr) => {
             let Expr::Cast(cast) = *expr else {
                 unreachable!("checked above")
             };
-            let checked = to_vector(cast, lit(name.clone()))?;
+            let checked = checked(cast, lit(name.clone()))?;
             Ok(Expr::Alias(Alias {
                 expr: Box::new(checked),
                 relation,
@@ -380,11 +401,11 @@ fn named_vector_cast(expr: Expr) -> Result<Expr> {
     }
 }
 
-/// A cast to a vector type becomes a [`ToVector`] that does not know its
-/// column.
-fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
+/// A cast to a vector type or `FLOAT` becomes a [`ToVector`] or
+/// [`ToFloat`] that does not know its column.
+fn checked_cast(expr: Expr) -> Result<Transformed<Expr>> {
     match expr {
-        Expr::Cast(cast) if is_vector_cast_to(&cast) => Ok(Transformed::yes(to_vector(
+        Expr::Cast(cast) if is_checked(&cast) => Ok(Transformed::yes(checked(
             cast,
             lit(ScalarValue::Utf8(None)),
         )?)),
@@ -392,12 +413,24 @@ fn vector_cast(expr: Expr) -> Result<Transformed<Expr>> {
     }
 }
 
-fn is_vector_cast(expr: &Expr) -> bool {
-    matches!(expr, Expr::Cast(cast) if is_vector_cast_to(cast))
+fn is_checked_cast(expr: &Expr) -> bool {
+    matches!(expr, Expr::Cast(cast) if is_checked(cast))
 }
 
-fn is_vector_cast_to(cast: &Cast) -> bool {
-    matches!(cast.field.data_type(), DataType::FixedSizeList(..))
+/// Whether `cast` is one to a vector type or to `FLOAT`.
+fn is_checked(cast: &Cast) -> bool {
+    matches!(
+        cast.field.data_type(),
+        DataType::FixedSizeList(..) | DataType::Float32
+    )
+}
+
+/// `cast` as the function that checks it, told `column`.
+fn checked(cast: Cast, column: Expr) -> Result<Expr> {
+    match cast.field.data_type() {
+        DataType::Float32 => Ok(ScalarUDF::from(ToFloat).call(vec![*cast.expr, column])),
+        _ => to_vector(cast, column),
+    }
 }
 
 /// Why a list of `length` values (several lists, if `lists`) does not fit
@@ -486,5 +519,58 @@ impl ScalarUDFImpl for ToVector {
             }
         }
         Ok(ColumnarValue::Array(cast(&array, &vector)?))
+    }
+}
+
+/// `to_float(value, column)`: `value` cast to `FLOAT`, or an error naming
+/// the column (a string, or NULL when not known) and the value if a
+/// finite value is beyond `FLOAT`'s range (the cast would make it
+/// infinite). Volatile, like [`NotNull`].
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ToFloat;
+
+impl ScalarUDFImpl for ToFloat {
+    fn name(&self) -> &str {
+        "to_float"
+    }
+
+    fn signature(&self) -> &Signature {
+        static SIGNATURE: std::sync::LazyLock<Signature> =
+            std::sync::LazyLock::new(|| Signature::any(2, Volatility::Volatile));
+        &SIGNATURE
+    }
+
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float32)
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        let [value, column] = two(args.args)?;
+        let column = match &column {
+            ColumnarValue::Scalar(scalar) => scalar.try_as_str().flatten(),
+            ColumnarValue::Array(_) => None,
+        };
+        let array = value.into_array(rows)?;
+        let floats = cast(&array, &DataType::Float32)?;
+        let wide = cast(&array, &DataType::Float64)?;
+        let beyond = (floats.as_primitive::<Float32Type>().iter())
+            .zip(wide.as_primitive::<Float64Type>().iter())
+            .find_map(|(narrow, wide)| match (narrow, wide) {
+                (Some(narrow), Some(wide)) if narrow.is_infinite() && wide.is_finite() => {
+                    Some(wide)
+                }
+                _ => None,
+            });
+        if let Some(value) = beyond {
+            let message = match column {
+                Some(column) => {
+                    format!("column '{column}' is FLOAT and was given {value:e}, beyond its range")
+                }
+                None => format!("a FLOAT was given {value:e}, beyond its range"),
+            };
+            return Err(Error::invalid(message).into());
+        }
+        Ok(ColumnarValue::Array(floats))
     }
 }
