@@ -576,6 +576,22 @@ async fn repl(session: &MemwalSession, print_options: &mut PrintOptions) -> rust
     Ok(())
 }
 
+/// What `\?` lists.
+const BACKSLASH_COMMANDS: [(&str, &str); 9] = [
+    ("\\d", "list tables"),
+    (
+        "\\d name",
+        "describe a table (its columns, and how to create it)",
+    ),
+    ("\\q", "quit memwal"),
+    ("\\?", "this help"),
+    ("\\i filename", "run the statements of a file"),
+    ("\\h", "list functions"),
+    ("\\h function", "help on a function"),
+    ("\\quiet (true|false)?", "print or set quiet mode"),
+    ("\\pset [format [NAME]]", "print or set the output format"),
+];
+
 /// Runs one backslash command other than `\q`.
 async fn backslash(
     session: &MemwalSession,
@@ -583,6 +599,15 @@ async fn backslash(
     command: Command,
 ) -> ShellResult {
     match command {
+        Command::Help => {
+            for (command, what) in BACKSLASH_COMMANDS {
+                println!("{command:<24} {what}");
+            }
+            Ok(())
+        }
+        Command::ObjectStoreProfileMode(_) => Err("\\object_store_profiling is not available: \
+             memwal's tables read through memwal's own store, which it does not profile"
+            .into()),
         Command::ListTables => exec_and_print(session, print_options, "SHOW TABLES")
             .await
             .map_err(|e| e.to_string()),

@@ -281,6 +281,20 @@ fn help_knows_memwals_functions() {
         "{out}"
     );
     assert!(!err.contains("not a supported function"), "{err}");
+    // `\?` lists memwal's commands, not datafusion-cli's.
+    let (_, out, err) = memwal_repl(
+        dir.path().to_str().unwrap(),
+        "\\?\n\\object_store_profiling\n",
+    );
+    assert!(
+        out.contains("quit memwal") && !out.contains("datafusion-cli"),
+        "{out}"
+    );
+    assert!(!out.contains("object_store_profiling"), "{out}");
+    assert!(
+        err.contains("\\object_store_profiling is not available"),
+        "{err}"
+    );
 }
 
 #[test]
