@@ -131,15 +131,12 @@ pub enum Error {
     Poisoned(String),
 
     /// A write to several shards (a put, a delete, a bulk load) took
-    /// effect in some shards and failed in others. Each shard's part is
-    /// in whole or not at all: the `written` shards hold theirs, the
-    /// `failed` ones none of it (unless `cause` says a commit's outcome
-    /// is unknown).
-    #[error(
-        "the write took effect in shards {written:?} ({rows} rows) and {} in shards \
-         {failed:?}, each shard's part in whole or not at all: {cause}",
-        if cause.outcome_unknown() { "has an unknown outcome" } else { "failed" }
-    )]
+    /// effect in some shards, or may have (its outcome is unknown in
+    /// some), and failed in others. Each shard's part is in whole or not
+    /// at all: the `written` shards hold theirs, the `failed` ones none of
+    /// it, the `unknown` ones all or none (the next open of the shard
+    /// settles it).
+    #[error("{}", partly_written(written, *rows, failed, unknown, cause))]
     PartlyWritten {
         /// Shards whose part took effect.
         written: Vec<u32>,
@@ -147,6 +144,8 @@ pub enum Error {
         rows: u64,
         /// Shards whose part failed.
         failed: Vec<u32>,
+        /// Shards whose part's outcome is unknown.
+        unknown: Vec<u32>,
         /// The first failure, by shard.
         cause: Box<Error>,
     },
@@ -198,6 +197,33 @@ impl Error {
             _ => false,
         }
     }
+}
+
+/// The message of [`Error::PartlyWritten`]: what happened in which
+/// shards, then the first failure.
+fn partly_written(
+    written: &[u32],
+    rows: u64,
+    failed: &[u32],
+    unknown: &[u32],
+    cause: &Error,
+) -> String {
+    let mut parts = Vec::new();
+    if !written.is_empty() {
+        parts.push(format!("took effect in shards {written:?} ({rows} rows)"));
+    }
+    if !failed.is_empty() {
+        parts.push(format!("failed in shards {failed:?}"));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!("has an unknown outcome in shards {unknown:?}"));
+    }
+    let last = parts.pop().unwrap_or_default();
+    let what = match parts.is_empty() {
+        true => last,
+        false => format!("{} and {last}", parts.join(", ")),
+    };
+    format!("the write {what}, each shard's part in whole or not at all: {cause}")
 }
 
 /// `e`'s message, followed by each cause its message leaves out (the
@@ -354,29 +380,51 @@ mod tests {
     /// saying the commit's outcome was unknown; its rows were there).
     #[test]
     fn a_partial_write_names_an_unknown_outcome_as_such() {
-        let unknown = Error::CommitOutcomeUnknown {
+        let unknown_commit = Error::CommitOutcomeUnknown {
             path: "t/shards/1/wal/4.arrow".into(),
             write: "timed out".into(),
             read_back: "timed out".into(),
         };
-        let stopped = Error::Poisoned(unknown.to_string());
-        let partly = |cause: Error| {
+        let stopped = Error::Poisoned(unknown_commit.to_string());
+        let partly = |written: Vec<u32>, failed: Vec<u32>, unknown: Vec<u32>| {
             Error::PartlyWritten {
-                written: vec![0],
+                written,
                 rows: 4,
-                failed: vec![1],
-                cause: Box::new(cause),
+                failed,
+                unknown,
+                cause: Box::new(Error::NotFound("t".into())),
             }
             .to_string()
         };
-        for cause in [unknown, stopped] {
-            let message = partly(cause);
-            assert!(
-                message.contains("(4 rows) and has an unknown outcome in shards [1]"),
-                "{message}"
-            );
-        }
-        let message = partly(Error::NotFound("t".into()));
-        assert!(message.contains("and failed in shards [1]"), "{message}");
+        let message = partly(vec![0], vec![], vec![1]);
+        assert!(
+            message.starts_with(
+                "the write took effect in shards [0] (4 rows) and has an unknown outcome in \
+                 shards [1], each shard's part"
+            ),
+            "{message}"
+        );
+        let message = partly(vec![0], vec![1], vec![]);
+        assert!(
+            message.contains("(4 rows) and failed in shards [1], each"),
+            "{message}"
+        );
+        let message = partly(vec![0], vec![1], vec![2, 3]);
+        assert!(
+            message.contains(
+                "(4 rows), failed in shards [1] and has an unknown outcome in shards [2, 3], each"
+            ),
+            "{message}"
+        );
+        let message = partly(vec![], vec![1], vec![2]);
+        assert!(
+            message.starts_with(
+                "the write failed in shards [1] and has an unknown outcome in shards [2], each"
+            ),
+            "{message}"
+        );
+        // What says an outcome is unknown.
+        assert!(unknown_commit.outcome_unknown() && stopped.outcome_unknown());
+        assert!(!Error::NotFound("t".into()).outcome_unknown());
     }
 }

@@ -274,7 +274,8 @@ async fn run(args: Args) -> ShellResult {
     .await;
     // Flush what this shell wrote (its MemTables become SSTables). Its
     // error (rows lost, say) is shown even after a failed script.
-    let closed = session.close().await.map_err(|e| e.to_string());
+    let closed = (session.close().await)
+        .map_err(|e| format!("closing the session (flushing what it wrote) failed: {e}"));
     match (result, closed) {
         (Err(script), Err(close)) => Err(format!("{close}\nError: {script}")),
         (result, closed) => result.and(closed),

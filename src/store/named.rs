@@ -1,6 +1,7 @@
-//! A remote store whose read errors name the object read: the HTTP
-//! client's error for a response body cut short or stalled ("request or
-//! response body error: operation timed out") names none.
+//! A remote store whose read errors name the object read (or the prefix
+//! listed): the HTTP client's error for a response body cut short or
+//! stalled ("request or response body error: operation timed out") names
+//! none.
 
 use std::fmt;
 use std::ops::Range;
@@ -16,8 +17,9 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
 };
 
-/// `inner`, with every error of a read that does not name its object
-/// naming it ("reading {path}: ...").
+/// `inner`, with every error of a read or listing that does not name its
+/// object or prefix naming it ("reading {path}: ...", "listing
+/// {prefix}: ...").
 #[derive(Debug)]
 pub(crate) struct NamedReads {
     inner: Arc<dyn ObjectStore>,
@@ -29,29 +31,50 @@ impl NamedReads {
     }
 }
 
-/// The cause of a read's error, with the object read.
+/// The cause of a read's or listing's error, with what was read.
 #[derive(Debug, thiserror::Error)]
-#[error("reading {path}: {source}")]
-struct Reading {
+#[error("{what} {path}: {source}")]
+struct Naming {
+    what: &'static str,
     path: String,
     source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 /// `e`, naming `path` if it does not.
 fn named(path: &Path, e: object_store::Error) -> object_store::Error {
+    naming("reading", path, e)
+}
+
+/// `e`, saying it came from `what` (reading, listing) `path` if it does
+/// not name it.
+fn naming(what: &'static str, path: &Path, e: object_store::Error) -> object_store::Error {
     match e {
         object_store::Error::Generic { store, source }
             if !source.to_string().contains(path.as_ref()) =>
         {
             object_store::Error::Generic {
                 store,
-                source: Box::new(Reading {
+                source: Box::new(Naming {
+                    what,
                     path: path.to_string(),
                     source,
                 }),
             }
         }
         other => other,
+    }
+}
+
+/// `listing`, with its errors naming `prefix`, if any.
+fn listed<T: Send + 'static>(
+    prefix: Option<&Path>,
+    listing: BoxStream<'static, object_store::Result<T>>,
+) -> BoxStream<'static, object_store::Result<T>> {
+    match prefix.cloned() {
+        Some(prefix) => listing
+            .map(move |r| r.map_err(|e| naming("listing", &prefix, e)))
+            .boxed(),
+        None => listing,
     }
 }
 
@@ -112,7 +135,7 @@ impl ObjectStore for NamedReads {
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list(prefix)
+        listed(prefix, self.inner.list(prefix))
     }
 
     fn list_with_offset(
@@ -120,11 +143,14 @@ impl ObjectStore for NamedReads {
         prefix: Option<&Path>,
         offset: &Path,
     ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.inner.list_with_offset(prefix, offset)
+        listed(prefix, self.inner.list_with_offset(prefix, offset))
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.inner.list_with_delimiter(prefix).await
+        (self.inner.list_with_delimiter(prefix).await).map_err(|e| match prefix {
+            Some(prefix) => naming("listing", prefix, e),
+            None => e,
+        })
     }
 
     async fn copy_opts(
@@ -179,6 +205,19 @@ mod tests {
         assert_eq!(e.matches(path.as_ref()).count(), 1, "{e}");
         let e = store.get(&Path::from("nothing/here")).await.unwrap_err();
         assert!(matches!(e, object_store::Error::NotFound { .. }), "{e}");
+        // A listing's error names its prefix (the HTTP client's for a
+        // listing's body cut short names none).
+        let bare = object_store::Error::Generic {
+            store: "S3",
+            source: "Error getting list response body".into(),
+        };
+        let listing = futures::stream::iter([Err::<ObjectMeta, _>(bare)]).boxed();
+        let prefix = Path::from("tables/t");
+        let e = listed(Some(&prefix), listing).next().await.unwrap();
+        assert_eq!(
+            message(e.unwrap_err()),
+            "object store: Generic S3 error: listing tables/t: Error getting list response body"
+        );
         assert_eq!(store.get(&path).await.unwrap().bytes().await.unwrap(), "xy");
     }
 }

@@ -541,10 +541,12 @@ impl VersionedObjects {
                     log::debug!("retrying write of {path} after: {err}");
                     tokio::time::sleep(self.options.backoff(attempt)).await;
                 }
-                Ok(None) if slow => {
+                // A write that failed slowly, this one or an earlier one,
+                // may still land.
+                Ok(None) if slow || retried_slow => {
                     return Err(Error::CommitOutcomeUnknown {
                         path: path.to_string(),
-                        write: err.to_string(),
+                        write: Error::from(err).to_string(),
                         read_back: "nothing there yet, but a write that timed out may still \
                                     land"
                             .into(),
@@ -563,7 +565,7 @@ impl VersionedObjects {
                 Err(read_back) => {
                     return Err(Error::CommitOutcomeUnknown {
                         path: path.to_string(),
-                        write: err.to_string(),
+                        write: Error::from(err).to_string(),
                         read_back: read_back.to_string(),
                     });
                 }
@@ -1088,6 +1090,32 @@ mod tests {
                 ),
             }
         }
+    }
+
+    /// Found from outside over S3: a slow attempt, then quick failures,
+    /// said nothing was written, and the slow one landed later.
+    #[tokio::test]
+    async fn quick_failures_after_a_slow_one_leave_the_outcome_unknown() {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let objs = objects(faulty.clone());
+        let base = objs.load_latest(0, decode).await.unwrap();
+        faulty.inject(
+            Fault::nth(OpKind::Put, 1)
+                .times(u64::MAX)
+                .on_paths_containing(".txt"),
+        );
+        // The first attempt is held past a quick failure, the rest not.
+        let held = faulty.gate(OpKind::Put, ".txt");
+        tokio::spawn(async move {
+            tokio::time::sleep(QUICK_FAILURE).await;
+            drop(held);
+        });
+        let err = objs
+            .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap_err();
+        assert!(faulty.calls(OpKind::Put) >= 2);
+        assert!(matches!(err, Error::CommitOutcomeUnknown { .. }), "{err}");
     }
 
     #[tokio::test]

@@ -67,11 +67,13 @@ const SNAPSHOT_ATTEMPTS: usize = 10;
 const SNAPSHOTS_IN_FLIGHT: usize = 32;
 
 /// The rows a write to several shards wrote, from each shard's outcome:
-/// the failure alone if no shard's part took effect, otherwise
-/// [`Error::PartlyWritten`] naming the shards that did.
+/// the failure alone if that is the whole story (no shard's part took
+/// effect, and at most one shard's outcome is unknown, or none),
+/// otherwise [`Error::PartlyWritten`] naming the shards of each outcome.
 fn gather(mut outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
     outcomes.sort_by_key(|(shard, _)| *shard);
-    let (mut written, mut rows, mut failed, mut cause) = (Vec::new(), 0, Vec::new(), None);
+    let (mut written, mut rows, mut failed, mut unknown) = (Vec::new(), 0, Vec::new(), Vec::new());
+    let mut cause = None;
     for (shard, outcome) in outcomes {
         match outcome {
             Ok(n) => {
@@ -79,18 +81,24 @@ fn gather(mut outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
                 rows += n;
             }
             Err(e) => {
-                failed.push(shard);
+                match e.outcome_unknown() {
+                    true => unknown.push(shard),
+                    false => failed.push(shard),
+                }
                 cause.get_or_insert(e);
             }
         }
     }
-    match cause {
-        None => Ok(rows),
-        Some(cause) if written.is_empty() => Err(cause),
-        Some(cause) => Err(Error::PartlyWritten {
+    let Some(cause) = cause else {
+        return Ok(rows);
+    };
+    match (written.is_empty(), failed.len(), unknown.len()) {
+        (true, _, 0) | (true, 0, 1) => Err(cause),
+        _ => Err(Error::PartlyWritten {
             written,
             rows,
             failed,
+            unknown,
             cause: Box::new(cause),
         }),
     }
@@ -891,8 +899,11 @@ impl Table {
     /// table no one can read any more.
     async fn gather(&self, outcomes: Vec<(u32, Result<u64>)>) -> Result<u64> {
         let gathered = gather(outcomes);
-        if let Err(Error::PartlyWritten { failed, .. }) = &gathered
-            && self.dropped_now(failed[0]).await
+        if let Err(Error::PartlyWritten {
+            failed, unknown, ..
+        }) = &gathered
+            && let Some(&shard) = failed.first().or(unknown.first())
+            && self.dropped_now(shard).await
         {
             return Err(self.dropped_error("dropped while this statement ran"));
         }
@@ -1460,5 +1471,54 @@ impl ShardWriter {
             sstables,
             seen: Some(seen),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown() -> Error {
+        Error::Poisoned("outcome of the commit of t/shards/2/wal/3.arrow is unknown".into())
+    }
+
+    fn failed() -> Error {
+        Error::NotWritten {
+            what: "the write to shard 0".into(),
+            cause: "refused".into(),
+        }
+    }
+
+    /// Found from outside over S3: a statement none of whose shards took
+    /// effect said only its first shard's "nothing of it was written",
+    /// and another shard's part, whose outcome was unknown, was there.
+    #[test]
+    fn a_write_is_described_shard_by_shard_unless_one_failure_tells_it_all() {
+        let shards = |e: Error| match e {
+            Error::PartlyWritten {
+                written,
+                rows,
+                failed,
+                unknown,
+                ..
+            } => (written, rows, failed, unknown),
+            other => panic!("{other}"),
+        };
+        let partly = gather(vec![(2, Err(unknown())), (0, Err(failed())), (1, Ok(3))]);
+        assert_eq!(shards(partly.unwrap_err()), (vec![1], 3, vec![0], vec![2]));
+        let nothing_known = gather(vec![(2, Err(unknown())), (0, Err(failed()))]);
+        assert_eq!(
+            shards(nothing_known.unwrap_err()),
+            (vec![], 0, vec![0], vec![2])
+        );
+        // One failure, or failures all of one kind in no more than one
+        // shard of unknown outcome: that error alone.
+        let alone = gather(vec![(0, Err(failed())), (1, Err(failed()))]);
+        assert!(matches!(alone, Err(Error::NotWritten { .. })));
+        let alone = gather(vec![(2, Err(unknown()))]);
+        assert!(matches!(alone, Err(Error::Poisoned(_))));
+        let two_unknown = gather(vec![(2, Err(unknown())), (3, Err(unknown()))]);
+        assert_eq!(shards(two_unknown.unwrap_err()).3, vec![2, 3]);
+        assert_eq!(gather(vec![(0, Ok(2)), (1, Ok(3))]).unwrap(), 5);
     }
 }

@@ -169,7 +169,7 @@ impl Shared {
                     failures += 1;
                     if !self.options.retry(failures, tried.elapsed()) {
                         return Err(Error::Poisoned(format!(
-                            "{what} failed {failures} times; last error: {e}"
+                            "{what} failed (attempts: {failures}); last error: {e}"
                         )));
                     }
                     log::debug!("{what} failed, retrying: {e}");

@@ -19,7 +19,7 @@ use datafusion::arrow::array::RecordBatch;
 use super::{Generation, Shared};
 use crate::blob;
 use crate::error::{Error, Result};
-use crate::store::paths;
+use crate::store::{QUICK_FAILURE, paths};
 use crate::wal::WalEntry;
 
 /// What the WAL task knows about the generation it makes durable when it
@@ -448,9 +448,14 @@ impl Shared {
     }
 
     /// Appends `bytes` at `position`, retrying the same position with the
-    /// same bytes after a failure whose read-back shows nothing landed.
+    /// same bytes after a failure whose read-back shows nothing landed
+    /// (once more after a slow one, which may still land: then the retry
+    /// lands first, and the late one meets it, or meets the late one).
+    /// Past that, nothing there after a slow failure is an unknown
+    /// outcome: the append may land until the shard's next writer fences
+    /// the position.
     async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
-        let mut attempt = 0;
+        let (mut attempt, mut retried_slow) = (0, false);
         loop {
             let tried = Instant::now();
             let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
@@ -458,6 +463,8 @@ impl Shared {
                 Err(e @ Error::Fenced { .. }) => return Err(e),
                 Err(e) => e,
             };
+            let failed_after = tried.elapsed();
+            let slow = failed_after >= QUICK_FAILURE;
             match self.wal.read_bytes(position).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(()),
                 // Someone else's entry: the next append reports the fence.
@@ -472,12 +479,22 @@ impl Shared {
                 }
             }
             attempt += 1;
-            if !self.options.retry(attempt, tried.elapsed()) {
+            if !self.options.retry(attempt, failed_after) && (retried_slow || !slow) {
+                if retried_slow || slow {
+                    return Err(Error::CommitOutcomeUnknown {
+                        path: self.wal.path_of(position).to_string(),
+                        write: err.to_string(),
+                        read_back: "nothing there yet, but an append that timed out may \
+                                    still land (until the shard is opened again)"
+                            .into(),
+                    });
+                }
                 return Err(Error::Poisoned(format!(
-                    "WAL append at {} failed {attempt} times; last error: {err}",
+                    "WAL append at {} failed (attempts: {attempt}); last error: {err}",
                     self.wal.path_of(position)
                 )));
             }
+            retried_slow |= slow;
             log::debug!("retrying WAL append at position {position}: {err}");
             tokio::time::sleep(self.options.commit.backoff(attempt)).await;
         }

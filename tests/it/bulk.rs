@@ -280,9 +280,11 @@ async fn a_write_that_fails_in_one_shard_names_the_shards_that_hold_it() {
             written,
             rows: held,
             failed,
+            unknown,
             ..
         } => {
             assert_eq!((written, failed), (vec![0, 2, 3], vec![1]));
+            assert!(unknown.is_empty());
             let new = rows.values().filter(|&&x| x == v).count() as u64;
             assert_eq!(held, new, "the rows the written shards hold");
             assert!(

@@ -367,7 +367,11 @@ fn a_failed_script_still_shows_what_closing_found() {
     assert!(!ok, "{out}");
     // Both: the statement that failed, and the flush at exit that did.
     assert!(err.contains("1 statement(s) or command(s) failed"), "{err}");
-    assert!(err.contains("SSTable write failed"), "{err}");
+    assert!(
+        err.contains("closing the session (flushing what it wrote) failed: ")
+            && err.contains("SSTable write failed"),
+        "{err}"
+    );
 }
 
 /// A long generated expression is planned on a thread with a stack of its

@@ -154,6 +154,42 @@ async fn an_ambiguous_wal_write_poisons_the_writer_and_every_waiter_gets_the_err
     assert!((0..5).all(|id| seen.contains(&(id, 0))), "{seen:?}");
 }
 
+/// Found from outside over S3: a WAL append that timed out and whose
+/// retries failed quickly was reported as failed, and landed later. It is
+/// tried once more after a slow failure, and past that its outcome is
+/// unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_that_failed_slowly_is_tried_once_more_then_unknown() {
+    for (slow_failures, written) in [(1, true), (u64::MAX, false)] {
+        let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+        let store: Arc<dyn ObjectStore> = faulty.clone();
+        let writer = open(&store, 0).await.unwrap();
+        let schema = Arc::clone(&writer.schema().schema);
+        faulty.inject(
+            Fault::nth(OpKind::Put, 1)
+                .times(slow_failures)
+                .on_paths_containing("/wal/"),
+        );
+        // The first attempt fails after a quick failure's time.
+        let held = faulty.gate(OpKind::Put, "/wal/");
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+            drop(held);
+        });
+        match writer.put(&[rows(&schema, 0..5, 1)]).await {
+            Ok(()) => assert!(written),
+            Err(Error::Poisoned(reason)) => assert!(
+                !written
+                    && reason.starts_with("outcome of the commit of ")
+                    && reason.contains("may still land"),
+                "{reason}"
+            ),
+            Err(other) => panic!("{other}"),
+        }
+        let _ = writer.close().await;
+    }
+}
+
 #[tokio::test]
 async fn a_corrupt_truncated_or_missing_wal_entry_fails_open_naming_it() {
     let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
