@@ -70,6 +70,9 @@ pub struct Fault {
     pub mode: FaultMode,
     /// Only calls on paths containing this count.
     pub path_contains: Option<String>,
+    /// How long a failing call waits before it fails (see
+    /// [`Fault::slowly`]).
+    pub delay: Duration,
 }
 
 impl Fault {
@@ -81,7 +84,16 @@ impl Fault {
             times: 1,
             mode: FaultMode::Before,
             path_contains: None,
+            delay: Duration::ZERO,
         }
+    }
+
+    /// Fail only after `delay`, as a request that timed out does (a caller
+    /// cannot tell it from one that may still land). Not for the parts
+    /// and completion of a multipart upload.
+    pub fn slowly(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
     }
 
     /// Let the operation happen, then report failure.
@@ -166,6 +178,11 @@ struct State {
 impl State {
     /// Counts the call and returns the mode of the fault that fires, if any.
     fn on_call(&mut self, kind: OpKind, path: &str) -> Option<FaultMode> {
+        self.on_timed_call(kind, path).map(|(mode, _)| mode)
+    }
+
+    /// [`State::on_call`], with the fired fault's delay.
+    fn on_timed_call(&mut self, kind: OpKind, path: &str) -> Option<(FaultMode, Duration)> {
         match self.calls.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, n)) => *n += 1,
             None => self.calls.push((kind, 1)),
@@ -182,7 +199,7 @@ impl State {
             }
             *seen += 1;
             if fired.is_none() && *seen >= fault.nth && *seen - fault.nth < fault.times {
-                fired = Some(fault.mode);
+                fired = Some((fault.mode, fault.delay));
             }
         }
         if fired.is_some() {
@@ -289,15 +306,21 @@ impl FaultyStore {
                     g.open.clone()
                 })
                 .collect();
-            (state.latency, state.on_call(kind, path.as_ref()), gates)
+            (
+                state.latency,
+                state.on_timed_call(kind, path.as_ref()),
+                gates,
+            )
         };
         for mut open in gates {
             // A dropped gate (or cleared rules) lets the call through.
             let _ = open.wait_for(|open| *open).await;
         }
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
+        let delay = mode.map_or(Duration::ZERO, |(_, delay)| delay);
+        if !(latency + delay).is_zero() {
+            tokio::time::sleep(latency + delay).await;
         }
+        let mode = mode.map(|(mode, _)| mode);
         if mode == Some(FaultMode::Panic) {
             panic!("injected {kind:?} panic on {path}");
         }

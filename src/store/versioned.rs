@@ -1099,17 +1099,9 @@ mod tests {
         let faulty = FaultyStore::new(Arc::new(InMemory::new()));
         let objs = objects(faulty.clone());
         let base = objs.load_latest(0, decode).await.unwrap();
-        faulty.inject(
-            Fault::nth(OpKind::Put, 1)
-                .times(u64::MAX)
-                .on_paths_containing(".txt"),
-        );
-        // The first attempt is held past a quick failure, the rest not.
-        let held = faulty.gate(OpKind::Put, ".txt");
-        tokio::spawn(async move {
-            tokio::time::sleep(QUICK_FAILURE).await;
-            drop(held);
-        });
+        // The first attempt fails slowly, the rest quickly.
+        faulty.inject(Fault::nth(OpKind::Put, 1).slowly(QUICK_FAILURE));
+        faulty.inject(Fault::nth(OpKind::Put, 2).times(u64::MAX));
         let err = objs
             .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
             .await

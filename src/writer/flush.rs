@@ -168,9 +168,13 @@ impl Shared {
                     }
                     failures += 1;
                     if !self.options.retry(failures, tried.elapsed()) {
-                        return Err(Error::Poisoned(format!(
-                            "{what} failed (attempts: {failures}); last error: {e}"
-                        )));
+                        // An unknown outcome is no failure: it stands.
+                        return Err(match e.outcome_unknown() {
+                            true => e,
+                            false => Error::Poisoned(format!(
+                                "{what} failed (attempts: {failures}); last error: {e}"
+                            )),
+                        });
                     }
                     log::debug!("{what} failed, retrying: {e}");
                     tokio::time::sleep(self.options.commit.backoff(failures)).await;

@@ -168,14 +168,9 @@ async fn an_append_that_failed_slowly_is_tried_once_more_then_unknown() {
         faulty.inject(
             Fault::nth(OpKind::Put, 1)
                 .times(slow_failures)
+                .slowly(Duration::from_millis(1100))
                 .on_paths_containing("/wal/"),
         );
-        // The first attempt fails after a quick failure's time.
-        let held = faulty.gate(OpKind::Put, "/wal/");
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            drop(held);
-        });
         match writer.put(&[rows(&schema, 0..5, 1)]).await {
             Ok(()) => assert!(written),
             Err(Error::Poisoned(reason)) => assert!(
