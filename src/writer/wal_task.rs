@@ -480,7 +480,7 @@ impl Shared {
             }
             attempt += 1;
             if !self.options.retry(attempt, failed_after) && (retried_slow || !slow) {
-                if retried_slow || slow {
+                if retried_slow {
                     return Err(Error::CommitOutcomeUnknown {
                         path: self.wal.path_of(position).to_string(),
                         write: err.to_string(),
