@@ -290,6 +290,9 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
         {
             true => Ok(Arc::clone(column)),
             false => {
+                if let Some(message) = wrong_length(name, column, to) {
+                    return Err(ArrowError::InvalidArgumentError(message));
+                }
                 let error = |e| {
                     ArrowError::InvalidArgumentError(format!("column '{name}' of type {to}: {e}"))
                 };
@@ -357,7 +360,13 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
             .collect::<Result<Vec<_>, ArrowError>>()
     }));
     match batches {
-        Ok(batches) => batches.map_err(|e| InvalidInputError::new_err(e.to_string())),
+        // Said as memwal says bad input, not in Arrow's words.
+        Ok(batches) => batches.map_err(|e| match e {
+            ArrowError::InvalidArgumentError(why) => {
+                InvalidInputError::new_err(Error::invalid(why).to_string())
+            }
+            other => InvalidInputError::new_err(other.to_string()),
+        }),
         Err(panic) => {
             let why = (panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .or_else(|| panic.downcast_ref::<String>().cloned())
@@ -371,6 +380,36 @@ fn batches_of(data: &Bound<'_, PyAny>, schema: &Schema) -> PyResult<Vec<RecordBa
 
 /// A finite value of `from` that its cast `to` a narrower float made
 /// infinite (arrow's cast does so without an error), if any.
+/// Why the lists of `column` do not fit `to`, a fixed-size list, if one
+/// has another length: as memwal's SQL says it (rows from 1).
+fn wrong_length(name: &str, column: &ArrayRef, to: &DataType) -> Option<String> {
+    let DataType::FixedSizeList(item, dim) = to else {
+        return None;
+    };
+    let lengths: Vec<Option<usize>> = match column.data_type() {
+        DataType::List(_) => column
+            .as_list::<i32>()
+            .iter()
+            .map(|l| l.map(|l| l.len()))
+            .collect(),
+        DataType::LargeList(_) => column
+            .as_list::<i64>()
+            .iter()
+            .map(|l| l.map(|l| l.len()))
+            .collect(),
+        _ => return None,
+    };
+    let (row, length) = (lengths.iter().enumerate())
+        .find_map(|(row, length)| length.filter(|&l| l != *dim as usize).map(|l| (row, l)))?;
+    let what = match item.data_type() {
+        DataType::Float32 => {
+            format!("vector column '{name}' is FLOAT[{dim}] and was given a vector")
+        }
+        other => format!("column '{name}' is a list of {dim} {other} and was given a list"),
+    };
+    Some(format!("{what} of length {length} in row {}", row + 1))
+}
+
 fn beyond_range(from: &ArrayRef, to: &ArrayRef) -> Option<f64> {
     let from = from.as_primitive_opt::<Float64Type>()?;
     let to = to.as_primitive_opt::<Float32Type>()?;
