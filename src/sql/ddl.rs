@@ -240,12 +240,31 @@ async fn create_table_as(
                 Err(e) => return Err(e),
             }
         }
-        Err(e) => Some(e),
+        Err(e) => Some(no_table(&path, e)),
     };
     if let Err(e) = catalog.delete_unnamed(&location).await {
         log::warn!("deleting the rows of a failed CREATE TABLE AS at {location}: {e}");
     }
     failed.map_or(Ok(()), Err)
+}
+
+/// The failure of a `CREATE TABLE ... AS` as such: a write's own words
+/// ("took effect in shards ...", "the table's next write ...") would
+/// describe a table there is none of. Bad input and name errors stay.
+fn no_table(path: &ObjectPath, e: Error) -> Error {
+    match e {
+        Error::InvalidInput(_)
+        | Error::DataFusion(_)
+        | Error::Arrow(_)
+        | Error::AlreadyExists(_)
+        | Error::NotFound(_) => e,
+        write => Error::NotWritten {
+            what: format!("CREATE TABLE {path} AS"),
+            cause: format!(
+                "no table was created, and the rows written for it were deleted ({write})"
+            ),
+        },
+    }
 }
 
 /// Inserts the rows of `query` into `table` (to be named `path`) and waits

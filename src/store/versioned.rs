@@ -502,7 +502,8 @@ impl VersionedObjects {
     pub async fn put_version(&self, version: u64, body: Bytes) -> Result<PutOutcome> {
         let path = self.path_of(version);
         let bytes = seal(&self.dir, version, &body);
-        let (mut attempt, mut retried_slow) = (0, false);
+        // The first slow failure's words: what leaves the outcome unknown.
+        let (mut attempt, mut slow_failure) = (0, None::<String>);
         loop {
             let payload = PutPayload::from_bytes(bytes.clone());
             let started = Instant::now();
@@ -534,21 +535,27 @@ impl VersionedObjects {
                         attempt + 1,
                         self.options.transient_retries,
                         failed_after,
-                    ) || (slow && !retried_slow) =>
+                    ) || (slow && slow_failure.is_none()) =>
                 {
                     attempt += 1;
-                    retried_slow |= slow;
                     log::debug!("retrying write of {path} after: {err}");
+                    if slow {
+                        slow_failure.get_or_insert_with(|| Error::from(err).to_string());
+                    }
                     tokio::time::sleep(self.options.backoff(attempt)).await;
                 }
                 // A write that failed slowly, this one or an earlier one,
                 // may still land.
-                Ok(None) if slow || retried_slow => {
+                Ok(None) if slow || slow_failure.is_some() => {
+                    let last = Error::from(err).to_string();
                     return Err(Error::CommitOutcomeUnknown {
                         path: path.to_string(),
-                        write: Error::from(err).to_string(),
+                        write: match slow_failure {
+                            Some(first) if !slow => format!("{first}; tried again: {last}"),
+                            _ => last,
+                        },
                         read_back: "nothing there yet, but a write that timed out may still \
-                                    land"
+                                    land (the next commit of this version settles it)"
                             .into(),
                     });
                 }
@@ -1108,6 +1115,10 @@ mod tests {
             .unwrap_err();
         assert!(faulty.calls(OpKind::Put) >= 2);
         assert!(matches!(err, Error::CommitOutcomeUnknown { .. }), "{err}");
+        // The slow failure is said first: it is what leaves it unknown.
+        let message = err.to_string();
+        assert!(message.contains("); tried again: "), "{message}");
+        assert!(message.contains("the next commit of this version settles it"));
     }
 
     #[tokio::test]

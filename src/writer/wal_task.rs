@@ -455,7 +455,8 @@ impl Shared {
     /// outcome: the append may land until the shard's next writer fences
     /// the position.
     async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
-        let (mut attempt, mut retried_slow) = (0, false);
+        // The first slow failure's words: what leaves the outcome unknown.
+        let (mut attempt, mut slow_failure) = (0, None::<String>);
         loop {
             let tried = Instant::now();
             let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
@@ -479,11 +480,11 @@ impl Shared {
                 }
             }
             attempt += 1;
-            if !self.options.retry(attempt, failed_after) && (retried_slow || !slow) {
-                if retried_slow {
+            if !self.options.retry(attempt, failed_after) && (slow_failure.is_some() || !slow) {
+                if let Some(first) = slow_failure {
                     return Err(Error::CommitOutcomeUnknown {
                         path: self.wal.path_of(position).to_string(),
-                        write: err.to_string(),
+                        write: format!("{first}; tried again: {err}"),
                         read_back: "nothing there yet, but an append that timed out may \
                                     still land (until the shard is opened again)"
                             .into(),
@@ -494,7 +495,9 @@ impl Shared {
                     self.wal.path_of(position)
                 )));
             }
-            retried_slow |= slow;
+            if slow {
+                slow_failure.get_or_insert_with(|| err.to_string());
+            }
             log::debug!("retrying WAL append at position {position}: {err}");
             tokio::time::sleep(self.options.commit.backoff(attempt)).await;
         }

@@ -1168,3 +1168,34 @@ async fn a_failed_create_table_as_leaves_nothing() {
     assert_eq!(left, Vec::<std::path::PathBuf>::new());
     session.close().await.unwrap();
 }
+
+/// Found from outside over S3: a CREATE TABLE AS whose write failed in one
+/// shard said it "took effect in shards [1, 2, 3]", of a table that was
+/// never created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_table_as_that_fails_in_one_shard_says_no_table_was_created() {
+    let (faulty, session) = on_faulty_store(options()).await;
+    faulty.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/shards/0/wal/"),
+    );
+    let ctas = "CREATE TABLE c (id BIGINT PRIMARY KEY) WITH ('shards' = '4') \
+                AS SELECT value FROM generate_series(1, 300)";
+    let failed = session.sql(ctas).await.unwrap_err();
+    let message = failed.to_string();
+    assert!(
+        matches!(failed, memwal::Error::NotWritten { .. }),
+        "{message}"
+    );
+    assert!(
+        message.starts_with(
+            "CREATE TABLE c AS failed; nothing of it was written: no table was created"
+        ),
+        "{message}"
+    );
+    let missing = session.table("c").await.map(|_| ()).unwrap_err();
+    assert!(matches!(missing, memwal::Error::NotFound(_)), "{missing}");
+    faulty.clear();
+    session.close().await.unwrap();
+}
