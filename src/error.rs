@@ -69,9 +69,11 @@ pub enum Error {
         read_back: String,
     },
 
-    /// A step failed before anything of the change was stored (a commit
-    /// whose write failed and whose version reading back found absent, a
-    /// write whose shard could not be opened): it can be run again.
+    /// A step failed, and nothing of the change is stored or can land
+    /// later: a commit whose every attempt failed quickly and whose version
+    /// reading back found absent, a write whose shard could not be opened,
+    /// a `CREATE TABLE ... AS` whose rows were deleted again. It can be
+    /// run again.
     #[error("{what} failed; nothing of it was written: {cause}")]
     NotWritten {
         /// What failed (a commit, a write to a shard).

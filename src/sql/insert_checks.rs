@@ -1,6 +1,6 @@
 //! INSERT into a memwal table: a NULL in a primary-key or NOT NULL column
-//! is an error that names the column, and so is a vector of the wrong
-//! length.
+//! is an error that names the column, and so are a vector of the wrong
+//! length and a number beyond `FLOAT`'s range.
 //!
 //! DataFusion checks NOT NULL columns itself, but by position or by the
 //! name of a `VALUES` column (`Column 'column1' is declared as non-nullable
