@@ -368,6 +368,13 @@ impl VersionedObjects {
         }
     }
 
+    /// Whether `stored`, read at `version`'s name, fails its check (a
+    /// tombstone is empty, and passes).
+    fn damaged(&self, version: u64, stored: &Bytes) -> bool {
+        let path = self.path_of(version);
+        !stored.is_empty() && unseal(&self.dir, version, &path, stored.clone()).is_err()
+    }
+
     /// The object at a version's name: `None` if absent, empty if a tombstone.
     async fn read_slot(&self, version: u64) -> Result<Option<Bytes>> {
         match self.store.get(&self.path_of(version)).await {
@@ -524,6 +531,19 @@ impl VersionedObjects {
             let slow = failed_after >= QUICK_FAILURE;
             match self.read_slot(version).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
+                // Damaged on its way (the read is tried again), or stored
+                // so: neither says whose version it is.
+                Ok(Some(stored)) if self.damaged(version, &stored) => {
+                    return match self.read_slot(version).await {
+                        Ok(Some(again)) if again == bytes => Ok(PutOutcome::Written),
+                        Ok(Some(again)) if !self.damaged(version, &again) => Ok(PutOutcome::Taken),
+                        _ => Err(Error::CommitOutcomeUnknown {
+                            path: path.to_string(),
+                            write: Error::from(err).to_string(),
+                            read_back: "what is there fails its checksum".into(),
+                        }),
+                    };
+                }
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
                 // The same bytes once more after a slow failure, however
@@ -1119,6 +1139,29 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("); tried again: "), "{message}");
         assert!(message.contains("the next commit of this version settles it"));
+    }
+
+    /// A read-back that fails its checksum is no other writer's version:
+    /// taken for one, the commit would rebase over its own version if
+    /// that had landed and only its reading was damaged.
+    #[tokio::test]
+    async fn a_damaged_read_back_leaves_the_outcome_unknown() {
+        let inner = Arc::new(InMemory::new());
+        let faulty = FaultyStore::new(inner.clone());
+        let objs = objects(faulty.clone());
+        let base = objs.load_latest(0, decode).await.unwrap();
+        let mut damaged = seal(&Path::from("m"), 1, &encode(1)).to_vec();
+        damaged[0] ^= 0xff;
+        inner
+            .put(&objs.path_of(1), Bytes::from(damaged).into())
+            .await
+            .unwrap();
+        let err = objs
+            .commit(base, decode, |n| Ok(Some((n + 1, encode(n + 1)))))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::CommitOutcomeUnknown { .. }), "{err}");
+        assert!(err.to_string().contains("fails its checksum"), "{err}");
     }
 
     #[tokio::test]
