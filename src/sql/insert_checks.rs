@@ -553,6 +553,10 @@ impl ScalarUDFImpl for ToFloat {
         };
         let array = value.into_array(rows)?;
         let floats = cast(&array, &DataType::Float32)?;
+        // Integers and narrower floats are never beyond its range.
+        if array.data_type().is_integer() || *array.data_type() == DataType::Float16 {
+            return Ok(ColumnarValue::Array(floats));
+        }
         let wide = cast(&array, &DataType::Float64)?;
         let beyond = (floats.as_primitive::<Float32Type>().iter())
             .zip(wide.as_primitive::<Float64Type>().iter())
