@@ -15,8 +15,9 @@ mod versioned;
 pub use faulty::{Fault, FaultMode, FaultyStore, Gate, OpKind};
 #[cfg(any(test, feature = "testing"))]
 pub use latency::{Delay, LatencyProfile, LatencyStore, RequestCount, bench_root};
+#[cfg(test)]
 pub(crate) use root::QUICK_FAILURE;
-pub(crate) use root::retry_store_call;
+pub(crate) use root::{AfterFailure, SameBytesRetries, retry_store_call};
 pub use root::{DEFAULT_STORE_TIMEOUT, ObjectRoot};
 pub use versioned::{CommitOptions, Slot, Versioned, VersionedObjects};
 

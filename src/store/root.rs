@@ -56,6 +56,66 @@ pub(crate) fn retry_store_call(failures: u32, retries: u32, failed_after: Durati
     failures <= retries && failed_after < QUICK_FAILURE
 }
 
+/// The failures of a write that is retried with the same bytes whenever
+/// reading it back found nothing. A quick failure is retried as
+/// [`retry_store_call`] says. A slow one (a timeout) may still land
+/// later: the write is tried once more after it, however slow (that
+/// attempt lands first, and the late one meets it, or meets the late
+/// one), and once there was one, nothing there is no proof the write
+/// failed: its outcome is unknown.
+pub(crate) struct SameBytesRetries {
+    retries: u32,
+    failures: u32,
+    /// The first slow failure's words: what leaves the outcome unknown.
+    slow_failure: Option<String>,
+}
+
+/// What to do after a failure of a [`SameBytesRetries`] write.
+pub(crate) enum AfterFailure {
+    /// Write the same bytes again (after a backoff).
+    Retry,
+    /// Give up: nothing landed, nor can later.
+    Failed,
+    /// Give up: the write may still land; why (the slow failure, then the
+    /// last one).
+    Unknown(String),
+}
+
+impl SameBytesRetries {
+    /// A write allowed `retries` retries of quick failures.
+    pub(crate) fn new(retries: u32) -> Self {
+        Self {
+            retries,
+            failures: 0,
+            slow_failure: None,
+        }
+    }
+
+    /// Counts a failure (`error`, after `failed_after`) whose read-back
+    /// found nothing there.
+    pub(crate) fn failed(&mut self, failed_after: Duration, error: String) -> AfterFailure {
+        self.failures += 1;
+        let slow = failed_after >= QUICK_FAILURE;
+        if retry_store_call(self.failures, self.retries, failed_after)
+            || (slow && self.slow_failure.is_none())
+        {
+            if slow {
+                self.slow_failure = Some(error);
+            }
+            return AfterFailure::Retry;
+        }
+        match self.slow_failure.take() {
+            Some(first) => AfterFailure::Unknown(format!("{first}; tried again: {error}")),
+            None => AfterFailure::Failed,
+        }
+    }
+
+    /// The failures counted so far.
+    pub(crate) fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
 /// `builder` giving up on a request after about `budget`: each attempt
 /// times out after half of it (at most 30 s, `object_store`'s default;
 /// `AWS_TIMEOUT` in the environment is kept), and no retry starts once

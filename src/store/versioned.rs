@@ -58,7 +58,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::store::{QUICK_FAILURE, paths, retry_store_call};
+use crate::store::{AfterFailure, SameBytesRetries, paths};
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
@@ -509,8 +509,7 @@ impl VersionedObjects {
     pub async fn put_version(&self, version: u64, body: Bytes) -> Result<PutOutcome> {
         let path = self.path_of(version);
         let bytes = seal(&self.dir, version, &body);
-        // The first slow failure's words: what leaves the outcome unknown.
-        let (mut attempt, mut slow_failure) = (0, None::<String>);
+        let mut failures = SameBytesRetries::new(self.options.transient_retries);
         loop {
             let payload = PutPayload::from_bytes(bytes.clone());
             let started = Instant::now();
@@ -523,12 +522,9 @@ impl VersionedObjects {
                 // "Exists" may be our own write, landed by an attempt whose
                 // answer was lost (the client retries a PUT itself, and its
                 // retry then meets the first one): read back below.
-                Err(e) => e,
+                Err(e) => Error::from(e),
             };
             let failed_after = started.elapsed();
-            // A write that failed slowly (timed out) may still be on its
-            // way: the request can reach the store after the read-back.
-            let slow = failed_after >= QUICK_FAILURE;
             match self.read_slot(version).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
                 // Damaged on its way (the read is tried again), or stored
@@ -539,60 +535,41 @@ impl VersionedObjects {
                         Ok(Some(again)) if !self.damaged(version, &again) => Ok(PutOutcome::Taken),
                         _ => Err(Error::CommitOutcomeUnknown {
                             path: path.to_string(),
-                            write: Error::from(err).to_string(),
+                            write: err.to_string(),
                             read_back: "what is there fails its checksum".into(),
                         }),
                     };
                 }
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
-                // The same bytes once more after a slow failure, however
-                // slow: this write lands first (and the late one finds the
-                // version taken) or meets the late one, either way an
-                // answer.
-                Ok(None)
-                    if retry_store_call(
-                        attempt + 1,
-                        self.options.transient_retries,
-                        failed_after,
-                    ) || (slow && slow_failure.is_none()) =>
-                {
-                    attempt += 1;
-                    log::debug!("retrying write of {path} after: {err}");
-                    if slow {
-                        slow_failure.get_or_insert_with(|| Error::from(err).to_string());
+                Ok(None) => match failures.failed(failed_after, err.to_string()) {
+                    AfterFailure::Retry => {
+                        log::debug!("retrying write of {path} after: {err}");
+                        tokio::time::sleep(self.options.backoff(failures.failures())).await;
                     }
-                    tokio::time::sleep(self.options.backoff(attempt)).await;
-                }
-                // A write that failed slowly, this one or an earlier one,
-                // may still land.
-                Ok(None) if slow || slow_failure.is_some() => {
-                    let last = Error::from(err).to_string();
-                    return Err(Error::CommitOutcomeUnknown {
-                        path: path.to_string(),
-                        write: match slow_failure {
-                            Some(first) if !slow => format!("{first}; tried again: {last}"),
-                            _ => last,
-                        },
-                        read_back: "nothing there yet, but a write that timed out may still \
-                                    land (the next commit of this version settles it)"
-                            .into(),
-                    });
-                }
-                Ok(None) => {
-                    return Err(Error::NotWritten {
-                        what: format!("the commit of {path}"),
-                        cause: format!(
-                            "{} (attempts: {}; reading it back found nothing)",
-                            Error::from(err),
-                            attempt + 1
-                        ),
-                    });
-                }
+                    AfterFailure::Unknown(write) => {
+                        return Err(Error::CommitOutcomeUnknown {
+                            path: path.to_string(),
+                            write,
+                            read_back: "nothing there yet, but a write that timed out may \
+                                        still land (the next commit of this version settles it)"
+                                .into(),
+                        });
+                    }
+                    AfterFailure::Failed => {
+                        return Err(Error::NotWritten {
+                            what: format!("the commit of {path}"),
+                            cause: format!(
+                                "{err} (attempts: {}; reading it back found nothing)",
+                                failures.failures()
+                            ),
+                        });
+                    }
+                },
                 Err(read_back) => {
                     return Err(Error::CommitOutcomeUnknown {
                         path: path.to_string(),
-                        write: Error::from(err).to_string(),
+                        write: err.to_string(),
                         read_back: read_back.to_string(),
                     });
                 }

@@ -19,7 +19,7 @@ use datafusion::arrow::array::RecordBatch;
 use super::{Generation, Shared};
 use crate::blob;
 use crate::error::{Error, Result};
-use crate::store::{QUICK_FAILURE, paths};
+use crate::store::{AfterFailure, SameBytesRetries, paths};
 use crate::wal::WalEntry;
 
 /// What the WAL task knows about the generation it makes durable when it
@@ -449,14 +449,11 @@ impl Shared {
 
     /// Appends `bytes` at `position`, retrying the same position with the
     /// same bytes after a failure whose read-back shows nothing landed
-    /// (once more after a slow one, which may still land: then the retry
-    /// lands first, and the late one meets it, or meets the late one).
-    /// Past that, nothing there after a slow failure is an unknown
-    /// outcome: the append may land until the shard's next writer fences
-    /// the position.
+    /// (see [`SameBytesRetries`]). Once an attempt failed slowly, nothing
+    /// there is an unknown outcome: the append may land until the shard's
+    /// next writer fences the position.
     async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
-        // The first slow failure's words: what leaves the outcome unknown.
-        let (mut attempt, mut slow_failure) = (0, None::<String>);
+        let mut failures = SameBytesRetries::new(self.options.append_retries);
         loop {
             let tried = Instant::now();
             let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
@@ -465,7 +462,6 @@ impl Shared {
                 Err(e) => e,
             };
             let failed_after = tried.elapsed();
-            let slow = failed_after >= QUICK_FAILURE;
             match self.wal.read_bytes(position).await {
                 Ok(Some(stored)) if stored == bytes => return Ok(()),
                 // Someone else's entry: the next append reports the fence.
@@ -479,27 +475,28 @@ impl Shared {
                     });
                 }
             }
-            attempt += 1;
-            if !self.options.retry(attempt, failed_after) && (slow_failure.is_some() || !slow) {
-                if let Some(first) = slow_failure {
+            match failures.failed(failed_after, err.to_string()) {
+                AfterFailure::Retry => {
+                    log::debug!("retrying WAL append at position {position}: {err}");
+                    tokio::time::sleep(self.options.commit.backoff(failures.failures())).await;
+                }
+                AfterFailure::Unknown(write) => {
                     return Err(Error::CommitOutcomeUnknown {
                         path: self.wal.path_of(position).to_string(),
-                        write: format!("{first}; tried again: {err}"),
+                        write,
                         read_back: "nothing there yet, but an append that timed out may \
                                     still land (until the shard is opened again)"
                             .into(),
                     });
                 }
-                return Err(Error::Poisoned(format!(
-                    "WAL append at {} failed (attempts: {attempt}); last error: {err}",
-                    self.wal.path_of(position)
-                )));
+                AfterFailure::Failed => {
+                    return Err(Error::Poisoned(format!(
+                        "WAL append at {} failed (attempts: {}); last error: {err}",
+                        self.wal.path_of(position),
+                        failures.failures()
+                    )));
+                }
             }
-            if slow {
-                slow_failure.get_or_insert_with(|| err.to_string());
-            }
-            log::debug!("retrying WAL append at position {position}: {err}");
-            tokio::time::sleep(self.options.commit.backoff(attempt)).await;
         }
     }
 }
