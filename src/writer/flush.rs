@@ -27,7 +27,8 @@
 //! 4. at start, objects a crash left behind are collected: SSTables of
 //!    older epochs that the manifest does not name (their writers can no
 //!    longer commit them)
-//!    and WAL entries below the cursor that a crash kept from deletion,
+//!    and WAL entries below the cursor that a crash kept from deletion
+//!    (or that a timed-out append re-created after it),
 //!    and runs of bulk loads that never committed once they are old (see
 //!    [`super::load`]); retired SSTables past their grace period are
 //!    deleted, and so are blob packs nothing names any more (see
@@ -529,7 +530,11 @@ impl Shared {
     }
 
     /// Deletes what a crash of an earlier writer may have left: WAL data
-    /// entries below the cursor and SSTables no manifest names.
+    /// entries below the cursor and SSTables no manifest names. The WAL is
+    /// listed from its start, not from where deletions last got to: an
+    /// append whose request timed out can land after its entry was flushed
+    /// and deleted, and nothing else would ever list it (when nothing is
+    /// there, the listing is the same).
     async fn collect_leftovers(&self) -> Result<()> {
         self.delete_expired_fences().await;
         let manifest = self.manifest();
@@ -537,7 +542,7 @@ impl Shared {
         let fences: HashSet<u64> = m.fences.iter().map(|f| f.position).collect();
         let leftovers: Vec<Path> = self
             .wal
-            .positions_after(m.wal_deleted_through)
+            .positions_after(0)
             .await?
             .into_iter()
             .filter(|p| *p <= m.replay_after && !fences.contains(p))

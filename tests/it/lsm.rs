@@ -594,6 +594,58 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
     assert!(cases > 40, "only {cases} cases");
 }
 
+/// A WAL append whose request timed out can land after its entry was
+/// flushed and deleted, below where the manifest says deletions got to:
+/// the next writer's start deletes it (found from outside over S3, where
+/// such an entry stayed until DROP TABLE).
+#[tokio::test]
+async fn a_wal_entry_that_lands_after_its_deletion_is_collected_by_the_next_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = local(&dir);
+    let open = || ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(100));
+    let wal = WalLog::new(
+        Arc::clone(&store),
+        paths::wal_dir(&paths::shard_dir(LOCATION, 0)),
+    );
+    let writer = open().await.unwrap();
+    apply(&writer, Op::Put(1, 1)).await.unwrap();
+    // The put's entry (the first object is the writer's fence).
+    let mut first = 0;
+    for position in wal.positions_after(0).await.unwrap() {
+        if wal.read(position).await.unwrap().unwrap().kind != EntryKind::Fence {
+            first = position;
+            break;
+        }
+    }
+    let late = store
+        .get(&wal.path_of(first))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    for i in 2..6 {
+        apply(&writer, Op::Put(i, i)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let m = manifest(&store).await;
+    assert!(
+        first <= m.wal_deleted_through,
+        "{first} is not below the line"
+    );
+    // The late request lands.
+    store.put(&wal.path_of(first), late.into()).await.unwrap();
+
+    let writer = open().await.unwrap();
+    assert_eq!(scan(&writer).await, (1..6).map(|i| (i, i)).collect());
+    writer.close().await.unwrap();
+    assert!(
+        !wal.positions_after(0).await.unwrap().contains(&first),
+        "the entry that landed late is still there"
+    );
+    check_wal(&store, &manifest(&store).await).await;
+}
+
 /// A writer whose flush meets SSTables that a newer writer merged and
 /// deleted at once (no grace period) stops as fenced, at the first failed
 /// attempt, instead of retrying against the missing files until its
