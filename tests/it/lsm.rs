@@ -602,15 +602,21 @@ async fn a_failure_at_any_store_call_of_flush_or_compaction_loses_nothing() {
 async fn a_wal_entry_that_lands_after_its_deletion_is_collected_by_the_next_writer() {
     let dir = tempfile::tempdir().unwrap();
     let store = local(&dir);
-    let open = || ShardWriter::open(Arc::clone(&store), LOCATION, 0, table(), tiny(100));
+    let open = |store: &Arc<dyn ObjectStore>| {
+        ShardWriter::open(Arc::clone(store), LOCATION, 0, table(), tiny(100))
+    };
     let wal = WalLog::new(
         Arc::clone(&store),
         paths::wal_dir(&paths::shard_dir(LOCATION, 0)),
     );
-    let writer = open().await.unwrap();
+    // The put's entry is read before its flush deletes it.
+    let faulty = FaultyStore::new(Arc::clone(&store));
+    let deletes = faulty.gate(OpKind::Delete, "/wal/");
+    let writer = open(&(faulty.clone() as Arc<dyn ObjectStore>))
+        .await
+        .unwrap();
     apply(&writer, Op::Put(1, 1)).await.unwrap();
-    // The put's entry (the first object is the writer's fence).
-    let mut first = 0;
+    let mut first = 0; // (the first object is the writer's fence)
     for position in wal.positions_after(0).await.unwrap() {
         if wal.read(position).await.unwrap().unwrap().kind != EntryKind::Fence {
             first = position;
@@ -624,6 +630,7 @@ async fn a_wal_entry_that_lands_after_its_deletion_is_collected_by_the_next_writ
         .bytes()
         .await
         .unwrap();
+    deletes.open();
     for i in 2..6 {
         apply(&writer, Op::Put(i, i)).await.unwrap();
     }
@@ -636,7 +643,7 @@ async fn a_wal_entry_that_lands_after_its_deletion_is_collected_by_the_next_writ
     // The late request lands.
     store.put(&wal.path_of(first), late.into()).await.unwrap();
 
-    let writer = open().await.unwrap();
+    let writer = open(&store).await.unwrap();
     assert_eq!(scan(&writer).await, (1..6).map(|i| (i, i)).collect());
     writer.close().await.unwrap();
     assert!(
