@@ -374,7 +374,9 @@ fn unknown_option(key: &str) -> Error {
     ))
 }
 
-fn parse_bool(s: &str) -> Option<bool> {
+/// A boolean setting's value: `true`/`false`, `on`/`off`, `yes`/`no` or
+/// `1`/`0`, in any case.
+pub(crate) fn parse_bool(s: &str) -> Option<bool> {
     match s.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Some(true),
         "false" | "0" | "no" | "off" => Some(false),

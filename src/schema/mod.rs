@@ -13,6 +13,7 @@ mod meta;
 mod metric;
 mod stored;
 
+pub(crate) use meta::parse_bool;
 pub use meta::{ColumnOptions, TableMeta, VectorOptions};
 pub use metric::{HnswParams, Metric, vector_fault};
 #[cfg(test)]

@@ -420,11 +420,7 @@ fn bad(name: &str, value: &str, expected: &str) -> Error {
 }
 
 fn parse_bool(name: &str, value: &str) -> Result<bool> {
-    match value.to_ascii_lowercase().as_str() {
-        "true" | "on" | "1" => Ok(true),
-        "false" | "off" | "0" => Ok(false),
-        _ => Err(bad(name, value, "true or false")),
-    }
+    crate::schema::parse_bool(value).ok_or_else(|| bad(name, value, "true or false"))
 }
 
 fn parse_share(name: &str, value: &str) -> Result<f64> {
