@@ -546,7 +546,7 @@ impl PackReader {
         let end = ranges.iter().map(|r| r.end).max().unwrap_or(0);
         match self.store.head(path).await {
             Ok(meta) if meta.size < end => corrupt(format!(
-                "the pack holds {} bytes, its rows name bytes up to {end}",
+                "the pack holds {} bytes, its rows name bytes up to {end} (damaged, or cut short)",
                 meta.size
             )),
             Err(object_store::Error::NotFound { .. }) => missing(),
@@ -607,7 +607,7 @@ impl PackReader {
                         return (row, Ok(value));
                     }
                     let reason = format!(
-                        "the blob value at offset {} ({} bytes) does not match its checksum",
+                        "the blob value at offset {} ({} bytes) does not match its checksum: damaged",
                         d.offset, d.length
                     );
                     let path = path.to_string();
@@ -651,7 +651,7 @@ impl PackReader {
                     None => Err(Error::Corrupt {
                         path: path.to_string(),
                         reason: format!(
-                            "the blob value at offset {} ({} bytes) does not match its checksum",
+                            "the blob value at offset {} ({} bytes) does not match its checksum: damaged",
                             d.offset, d.length
                         ),
                     }),

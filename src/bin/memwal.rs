@@ -237,10 +237,14 @@ async fn run(args: Args) -> ShellResult {
     // (loading it twice would double the wait on a store that hangs).
     let interactive = args.command.is_empty() && args.file.is_empty();
     if interactive && let Err(e) = session.catalog().await {
+        let until = match e {
+            // Waiting does not mend a damaged object.
+            memwal::Error::Corrupt { .. } => "the damaged object is restored",
+            _ => "the store answers and the catalog's newest version can be read",
+        };
         eprintln!(
             "Warning: the catalog cannot be loaded ({e}); statements that use \
-             memwal tables will fail until the store answers and the catalog's \
-             newest version can be read"
+             memwal tables will fail until {until}"
         );
     }
     let result = async {

@@ -193,8 +193,11 @@ pub fn encode_delta(changes: &[Change]) -> Result<Bytes> {
 
 /// Decodes a format-3 delta.
 fn decode_json_delta(bytes: &[u8], corrupt: impl Fn(String) -> Error) -> Result<Stored> {
-    let delta: JsonDelta =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a catalog delta: {e}")))?;
+    let delta: JsonDelta = serde_json::from_slice(bytes).map_err(|e| {
+        corrupt(format!(
+            "not a readable catalog delta (damaged, or cut short): {e}"
+        ))
+    })?;
     if delta.format != JSON_DELTA {
         return Err(corrupt(format!(
             "unsupported catalog format {:?}",
@@ -231,8 +234,11 @@ pub fn decode(path: &str, bytes: Bytes) -> Result<Stored> {
     if bytes.first() == Some(&b'{') {
         return decode_json_delta(&bytes, corrupt);
     }
-    let reader = FileReader::try_new(Cursor::new(bytes), None)
-        .map_err(|e| corrupt(format!("not an Arrow IPC file: {e}")))?;
+    let reader = FileReader::try_new(Cursor::new(bytes), None).map_err(|e| {
+        corrupt(format!(
+            "not a readable Arrow IPC file (damaged, or cut short): {e}"
+        ))
+    })?;
     let schema = reader.schema();
     let (delta, fields) = match schema.metadata().get(FORMAT_KEY).map(String::as_str) {
         Some(FULL) => (false, &*FULL_FIELDS),

@@ -140,7 +140,7 @@ impl DeletionVector {
     pub fn decode(entry: &Deletions, rows: u64, bytes: &[u8]) -> Result<Self> {
         let corrupt = |reason: &str| Error::Corrupt {
             path: entry.path.clone(),
-            reason: format!("deletion vector: {reason}"),
+            reason: format!("damaged deletion vector: {reason}"),
         };
         let words = rows.div_ceil(64) as usize;
         if bytes.len() != MAGIC.len() + 8 + 8 * words + 4 {

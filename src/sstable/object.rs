@@ -110,6 +110,16 @@ impl SstableObject {
         }
     }
 
+    /// A read of `range` that returned only `got` bytes: the file is
+    /// shorter than its manifest entry records.
+    fn cut_short(&self, range: Range<u64>, got: usize) -> Error {
+        self.corrupt(format!(
+            "the file is shorter than the {} bytes its manifest entry records \
+             (bytes {range:?} read as {got})",
+            self.size
+        ))
+    }
+
     /// What a failed read means: a missing file stays a store error
     /// (naming the path); a file of another size than its manifest entry
     /// records is damaged (a read past its real end fails that way).
@@ -190,10 +200,13 @@ impl SstableObject {
                     let end = (start + BLOCK as usize).min(bytes.len());
                     let block = bytes.slice(start.min(end)..end);
                     let expected_len = (BLOCK).min(data_len - b * BLOCK) as usize;
-                    if block.len() != expected_len || crc32fast::hash(&block) != blocks[b as usize]
-                    {
+                    if block.len() != expected_len {
+                        let range = b * BLOCK..b * BLOCK + expected_len as u64;
+                        return Err(self.cut_short(range, block.len()));
+                    }
+                    if crc32fast::hash(&block) != blocks[b as usize] {
                         return Err(self.corrupt(format!(
-                            "checksum mismatch in bytes {}..{}",
+                            "checksum mismatch in bytes {}..{}: damaged",
                             b * BLOCK,
                             b * BLOCK + expected_len as u64
                         )));
@@ -221,9 +234,10 @@ impl SstableObject {
             }
             Err(e) => return Err(self.failed(e).await),
         };
-        if tail.len() as u64 != range.end - range.start
-            || crc32fast::hash(&tail) != checksum.tail_crc32
-        {
+        if tail.len() as u64 != range.end - range.start {
+            return Err(self.cut_short(range, tail.len()));
+        }
+        if crc32fast::hash(&tail) != checksum.tail_crc32 {
             return Err(self.corrupt(format!(
                 "checksum mismatch in its footer (bytes {range:?}): damaged, or not the file its manifest entry describes"
             )));

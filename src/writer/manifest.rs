@@ -149,7 +149,7 @@ impl ShardManifest {
     pub fn decode(path: &Path, bytes: Bytes) -> Result<Self> {
         serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
             path: path.to_string(),
-            reason: format!("shard manifest: {e}"),
+            reason: format!("not a readable shard manifest (damaged, or cut short): {e}"),
         })
     }
 

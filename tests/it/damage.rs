@@ -151,6 +151,10 @@ async fn damaged_objects_give_named_errors_never_other_answers() {
         let mut damages: Vec<Damage> = Vec::new();
         if !bytes.is_empty() {
             damages.push(("truncated", Some(bytes[..bytes.len() / 2].to_vec()), None));
+            if bytes.len() > 8 {
+                let end = bytes.len() - 8;
+                damages.push(("cut short", Some(bytes[..end].to_vec()), None));
+            }
             damages.push(("emptied", Some(Vec::new()), None));
             for at in [
                 0,
@@ -197,6 +201,19 @@ async fn damaged_objects_give_named_errors_never_other_answers() {
                         let named = e.contains(&format!("corrupt object {object}"))
                             || partner.is_some_and(|p| e.contains(&format!("corrupt object {p}")));
                         assert!(named, "{object} {what}: not an error naming it: {e}");
+                        // Saying what is wrong with it, not only a parser's words.
+                        let says = [
+                            "damaged",
+                            "cut short",
+                            "truncated",
+                            "shorter than",
+                            "another version",
+                            "manifest entry records",
+                        ];
+                        assert!(
+                            says.iter().any(|s| e.contains(s)),
+                            "{object} {what}: the error does not say it is damaged: {e}"
+                        );
                     }
                 }
             }
