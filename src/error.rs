@@ -190,6 +190,12 @@ impl Error {
         Error::InvalidInput(msg.into())
     }
 
+    /// [`Error::NotFound`] of the table at `location`, dropped (`how`
+    /// says when, and what became of the operation that found it so).
+    pub(crate) fn table_dropped(location: &str, how: &str) -> Self {
+        Error::NotFound(format!("the table at '{location}' ({how})"))
+    }
+
     /// Whether this is a commit whose outcome is unknown, or a writer
     /// stopped by one: the change may have taken effect.
     pub(crate) fn outcome_unknown(&self) -> bool {

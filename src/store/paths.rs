@@ -121,6 +121,12 @@ pub fn shards_dir(table_location: &str) -> Path {
     Path::from(format!("{table_location}/shards"))
 }
 
+/// The table location an object of a table's shard directory belongs to
+/// (see [`shard_dir`]); `None` for any other path.
+pub fn table_of(path: &str) -> Option<&str> {
+    path.rsplit_once("/shards/").map(|(table, _)| table)
+}
+
 /// The shard an object of a table's shard directory belongs to (see
 /// [`shard_dir`]); `None` for any other path.
 pub fn shard_of(path: &str) -> Option<u32> {

@@ -211,7 +211,7 @@ impl ShardReader {
             };
             if manifest.state.dropped {
                 self.manifest = Some(manifest);
-                return Err(dropped_error(location, DROPPED));
+                return Err(Error::table_dropped(location, DROPPED));
             }
             let gone = self.tail.refresh(manifest.state.replay_after).await?;
             // `has_newer` trusts version N+1 to exist for a while once N
@@ -229,7 +229,7 @@ impl ShardReader {
                     .await?;
                 if newest.state.dropped {
                     self.manifest = Some(newest);
-                    return Err(dropped_error(location, DROPPED));
+                    return Err(Error::table_dropped(location, DROPPED));
                 }
                 self.tail.forget_through(newest.state.replay_after)?;
                 newest
@@ -290,12 +290,6 @@ fn live_writer(slot: &Shard) -> Option<Arc<ShardWriter>> {
 /// How a shard manifest that says its table was dropped is reported.
 const DROPPED: &str = "dropped; open the table again by name";
 
-/// [`Error::NotFound`] of the table at `location`, dropped (`how` says
-/// when).
-fn dropped_error(location: &str, how: &str) -> Error {
-    Error::NotFound(format!("the table at '{location}' ({how})"))
-}
-
 /// Runs `op` on a task of its own and waits for it: what holds a
 /// shard's locks (a writer's open, a load's commit, a compaction, a
 /// reader's refresh) goes on to the end whether or not its caller's
@@ -336,18 +330,30 @@ impl OpenWriter {
         if stopped.is_some_and(|w| w.lost_rows().is_some()) {
             return Ok(None);
         }
-        let writer = Arc::new(
-            ShardWriter::open_as(
-                Arc::clone(&self.store),
-                &self.location,
-                slot.index,
-                Arc::clone(&self.schema),
-                self.options.clone(),
-                taking_back,
-            )
-            .await
-            .map_err(|e| self.open_failed(e))?,
-        );
+        let opened = ShardWriter::open_as(
+            Arc::clone(&self.store),
+            &self.location,
+            slot.index,
+            Arc::clone(&self.schema),
+            self.options.clone(),
+            taking_back,
+        )
+        .await;
+        let writer = match opened {
+            Ok(writer) => Arc::new(writer),
+            // An open that raced a DROP TABLE in another process finds the
+            // shard's objects deleted under it (a WAL entry, an SSTable):
+            // the drop is what happened, not damage.
+            Err(
+                e @ (Error::Corrupt { .. } | Error::Store(object_store::Error::NotFound { .. })),
+            ) => {
+                return Err(match self.check_still_named().await {
+                    Err(dropped @ Error::NotFound(_)) => dropped,
+                    _ => self.open_failed(e),
+                });
+            }
+            Err(e) => return Err(self.open_failed(e)),
+        };
         if writer.opened_empty()
             && let Err(e) = self.check_still_named().await
         {
@@ -393,9 +399,9 @@ impl OpenWriter {
         catalog.refresh().await?;
         match catalog.snapshot().holds_location(&self.location) {
             true => Ok(()),
-            false => Err(dropped_error(
+            false => Err(Error::table_dropped(
                 &self.location,
-                "dropped before this write reached it",
+                "dropped before this write reached it; nothing was written",
             )),
         }
     }
@@ -688,7 +694,7 @@ impl Table {
 
     /// [`Error::NotFound`] of this table, dropped (`how` says when).
     fn dropped_error(&self, how: &str) -> Error {
-        dropped_error(&self.location, how)
+        Error::table_dropped(&self.location, how)
     }
 
     /// `error`, met reading (or loading) `shard`; or, if it is an object

@@ -202,10 +202,11 @@ pub async fn claim(
         let claimed = versions
             .commit(base, ShardManifest::decode, |current| {
                 if current.dropped {
-                    return Err(Error::NotFound(format!(
-                        "the shard at '{}' (its table was dropped)",
-                        versions.dir()
-                    )));
+                    let dir = versions.dir().as_ref();
+                    return Err(Error::table_dropped(
+                        paths::table_of(dir).unwrap_or(dir),
+                        "dropped before this write reached it; nothing was written",
+                    ));
                 }
                 let now = now_ms();
                 wrote = current.turn_until_ms <= now || waited_enough;

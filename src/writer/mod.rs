@@ -1093,11 +1093,15 @@ impl Shared {
             // table was dropped and its objects collected (a seal would
             // have been a newer version). Appending would write into a
             // location no table has.
-            return Err(Error::NotFound(format!(
-                "the shard at {} (its manifest version {} is gone: the table was dropped; \
-                 open it again by name)",
-                self.shard_dir, known.version
-            )));
+            let dir = self.shard_dir.as_ref();
+            return Err(Error::table_dropped(
+                paths::table_of(dir).unwrap_or(dir),
+                &format!(
+                    "dropped while this writer ran: the manifest version {} it made \
+                     is gone; open the table again by name",
+                    known.version
+                ),
+            ));
         } else {
             // Confirmed as the tip: the next check is one existence check.
             let mut layers = self.layers.write().expect("layers poisoned");

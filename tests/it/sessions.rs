@@ -797,6 +797,35 @@ async fn a_write_cut_off_by_a_drop_in_another_process_says_the_table_was_dropped
     assert!(err.contains("dropped while this statement ran"), "{err}");
 }
 
+/// A write whose shard a DROP TABLE in another process sealed while the
+/// write's writer was claiming it says the table was dropped and that
+/// nothing was written (found from outside: "the shard at
+/// '.../shards/0/manifest' (its table was dropped) does not exist", said
+/// neither).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_shard_is_dropped_during_its_claim_says_nothing_was_written() {
+    use memwal::testing::OpKind;
+    let (other, faulty, this) = two_processes().await;
+    query(&other, "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT)").await;
+    query(&other, "INSERT INTO t VALUES (1, 1)").await;
+    // This process's claim of the shard is held until the drop is done.
+    let held = faulty.gate(OpKind::Put, "/shards/0/manifest/v");
+    let writing = tokio::spawn(async move {
+        match this.sql("INSERT INTO t VALUES (2, 2)").await {
+            Ok(rows) => rows.collect().await.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    held.arrived(1).await;
+    query(&other, "DROP TABLE t").await;
+    held.open();
+    let err = writing.await.unwrap().unwrap_err();
+    assert!(
+        err.contains("(dropped before this write reached it; nothing was written)"),
+        "{err}"
+    );
+}
+
 /// A read in one process completes while another process's writer
 /// flushes (and deletes the WAL it flushed) each time the read lists the
 /// WAL (found from outside: a `SELECT count(*)` beside a shell with

@@ -652,7 +652,10 @@ fn a_damaged_catalog_still_runs_select_1() {
         "{err}"
     );
     // Not "until the store answers": waiting does not mend it.
-    assert!(err.contains("until the damaged object is restored"), "{err}");
+    assert!(
+        err.contains("until the damaged object is restored"),
+        "{err}"
+    );
 
     let (ok, _, err) = memwal(root, &["-q", "-c", "SELECT * FROM shop.items"]);
     assert!(!ok);
