@@ -132,7 +132,7 @@ impl TableMeta {
             if !is_key_type(field.data_type()) {
                 return Err(Error::invalid(format!(
                     "primary key column '{key}' has type {}, which cannot be a key \
-                     (use integers, strings, binary, dates, timestamps or decimals)",
+                     (use integers, strings, binary, dates, timestamps, decimals or booleans)",
                     field.data_type()
                 )));
             }
