@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use super::SstableFile;
 use super::checksum::{BLOCK, FileChecksum};
 use crate::error::{Error, Result};
-use crate::store::paths;
+use crate::store::{paths, read_checked};
 
 /// One SSTable file, read in checked blocks.
 pub struct SstableObject {
@@ -190,30 +190,35 @@ impl SstableObject {
                 .iter()
                 .map(|run| run.start * BLOCK..(run.end * BLOCK).min(data_len))
                 .collect();
-            let fetched = match self.store.get_ranges(&self.path, &byte_ranges).await {
-                Ok(fetched) => self.counted(fetched),
-                Err(e) => return Err(self.failed(e).await),
-            };
-            for (run, bytes) in runs.into_iter().zip(fetched) {
-                for b in run.clone() {
-                    let start = ((b - run.start) * BLOCK) as usize;
-                    let end = (start + BLOCK as usize).min(bytes.len());
-                    let block = bytes.slice(start.min(end)..end);
-                    let expected_len = (BLOCK).min(data_len - b * BLOCK) as usize;
-                    if block.len() != expected_len {
-                        let range = b * BLOCK..b * BLOCK + expected_len as u64;
-                        return Err(self.cut_short(range, block.len()));
-                    }
-                    if crc32fast::hash(&block) != blocks[b as usize] {
-                        return Err(self.corrupt(format!(
-                            "checksum mismatch in bytes {}..{}: damaged",
-                            b * BLOCK,
-                            b * BLOCK + expected_len as u64
-                        )));
-                    }
-                    pieces.insert(b * BLOCK, block);
+            let fetch = || async {
+                match self.store.get_ranges(&self.path, &byte_ranges).await {
+                    Ok(fetched) => Ok(self.counted(fetched)),
+                    Err(e) => Err(self.failed(e).await),
                 }
-            }
+            };
+            // Each block of each run, by offset, checked.
+            let check = |fetched: Vec<Bytes>| {
+                let mut blocks_read = Vec::with_capacity(needed.len());
+                for (run, bytes) in runs.iter().zip(fetched) {
+                    for b in run.clone() {
+                        let start = ((b - run.start) * BLOCK) as usize;
+                        let end = (start + BLOCK as usize).min(bytes.len());
+                        let block = bytes.slice(start.min(end)..end);
+                        let expected = b * BLOCK..b * BLOCK + BLOCK.min(data_len - b * BLOCK);
+                        if block.len() as u64 != expected.end - expected.start {
+                            return Err(self.cut_short(expected, block.len()));
+                        }
+                        if crc32fast::hash(&block) != blocks[b as usize] {
+                            return Err(self.corrupt(format!(
+                                "checksum mismatch in bytes {expected:?}: damaged"
+                            )));
+                        }
+                        blocks_read.push((expected.start, block));
+                    }
+                }
+                Ok(blocks_read)
+            };
+            pieces.extend(read_checked(fetch, check).await?);
         }
         Ok(ranges
             .iter()
@@ -227,21 +232,27 @@ impl SstableObject {
             return Ok(tail.clone());
         }
         let range = checksum.tail_offset..self.size;
-        let tail = match self.store.get_range(&self.path, range.clone()).await {
-            Ok(tail) => {
-                self.bytes_read.add(tail.len());
-                tail
+        let fetch = || async {
+            match self.store.get_range(&self.path, range.clone()).await {
+                Ok(tail) => {
+                    self.bytes_read.add(tail.len());
+                    Ok(tail)
+                }
+                Err(e) => Err(self.failed(e).await),
             }
-            Err(e) => return Err(self.failed(e).await),
         };
-        if tail.len() as u64 != range.end - range.start {
-            return Err(self.cut_short(range, tail.len()));
-        }
-        if crc32fast::hash(&tail) != checksum.tail_crc32 {
-            return Err(self.corrupt(format!(
-                "checksum mismatch in its footer (bytes {range:?}): damaged, or not the file its manifest entry describes"
-            )));
-        }
+        let check = |tail: Bytes| {
+            if tail.len() as u64 != range.end - range.start {
+                return Err(self.cut_short(range.clone(), tail.len()));
+            }
+            if crc32fast::hash(&tail) != checksum.tail_crc32 {
+                return Err(self.corrupt(format!(
+                    "checksum mismatch in its footer (bytes {range:?}): damaged, or not the file its manifest entry describes"
+                )));
+            }
+            Ok(tail)
+        };
+        let tail = read_checked(fetch, check).await?;
         self.tail = Some(tail.clone());
         Ok(tail)
     }

@@ -43,7 +43,7 @@ use super::{DeletionVector, Deletions, ReadMetrics, SstableFile, checksum};
 use crate::error::{Error, Result};
 use crate::hnsw::Graph;
 use crate::schema::{TableSchema, owned_row};
-use crate::store::paths;
+use crate::store::{paths, read_checked};
 use datafusion::common::ScalarValue;
 
 /// Rows per batch a stream yields.
@@ -576,13 +576,10 @@ impl SstableReader {
         if let Some(vector) = cached {
             return Ok(Some(vector));
         }
-        let bytes = self
-            .store
-            .get(&paths::stored(&entry.path)?)
-            .await?
-            .bytes()
-            .await?;
-        let vector = Arc::new(DeletionVector::decode(entry, file.rows, &bytes)?);
+        let path = paths::stored(&entry.path)?;
+        let read = || async { Ok(self.store.get(&path).await?.bytes().await?) };
+        let decode = |bytes: Bytes| DeletionVector::decode(entry, file.rows, &bytes);
+        let vector = Arc::new(read_checked(read, decode).await?);
         self.cache_deletions(entry, Arc::clone(&vector));
         Ok(Some(vector))
     }

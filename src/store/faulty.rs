@@ -54,6 +54,10 @@ pub enum FaultMode {
     /// Panic in the call, before the operation: a bug in a store client
     /// (or in the code that called it).
     Panic,
+    /// A read whose body arrives with one bit flipped, the object intact:
+    /// bytes damaged on their way (a store reached over plain HTTP). Calls
+    /// other than reads fail before the operation.
+    Garbled,
 }
 
 /// One rule: fail calls number `nth ..= nth + times - 1` (1-based) among the
@@ -112,6 +116,12 @@ impl Fault {
     /// Fail this many consecutive matching calls (`u64::MAX`: all of them).
     pub fn times(mut self, times: u64) -> Self {
         self.times = times.max(1);
+        self
+    }
+
+    /// Damage the body of a read on its way (see [`FaultMode::Garbled`]).
+    pub fn garbled(mut self) -> Self {
+        self.mode = FaultMode::Garbled;
         self
     }
 
@@ -350,7 +360,7 @@ impl MultipartUpload for FaultyUpload {
         match fired {
             None => self.inner.put_part(data),
             Some(FaultMode::Panic) => panic!("injected Put panic on a part of {}", self.path),
-            Some(FaultMode::Before) => {
+            Some(FaultMode::Before | FaultMode::Garbled) => {
                 let err = err(FaultMode::Before);
                 Box::pin(async move { Err(err) })
             }
@@ -373,7 +383,7 @@ impl MultipartUpload for FaultyUpload {
         match fired {
             None => self.inner.complete().await,
             Some(FaultMode::Panic) => panic!("injected Complete panic on {}", self.path),
-            Some(FaultMode::Before) => {
+            Some(FaultMode::Before | FaultMode::Garbled) => {
                 Err(injected(OpKind::Complete, &self.path, FaultMode::Before))
             }
             Some(mode) => {
@@ -390,7 +400,7 @@ impl MultipartUpload for FaultyUpload {
 
 fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
     let when = match mode {
-        FaultMode::Before => "before the operation",
+        FaultMode::Before | FaultMode::Garbled => "before the operation",
         FaultMode::After | FaultMode::Retried => "after the operation took effect",
         FaultMode::Panic => unreachable!("a panicking call panics in `enter`"),
     };
@@ -398,6 +408,15 @@ fn injected(kind: OpKind, path: &Path, mode: FaultMode) -> object_store::Error {
         store: "FaultyStore",
         source: format!("injected {kind:?} fault on {path} ({when})").into(),
     }
+}
+
+/// `bytes` with one bit of its middle byte flipped (none if it is empty).
+fn garble(bytes: Bytes) -> Bytes {
+    let mut garbled = bytes.to_vec();
+    if let Some(byte) = garbled.get_mut(bytes.len() / 2) {
+        *byte ^= 0x10;
+    }
+    garbled.into()
 }
 
 /// A response body cut short, as the HTTP client reports it: naming no
@@ -426,7 +445,9 @@ impl ObjectStore for FaultyStore {
         match self.enter(OpKind::Put, location).await {
             None => self.inner.put_opts(location, payload, opts).await,
             Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
-            Some(FaultMode::Before) => Err(injected(OpKind::Put, location, FaultMode::Before)),
+            Some(FaultMode::Before | FaultMode::Garbled) => {
+                Err(injected(OpKind::Put, location, FaultMode::Before))
+            }
             Some(FaultMode::After) => {
                 self.inner.put_opts(location, payload, opts).await?;
                 Err(injected(OpKind::Put, location, FaultMode::After))
@@ -472,6 +493,18 @@ impl ObjectStore for FaultyStore {
                     GetResultPayload::Stream(futures::stream::iter([Err(cut_body())]).boxed());
                 Ok(got)
             }
+            Some(FaultMode::Garbled) if kind == OpKind::Get => {
+                let got = self.inner.get_opts(location, options).await?;
+                let (meta, range, attributes) =
+                    (got.meta.clone(), got.range.clone(), got.attributes.clone());
+                let garbled = futures::stream::iter([Ok(garble(got.bytes().await?))]);
+                Ok(GetResult {
+                    payload: GetResultPayload::Stream(garbled.boxed()),
+                    meta,
+                    range,
+                    attributes,
+                })
+            }
             Some(mode) => Err(injected(kind, location, mode)),
             None => self.inner.get_opts(location, options).await,
         }
@@ -486,6 +519,13 @@ impl ObjectStore for FaultyStore {
             Some(FaultMode::After | FaultMode::Retried) => {
                 self.inner.get_ranges(location, ranges).await?;
                 Err(cut_body())
+            }
+            Some(FaultMode::Garbled) => {
+                let mut got = self.inner.get_ranges(location, ranges).await?;
+                if let Some(first) = got.iter_mut().find(|b| !b.is_empty()) {
+                    *first = garble(first.clone());
+                }
+                Ok(got)
             }
             Some(mode) => Err(injected(OpKind::Get, location, mode)),
             None => self.inner.get_ranges(location, ranges).await,
@@ -509,7 +549,7 @@ impl ObjectStore for FaultyStore {
                     match this.enter(OpKind::Delete, &location).await {
                         None => this.inner.delete(&location).await.map(|_| location),
                         Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
-                        Some(FaultMode::Before) => {
+                        Some(FaultMode::Before | FaultMode::Garbled) => {
                             Err(injected(OpKind::Delete, &location, FaultMode::Before))
                         }
                         Some(FaultMode::After | FaultMode::Retried) => {
@@ -577,7 +617,9 @@ impl ObjectStore for FaultyStore {
         match self.enter(OpKind::Copy, to).await {
             None => self.inner.copy_opts(from, to, options).await,
             Some(FaultMode::Panic) => unreachable!("it panicked in `enter`"),
-            Some(FaultMode::Before) => Err(injected(OpKind::Copy, to, FaultMode::Before)),
+            Some(FaultMode::Before | FaultMode::Garbled) => {
+                Err(injected(OpKind::Copy, to, FaultMode::Before))
+            }
             Some(FaultMode::After | FaultMode::Retried) => {
                 self.inner.copy_opts(from, to, options).await?;
                 Err(injected(OpKind::Copy, to, FaultMode::After))

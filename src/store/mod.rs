@@ -34,6 +34,24 @@ pub(crate) async fn landed(
     matches!(store.head(path).await, Ok(meta) if meta.size == size)
 }
 
+/// What `read` returns, checked by `check`, and read once more if the
+/// check finds it damaged ([`crate::Error::Corrupt`]): bytes damaged on
+/// their way (a store reached over plain HTTP, whose TCP checksums let
+/// some flips through) read right the second time, while bytes damaged in
+/// the store read the same and are reported.
+pub(crate) async fn read_checked<B, T, Fut>(
+    read: impl Fn() -> Fut,
+    check: impl Fn(B) -> crate::error::Result<T>,
+) -> crate::error::Result<T>
+where
+    Fut: std::future::Future<Output = crate::error::Result<B>>,
+{
+    match check(read().await?) {
+        Err(crate::Error::Corrupt { .. }) => check(read().await?),
+        checked => checked,
+    }
+}
+
 /// Deletes the object at `path`; an object that is already gone is no
 /// error (a delete repeated after a crash, or raced by another cleaner).
 pub async fn delete_if_present(

@@ -58,7 +58,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use crate::error::{Error, Result};
-use crate::store::{AfterFailure, SameBytesRetries, paths};
+use crate::store::{AfterFailure, SameBytesRetries, paths, read_checked};
 
 /// Knobs of the commit protocol. The defaults suit local disks and S3 alike.
 #[derive(Debug, Clone)]
@@ -336,26 +336,33 @@ impl VersionedObjects {
     /// Reads one version's body, checked (see [`seal`]); `None` if it does
     /// not exist (never written, or collected: a tombstone is empty).
     pub async fn read(&self, version: u64) -> Result<Option<Bytes>> {
-        match self.read_slot(version).await? {
-            Some(bytes) if !bytes.is_empty() => Ok(Some(unseal(
-                &self.dir,
-                version,
-                &self.path_of(version),
-                bytes,
-            )?)),
-            _ => Ok(None),
-        }
+        Ok(self.read_body(version).await?.filter(|b| !b.is_empty()))
     }
 
     /// What is stored at a version's name, its body checked (see [`seal`]).
     pub async fn slot(&self, version: u64) -> Result<Slot> {
-        Ok(match self.read_slot(version).await? {
+        Ok(match self.read_body(version).await? {
             None => Slot::Absent,
             Some(bytes) if bytes.is_empty() => Slot::Collected,
-            Some(bytes) => {
-                Slot::Version(unseal(&self.dir, version, &self.path_of(version), bytes)?)
-            }
+            Some(bytes) => Slot::Version(bytes),
         })
+    }
+
+    /// The object at a version's name, its body checked and read once more
+    /// if it fails the check (see [`read_checked`]): `None` if absent,
+    /// empty if a tombstone.
+    async fn read_body(&self, version: u64) -> Result<Option<Bytes>> {
+        let path = self.path_of(version);
+        read_checked(
+            || self.read_slot(version),
+            |stored: Option<Bytes>| match stored {
+                Some(bytes) if !bytes.is_empty() => {
+                    unseal(&self.dir, version, &path, bytes).map(Some)
+                }
+                other => Ok(other),
+            },
+        )
+        .await
     }
 
     /// The size of what is stored at a version's name (0: collected), or

@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
 use super::entry::WalEntry;
 use crate::error::{Error, Result};
-use crate::store::paths;
+use crate::store::{paths, read_checked};
 
 /// WAL objects read at the same time during replay.
 const REPLAY_READS: usize = 16;
@@ -106,15 +106,20 @@ impl WalLog {
         }
     }
 
-    /// The entry at `position`, if there is one.
+    /// The entry at `position`, if there is one; one that fails its
+    /// checksum is read once more before it is reported (see
+    /// [`read_checked`]).
     pub async fn read(&self, position: u64) -> Result<Option<WalEntry>> {
-        match self.read_bytes(position).await? {
-            Some(bytes) => Ok(Some(WalEntry::decode(
-                self.path_of(position).as_ref(),
-                bytes,
-            )?)),
-            None => Ok(None),
-        }
+        let path = self.path_of(position);
+        read_checked(
+            || self.read_bytes(position),
+            |stored: Option<Bytes>| {
+                stored
+                    .map(|bytes| WalEntry::decode(path.as_ref(), bytes))
+                    .transpose()
+            },
+        )
+        .await
     }
 
     /// Positions present after `after`, ascending.
