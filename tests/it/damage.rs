@@ -433,9 +433,10 @@ async fn a_missing_sstable_is_named_by_every_statement() {
 }
 
 /// A read whose bytes are damaged on their way (one bit flipped, the
-/// object intact, as over plain HTTP) is read again: a catalog version, a
-/// shard manifest version, a WAL entry, an SSTable and a blob pack each
-/// give the right answer, not a report of damage (found from outside over S3: a response
+/// object intact, as over plain HTTP) is read again: a catalog checkpoint,
+/// a shard manifest version, a WAL entry, an SSTable, a blob pack and a
+/// deletion vector each give the right answer, while the same damage on
+/// every read is still reported (found from outside over S3: a response
 /// damaged in transit read as "checksum mismatch: the version is damaged").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bytes_damaged_on_their_way_are_read_again() {
