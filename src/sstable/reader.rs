@@ -290,17 +290,22 @@ impl SstableReader {
         data: &VectorColumnData,
         metrics: &ReadMetrics,
     ) -> Result<Vec<Graph>> {
-        let bytes = self.store.get(path).await?.bytes().await?;
-        metrics.bytes_read.add(bytes.len());
         let corrupt = |reason: String| Error::Corrupt {
             path: path.to_string(),
             reason: format!("HNSW graph: {reason}"),
         };
-        if crc32.is_some_and(|crc| Some(crc) != crate::hnsw::persist::checksum(&bytes)) {
-            return Err(corrupt(
+        let read = || async {
+            let bytes = self.store.get(path).await?.bytes().await?;
+            metrics.bytes_read.add(bytes.len());
+            Ok(bytes)
+        };
+        let check = |bytes: Bytes| match crc32 {
+            Some(crc) if Some(crc) != crate::hnsw::persist::checksum(&bytes) => Err(corrupt(
                 "checksum mismatch: damaged, or not the graph of this SSTable".into(),
-            ));
-        }
+            )),
+            _ => Ok(bytes),
+        };
+        let bytes = read_checked(read, check).await?;
         let graphs =
             crate::hnsw::persist::decode_set(&bytes, data.values.clone()).map_err(corrupt)?;
         let expected = self.schema.vectors.iter().find(|v| v.index == column);
