@@ -375,13 +375,6 @@ impl VersionedObjects {
         }
     }
 
-    /// Whether `stored`, read at `version`'s name, fails its check (a
-    /// tombstone is empty, and passes).
-    fn damaged(&self, version: u64, stored: &Bytes) -> bool {
-        let path = self.path_of(version);
-        !stored.is_empty() && unseal(&self.dir, version, &path, stored.clone()).is_err()
-    }
-
     /// The object at a version's name: `None` if absent, empty if a tombstone.
     async fn read_slot(&self, version: u64) -> Result<Option<Bytes>> {
         match self.store.get(&self.path_of(version)).await {
@@ -532,20 +525,25 @@ impl VersionedObjects {
                 Err(e) => Error::from(e),
             };
             let failed_after = started.elapsed();
-            match self.read_slot(version).await {
+            // What is there, its check passed (or a tombstone).
+            let read_back = read_checked(
+                || self.read_slot(version),
+                |stored: Option<Bytes>| match stored {
+                    Some(s) if !s.is_empty() => {
+                        unseal(&self.dir, version, &path, s.clone()).map(|_| Some(s))
+                    }
+                    other => Ok(other),
+                },
+            );
+            match read_back.await {
                 Ok(Some(stored)) if stored == bytes => return Ok(PutOutcome::Written),
-                // Damaged on its way (the read is tried again), or stored
-                // so: neither says whose version it is.
-                Ok(Some(stored)) if self.damaged(version, &stored) => {
-                    return match self.read_slot(version).await {
-                        Ok(Some(again)) if again == bytes => Ok(PutOutcome::Written),
-                        Ok(Some(again)) if !self.damaged(version, &again) => Ok(PutOutcome::Taken),
-                        _ => Err(Error::CommitOutcomeUnknown {
-                            path: path.to_string(),
-                            write: err.to_string(),
-                            read_back: "what is there fails its checksum".into(),
-                        }),
-                    };
+                // Damaged twice: it says nothing of whose version it is.
+                Err(Error::Corrupt { .. }) => {
+                    return Err(Error::CommitOutcomeUnknown {
+                        path: path.to_string(),
+                        write: err.to_string(),
+                        read_back: "what is there fails its checksum".into(),
+                    });
                 }
                 // Another writer's version, or its tombstone.
                 Ok(Some(_)) => return Ok(PutOutcome::Taken),
