@@ -8,8 +8,13 @@
 //! naming where a packed value lives: `(pack, epoch, offset, length,
 //! crc32)`. A row's value is `c` where the descriptor is NULL, otherwise
 //! the `length` bytes at `offset` of the pack written at WAL position
-//! `pack` by the writer of `epoch` (see [`paths::blob_pack`]), whose CRC-32
+//! `pack` by the writer of `epoch` (see [`pack_path`]), whose CRC-32
 //! is `crc32`. A pack is raw bytes: the values one after another.
+//!
+//! A group commit's pack that fits one request is the front of its WAL
+//! entry's object ([`IN_WAL`]): one object a group, written at once, so
+//! no entry ever names a pack that is not there. A larger pack is an
+//! object of its own, written (in parts) before the entry that names it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -46,12 +51,15 @@ pub struct PackRun {
 /// Why a read of a pack that is not in the store fails.
 const MISSING_PACK: &str = "a row names a blob pack that does not exist";
 
-/// The position and epoch of the pack a read found missing, if `error` is
-/// that.
+/// The pack and epoch of the pack a read found missing, if `error` is
+/// that (for a pack inside a WAL entry, any epoch: see
+/// [`PackRun::contains`]).
 pub(crate) fn missing_pack(error: &Error) -> Option<(u64, u64)> {
     match error {
         Error::Corrupt { path, reason } if reason == MISSING_PACK => {
-            paths::parse_blob_pack(path.rsplit('/').next()?)
+            let name = path.rsplit('/').next()?;
+            let in_entry = || Some((paths::parse_wal_file(name)? | IN_WAL, 0));
+            paths::parse_blob_pack(name).or_else(in_entry)
         }
         _ => None,
     }
@@ -70,9 +78,30 @@ impl From<PackRun> for [u64; 3] {
 }
 
 impl PackRun {
-    /// Whether the pack at `position` of `epoch` is in this run.
-    pub fn contains(&self, epoch: u64, position: u64) -> bool {
-        self.epoch == epoch && (self.first..=self.last).contains(&position)
+    /// Whether the pack `pack` of `epoch` is in this run. A pack inside a
+    /// WAL entry is named by its position alone (a position holds one
+    /// entry, whoever wrote it).
+    pub fn contains(&self, epoch: u64, pack: u64) -> bool {
+        (self.epoch == epoch || in_wal(pack)) && (self.first..=self.last).contains(&pack)
+    }
+}
+
+/// The ids of packs at the front of their WAL entry's object have this
+/// bit set over the entry's position (and [`UNLOGGED`] clear).
+pub const IN_WAL: u64 = 1 << 62;
+
+/// Whether pack `pack` is the front of the WAL entry at its position.
+pub fn in_wal(pack: u64) -> bool {
+    pack & (UNLOGGED | IN_WAL) == IN_WAL
+}
+
+/// The object holding pack `pack` of the writer of `epoch` in the shard
+/// at `shard_dir`: its WAL entry (see [`IN_WAL`]) or a pack object of its
+/// own ([`paths::blob_pack`]).
+pub fn pack_path(shard_dir: &Path, pack: u64, epoch: u64) -> Path {
+    match in_wal(pack) {
+        true => paths::wal_file(&paths::wal_dir(shard_dir), pack & !IN_WAL),
+        false => paths::blob_pack(shard_dir, pack, epoch),
     }
 }
 
@@ -191,6 +220,12 @@ struct Moved {
 }
 
 impl Packed {
+    /// Makes the pack the front of its WAL entry's object (see
+    /// [`IN_WAL`]) instead of an object of its own.
+    pub fn inside_wal_entry(&mut self) {
+        self.pack |= IN_WAL;
+    }
+
     /// The batches with descriptors in place of the moved values. It
     /// reads every moved value once (for its checksum): a writer runs it
     /// while the pack is being written.
@@ -578,7 +613,7 @@ impl PackReader {
             by_pack.entry((d.pack, d.epoch)).or_default().push((row, d));
         }
         let reads = by_pack.into_iter().map(|((pack, epoch), rows)| {
-            let path = paths::blob_pack(&self.shard_dir, pack, epoch);
+            let path = pack_path(&self.shard_dir, pack, epoch);
             async move {
                 let ranges: Vec<Range<u64>> = rows
                     .iter()
@@ -635,7 +670,7 @@ impl PackReader {
     /// CRC-32 (its chunks were then not the value).
     pub async fn stream(&self, d: Descriptor) -> Result<BlobStream> {
         use futures::StreamExt;
-        let path = paths::blob_pack(&self.shard_dir, d.pack, d.epoch);
+        let path = pack_path(&self.shard_dir, d.pack, d.epoch);
         let range = d.offset..d.offset + d.length;
         let options = object_store::GetOptions {
             range: Some(range.clone().into()),

@@ -457,7 +457,8 @@ impl Table {
         let shards = (0..schema.shards)
             .map(|index| {
                 let dir = paths::shard_dir(location, index);
-                let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
+                let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir))
+                    .reading_heads(!schema.blobs.is_empty());
                 let versions =
                     crate::writer::manifest_versions(Arc::clone(&store), &dir, &options.commit);
                 Arc::new(Shard {

@@ -8,6 +8,14 @@
 //! garbage or replayed out of place. (Entries written before the path was
 //! covered end in `MWAL` and their CRC covers the stream only.)
 //!
+//! An entry of a group commit whose blob values fit one object carries
+//! them in front of its stream (its pack, see [`crate::blob`]): the pack's
+//! bytes, the stream, then a 16-byte trailer — the stream's length
+//! (little-endian `u64`), the CRC-32 (of the path, the length and the
+//! stream) and the magic `MWL3`. The entry's *head* is the stream and the
+//! trailer: all that decoding reads, so a reader of the WAL need not read
+//! the pack (see [`head_len`]).
+//!
 //! The stream's schema metadata carries the format version, the kind
 //! (`data` or `fence`), the writer's epoch and the MemTable generation,
 //! and, for an entry written while earlier appends were still in flight,
@@ -30,7 +38,11 @@ use crate::error::{Error, Result};
 const MAGIC: &[u8; 4] = b"MWL2";
 /// Entries whose CRC covers the stream only.
 const MAGIC_V1: &[u8; 4] = b"MWAL";
+/// Entries with a pack in front of their stream.
+const MAGIC_PACKED: &[u8; 4] = b"MWL3";
 const TRAILER_LEN: usize = 8;
+/// The trailer of an entry with a pack: the stream's length, CRC, magic.
+const PACKED_TRAILER_LEN: usize = 16;
 const FORMAT_KEY: &str = "memwal.wal.format";
 const FORMAT_VERSION: &str = "1";
 const KIND_KEY: &str = "memwal.wal.kind";
@@ -102,6 +114,28 @@ impl WalEntry {
     /// The stored bytes of the entry as the object at `path`: IPC
     /// stream, CRC-32 (of `path` and the stream), magic.
     pub fn encode(&self, path: &str) -> Result<Bytes> {
+        let mut out = self.stream()?;
+        let crc = entry_crc(path, &out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(MAGIC);
+        Ok(Bytes::from(out))
+    }
+
+    /// The head of the entry as the object at `path` whose pack (any
+    /// number of bytes) comes before it: IPC stream, the stream's length,
+    /// CRC-32 (of `path`, the length and the stream), magic.
+    pub fn encode_after_pack(&self, path: &str) -> Result<Bytes> {
+        let mut out = self.stream()?;
+        let len = (out.len() as u64).to_le_bytes();
+        let crc = packed_crc(path, &len, &out);
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(MAGIC_PACKED);
+        Ok(Bytes::from(out))
+    }
+
+    /// The entry's IPC stream.
+    fn stream(&self) -> Result<Vec<u8>> {
         let kind = match self.kind {
             EntryKind::Data => "data",
             EntryKind::Fence => "fence",
@@ -137,34 +171,51 @@ impl WalEntry {
         }
         writer.finish()?;
         drop(writer);
-        let crc = entry_crc(path, &out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out.extend_from_slice(MAGIC);
-        Ok(Bytes::from(out))
+        Ok(out)
     }
 
-    /// Decodes the stored bytes of the object at `path` (named in errors).
+    /// Decodes the stored bytes of the object at `path` (named in errors):
+    /// the whole object, or for an entry with a pack any end of it that
+    /// holds its head (see [`head_len`]).
     pub fn decode(path: &str, bytes: Bytes) -> Result<Self> {
         let corrupt = |reason: String| Error::Corrupt {
             path: path.to_string(),
             reason,
         };
         let magic = bytes.len().checked_sub(4).map(|at| &bytes[at..]);
-        if bytes.len() < TRAILER_LEN || !(magic == Some(MAGIC) || magic == Some(MAGIC_V1)) {
-            return Err(corrupt(format!(
-                "not a WAL entry or truncated ({} bytes, no trailer)",
+        let not_an_entry = || {
+            corrupt(format!(
+                "not a WAL entry or cut short ({} bytes, no trailer)",
                 bytes.len()
-            )));
-        }
-        let body = bytes.slice(..bytes.len() - TRAILER_LEN);
-        let stored = u32::from_le_bytes(
-            bytes[bytes.len() - TRAILER_LEN..bytes.len() - 4]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        let actual = match magic == Some(MAGIC) {
-            true => entry_crc(path, &body),
-            false => crc32fast::hash(&body),
+            ))
+        };
+        let crc_at = bytes.len().saturating_sub(TRAILER_LEN);
+        let stored = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let (body, stored, actual) = match magic {
+            Some(m) if m == MAGIC_PACKED => {
+                let Some(len) = head_len(&bytes) else {
+                    return Err(not_an_entry());
+                };
+                let Some(start) = bytes.len().checked_sub(len as usize) else {
+                    return Err(corrupt(format!(
+                        "its head is {len} bytes, more than the {} read (damaged, or cut short)",
+                        bytes.len()
+                    )));
+                };
+                let end = bytes.len() - PACKED_TRAILER_LEN;
+                let body = bytes.slice(start..end);
+                let actual = packed_crc(path, &bytes[end..end + 8], &body);
+                (body, stored(end + 8), actual)
+            }
+            Some(m) if bytes.len() >= TRAILER_LEN && (m == MAGIC || m == MAGIC_V1) => {
+                let body = bytes.slice(..crc_at);
+                let actual = match m == MAGIC {
+                    true => entry_crc(path, &body),
+                    false => crc32fast::hash(&body),
+                };
+                (body, stored(crc_at), actual)
+            }
+            _ => return Err(not_an_entry()),
         };
         if stored != actual {
             return Err(corrupt(format!(
@@ -221,6 +272,29 @@ impl WalEntry {
             landed_through,
         })
     }
+}
+
+/// How many bytes at the end of an entry's object are its head (its
+/// stream and trailer), if `end` — the last bytes of the object, at
+/// least [`PACKED_TRAILER_LEN`] of them — is the end of an entry with a
+/// pack; `None` for any other (decoding it needs the whole object).
+pub fn head_len(end: &[u8]) -> Option<u64> {
+    let at = end.len().checked_sub(PACKED_TRAILER_LEN)?;
+    if &end[end.len() - 4..] != MAGIC_PACKED {
+        return None;
+    }
+    let stream = u64::from_le_bytes(end[at..at + 8].try_into().expect("8 bytes"));
+    stream.checked_add(PACKED_TRAILER_LEN as u64)
+}
+
+/// The CRC-32 of an entry with a pack stored at `path`: of the path, the
+/// stream's length as stored, and the stream.
+fn packed_crc(path: &str, len: &[u8], body: &[u8]) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(path.as_bytes());
+    crc.update(len);
+    crc.update(body);
+    crc.finalize()
 }
 
 /// The CRC-32 of an entry stored at `path` with IPC stream `body`.
@@ -300,6 +374,40 @@ mod tests {
                 v[bytes.len() / 3] ^= 0x40;
                 Bytes::from(v)
             }),
+        ] {
+            let err = WalEntry::decode(path, damaged).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{what}: {err}");
+            assert!(err.to_string().contains(path), "{what}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_entry_after_a_pack_decodes_from_the_object_or_its_head_alone() {
+        let path = "t/shards/0/wal/00000000000000000009.arrow";
+        let entry = WalEntry::data(2, 5, vec![batch(&[1, 2])]);
+        let head = entry.encode_after_pack(path).unwrap();
+        let pack = vec![7u8; 1000];
+        let object = Bytes::from([pack.as_slice(), &head].concat());
+        assert_eq!(head_len(&object), Some(head.len() as u64));
+        assert_eq!(head_len(&entry.encode(path).unwrap()), None);
+        for read in [object.clone(), head.clone(), object.slice(500..)] {
+            assert_eq!(WalEntry::decode(path, read).unwrap(), entry);
+        }
+        let elsewhere = "t/shards/0/wal/00000000000000000010.arrow";
+        assert!(matches!(
+            WalEntry::decode(elsewhere, object.clone()),
+            Err(Error::Corrupt { .. })
+        ));
+        // Less than the head, a damaged length, a damaged stream.
+        let end = object.len();
+        let mut longer = object.to_vec();
+        longer[end - PACKED_TRAILER_LEN] ^= 1;
+        let mut flipped = object.to_vec();
+        flipped[end - head.len() / 2] ^= 0x40;
+        for (what, damaged) in [
+            ("short", head.slice(1..)),
+            ("length", Bytes::from(longer)),
+            ("stream", Bytes::from(flipped)),
         ] {
             let err = WalEntry::decode(path, damaged).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "{what}: {err}");

@@ -17,31 +17,52 @@
 //!   missing append can never land afterwards. Any other missing position
 //!   is reported as corruption, never skipped.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutPayload};
+use object_store::{GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode, PutPayload};
 
-use super::entry::WalEntry;
+use super::entry::{WalEntry, head_len};
 use crate::error::{Error, Result};
 use crate::store::{paths, read_checked};
 
 /// WAL objects read at the same time during replay.
 const REPLAY_READS: usize = 16;
 
+/// The bytes at the end of an entry a WAL of a table with blob columns
+/// reads first (see [`WalLog::reading_heads`]).
+const HEAD_READ: u64 = 64 << 10;
+
 /// The WAL of one shard.
 #[derive(Debug, Clone)]
 pub struct WalLog {
     store: Arc<dyn ObjectStore>,
     dir: Path,
+    /// Whether entries are read by their end (see [`WalLog::reading_heads`]).
+    heads: bool,
 }
 
 impl WalLog {
     /// The WAL in directory `dir` (see [`paths::wal_dir`]).
     pub fn new(store: Arc<dyn ObjectStore>, dir: Path) -> Self {
-        Self { store, dir }
+        Self {
+            store,
+            dir,
+            heads: false,
+        }
+    }
+
+    /// This WAL, reading an entry by its end when `heads` (a table with
+    /// blob columns, whose entries may carry a pack): the last 64 KiB, and
+    /// then the whole head if it is longer, so that reading an entry reads
+    /// at most 64 KiB of its pack (in the same request as its head),
+    /// however large the pack. An entry without a pack larger than that
+    /// takes a second read for the rest.
+    pub fn reading_heads(self, heads: bool) -> Self {
+        Self { heads, ..self }
     }
 
     /// The object of position `position`.
@@ -54,18 +75,40 @@ impl WalLog {
         entry.encode(self.path_of(position).as_ref())
     }
 
+    /// The head of `entry` as the object of `position` after a pack (see
+    /// [`WalEntry::encode_after_pack`]).
+    pub fn encode_after_pack(&self, position: u64, entry: &WalEntry) -> Result<Bytes> {
+        entry.encode_after_pack(self.path_of(position).as_ref())
+    }
+
     /// Creates the entry `bytes` (an encoded [`WalEntry`] of `epoch`) at
     /// `position`. A taken position is [`Error::Fenced`], unless it holds
     /// these very bytes. Any other failure is returned as is: whether the
     /// write landed is then unknown, and the caller decides (retry the same
     /// position, or give up).
     pub async fn append(&self, position: u64, epoch: u64, bytes: Bytes) -> Result<()> {
+        self.append_after_pack(position, epoch, PutPayload::new(), bytes)
+            .await
+    }
+
+    /// Like [`WalLog::append`], of an entry whose object is `pack` and
+    /// then `head` ([`WalEntry::encode_after_pack`]; an empty `pack`: an
+    /// entry without one). Its own entry at `position` is one whose stored
+    /// head (see [`WalLog::read_bytes`]) is `head`.
+    pub async fn append_after_pack(
+        &self,
+        position: u64,
+        epoch: u64,
+        pack: PutPayload,
+        head: Bytes,
+    ) -> Result<()> {
         let path = self.path_of(position);
-        match self.create(&path, &bytes).await {
+        let payload = PutPayload::from_iter(pack.into_iter().chain([head.clone()]));
+        match self.create(&path, payload).await {
             Ok(()) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => {
-                let stored = self.store.get(&path).await?.bytes().await?;
-                if stored == bytes {
+                let stored = self.read_bytes(position).await?.unwrap_or_default();
+                if stored == head {
                     return Ok(());
                 }
                 let by_epoch = WalEntry::decode(path.as_ref(), stored)?.epoch;
@@ -79,22 +122,45 @@ impl WalLog {
         }
     }
 
-    /// Put-if-absent of `bytes` at `path`.
-    async fn create(&self, path: &Path, bytes: &Bytes) -> object_store::Result<()> {
-        let payload = PutPayload::from_bytes(bytes.clone());
+    /// Put-if-absent of `payload` at `path`.
+    async fn create(&self, path: &Path, payload: PutPayload) -> object_store::Result<()> {
         self.store
             .put_opts(path, payload, PutMode::Create.into())
             .await
             .map(|_| ())
     }
 
-    /// The stored bytes at `position`, if there are any.
+    /// The stored entry at `position`, if there is one: the whole object,
+    /// or, for an entry with a pack read by its end (see
+    /// [`WalLog::reading_heads`]), its head alone.
     pub async fn read_bytes(&self, position: u64) -> Result<Option<Bytes>> {
-        match self.store.get(&self.path_of(position)).await {
-            Ok(got) => Ok(Some(got.bytes().await?)),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        let path = self.path_of(position);
+        let got = match self.heads {
+            false => self.store.get(&path).await,
+            true => {
+                let suffix = GetOptions {
+                    range: Some(GetRange::Suffix(HEAD_READ)),
+                    ..Default::default()
+                };
+                self.store.get_opts(&path, suffix).await
+            }
+        };
+        let got = match got {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (start, size) = (got.range.start, got.meta.size);
+        let end = got.bytes().await?;
+        let read = |range: Range<u64>| self.store.get_range(&path, range);
+        Ok(Some(match head_len(&end) {
+            // Damage: decoding says so.
+            Some(head) if head > size => end,
+            Some(head) if head <= end.len() as u64 => end.slice(end.len() - head as usize..),
+            Some(head) => read(size - head..size).await?,
+            None if start == 0 => end,
+            None => Bytes::from([read(0..start).await?, end].concat()),
+        }))
     }
 
     /// Whether an object is at `position`.
@@ -187,7 +253,7 @@ impl WalLog {
         let mut position = tip + 1;
         loop {
             let bytes = self.encode(position, &fence)?;
-            match self.create(&self.path_of(position), &bytes).await {
+            match self.create(&self.path_of(position), bytes.into()).await {
                 Ok(()) => return Ok(position),
                 // Another writer appended or fenced meanwhile.
                 Err(object_store::Error::AlreadyExists { .. }) => {
@@ -214,7 +280,7 @@ impl WalLog {
     /// append on its way there landed first.
     async fn plug(&self, position: u64, fence: &WalEntry, epoch: u64) -> Result<()> {
         let bytes = self.encode(position, fence)?;
-        match self.create(&self.path_of(position), &bytes).await {
+        match self.create(&self.path_of(position), bytes.into()).await {
             Ok(()) => Ok(()),
             Err(object_store::Error::AlreadyExists { .. }) => {
                 self.check_not_newer(position, epoch).await
@@ -413,5 +479,65 @@ mod tests {
             err.to_string().contains("00000000000000000002.arrow"),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn an_entry_after_a_pack_is_read_by_its_head_alone() {
+        use crate::store::{Delay, LatencyProfile, LatencyStore, OpKind};
+        let none = Delay {
+            p50: std::time::Duration::ZERO,
+            p99: std::time::Duration::ZERO,
+        };
+        let counted = LatencyStore::new(
+            Arc::new(InMemory::new()),
+            LatencyProfile {
+                name: "counted",
+                put: none,
+                get: none,
+                list: none,
+                delete: none,
+                bytes_per_s: u64::MAX,
+            },
+            1,
+        );
+        let store: Arc<dyn ObjectStore> = counted.clone();
+        let dir = paths::wal_dir(&paths::shard_dir("t", 0));
+        let wal = WalLog::new(Arc::clone(&store), dir.clone()).reading_heads(true);
+        let got = || counted.count(OpKind::Get);
+        // A small head after a 1 MiB pack (read with the pack's last
+        // bytes, 64 KiB in all); a head over 64 KiB after one; an entry
+        // without a pack over 64 KiB.
+        let small = entry(1, &[1, 2]);
+        let ids: Vec<i64> = (0..20_000).collect();
+        let large = entry(1, &ids);
+        let pack = || PutPayload::from(vec![9u8; 1 << 20]);
+        let head = wal.encode_after_pack(1, &small).unwrap();
+        wal.append_after_pack(1, 1, pack(), head.clone())
+            .await
+            .unwrap();
+        let big_head = wal.encode_after_pack(2, &large).unwrap();
+        assert!(big_head.len() > HEAD_READ as usize);
+        wal.append_after_pack(2, 1, pack(), big_head.clone())
+            .await
+            .unwrap();
+        let plain = wal.encode(3, &large).unwrap();
+        wal.append(3, 1, plain.clone()).await.unwrap();
+        for (position, want, bytes, requests) in [
+            (1, &small, HEAD_READ, 1),
+            (2, &large, HEAD_READ + big_head.len() as u64, 2),
+            (3, &large, plain.len() as u64, 2),
+        ] {
+            let before = got();
+            assert_eq!(&wal.read(position).await.unwrap().unwrap(), want);
+            let after = got();
+            assert_eq!(after.requests - before.requests, requests, "{position}");
+            assert_eq!(after.bytes - before.bytes, bytes, "{position}");
+        }
+        // The same bytes again are its own append; replay reads them all.
+        wal.append_after_pack(1, 1, pack(), head).await.unwrap();
+        assert_eq!(wal.replay(0, 4).await.unwrap().len(), 3);
+        // Read whole, the object decodes the same.
+        let whole = WalLog::new(store, dir);
+        assert_eq!(whole.read(2).await.unwrap().unwrap(), large);
     }
 }

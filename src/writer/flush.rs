@@ -14,7 +14,9 @@
 //!    order, and a failed flush is retried before anything newer: a later
 //!    success never hides an earlier failure;
 //! 2. WAL garbage: data entries at or below the cursor are deleted after
-//!    the commit; fences (which the manifest lists) once
+//!    the commit — in a table with blob columns, where an entry may hold a
+//!    pack SSTables name, once none does and the grace period is over
+//!    (see [`Shared::collect_wal_packs`]); fences (which the manifest lists) once
 //!    [`super::WriterOptions::fence_grace`] old, since a stale writer's
 //!    next append lands exactly on a later epoch's fence and must collide
 //!    with it (the writer's module doc says why that grace suffices);
@@ -28,7 +30,8 @@
 //!    older epochs that the manifest does not name (their writers can no
 //!    longer commit them)
 //!    and WAL entries below the cursor that a crash kept from deletion
-//!    (or that a timed-out append re-created after it),
+//!    (or that a timed-out append re-created after it; in a table with
+//!    blob columns, those go with its packs),
 //!    and runs of bulk loads that never committed once they are old (see
 //!    [`super::load`]); retired SSTables past their grace period are
 //!    deleted, and so are blob packs nothing names any more (see
@@ -463,6 +466,14 @@ impl Shared {
     async fn delete_wal_below_cursor(&self) -> Result<()> {
         self.delete_expired_fences().await;
         let manifest = self.manifest();
+        if !self.schema.blobs.is_empty() {
+            // Entries may be packs SSTables name: collected as packs.
+            let (now, grace) = self.pack_grace();
+            if let Err(e) = self.collect_wal_packs(&manifest.state, now, grace).await {
+                log::warn!("collecting WAL entries failed: {e}");
+            }
+            return Ok(());
+        }
         let through = manifest.state.replay_after;
         let from = self.wal_deleted_through.load(Ordering::Acquire);
         if through <= from {
@@ -540,14 +551,16 @@ impl Shared {
         let manifest = self.manifest();
         let m = &manifest.state;
         let fences: HashSet<u64> = m.fences.iter().map(|f| f.position).collect();
-        let leftovers: Vec<Path> = self
-            .wal
-            .positions_after(0)
-            .await?
-            .into_iter()
-            .filter(|p| *p <= m.replay_after && !fences.contains(p))
-            .map(|p| self.wal.path_of(p))
-            .collect();
+        // A table with blob columns collects its WAL with its packs (see
+        // `collect_wal_packs`): an entry below the cursor may be a pack.
+        let blobs = !self.schema.blobs.is_empty();
+        let leftovers: Vec<Path> = match blobs {
+            true => Vec::new(),
+            false => (self.wal.positions_after(0).await?.into_iter())
+                .filter(|p| *p <= m.replay_after && !fences.contains(p))
+                .map(|p| self.wal.path_of(p))
+                .collect(),
+        };
         let named = m.named_dirs();
         let listed: Vec<object_store::ObjectMeta> = self
             .store
@@ -591,8 +604,10 @@ impl Shared {
             .buffer_unordered(DELETES)
             .try_collect::<()>()
             .await?;
-        self.wal_deleted_through
-            .fetch_max(m.replay_after, Ordering::AcqRel);
+        if !blobs {
+            self.wal_deleted_through
+                .fetch_max(m.replay_after, Ordering::AcqRel);
+        }
         self.delete_dead_loads().await
     }
 
@@ -891,19 +906,35 @@ impl Shared {
             .filter(|f| !inputs.iter().any(|i| i.path == f.path))
             .flat_map(|f| &f.packs)
             .collect();
-        let listed: Vec<object_store::ObjectMeta> = self
-            .store
-            .list(Some(&paths::blobs_dir(&self.shard_dir)))
-            .try_collect()
-            .await?;
-        Ok(listed
-            .iter()
-            .filter_map(|meta| {
-                let (position, epoch) = paths::parse_blob_pack(meta.location.filename()?)?;
-                let live = *live.get(&(epoch, position))?;
-                let sparse = (live as f64) < below * meta.size as f64;
-                let elsewhere = others.iter().any(|r| r.contains(epoch, position));
-                (sparse && !elsewhere).then_some((epoch, position))
+        // Packs of their own, and those inside WAL entries (named by
+        // their position alone; the entry's head counts as dead bytes).
+        let (blobs_dir, wal_dir) = (
+            paths::blobs_dir(&self.shard_dir),
+            paths::wal_dir(&self.shard_dir),
+        );
+        let (own, in_wal) = futures::try_join!(
+            self.store.list(Some(&blobs_dir)).try_collect::<Vec<_>>(),
+            self.store.list(Some(&wal_dir)).try_collect::<Vec<_>>(),
+        )?;
+        let wal_epochs: HashMap<u64, u64> = (live.keys())
+            .filter(|(_, pack)| blob::in_wal(*pack))
+            .map(|&(epoch, pack)| (pack, epoch))
+            .collect();
+        let own = own.iter().filter_map(|meta| {
+            let (pack, epoch) = paths::parse_blob_pack(meta.location.filename()?)?;
+            Some((epoch, pack, meta.size))
+        });
+        let in_wal = in_wal.iter().filter_map(|meta| {
+            let pack = paths::parse_wal_file(meta.location.filename()?)? | blob::IN_WAL;
+            Some((*wal_epochs.get(&pack)?, pack, meta.size))
+        });
+        Ok(own
+            .chain(in_wal)
+            .filter_map(|(epoch, pack, size)| {
+                let live = *live.get(&(epoch, pack))?;
+                let sparse = (live as f64) < below * size as f64;
+                let elsewhere = others.iter().any(|r| r.contains(epoch, pack));
+                (sparse && !elsewhere).then_some((epoch, pack))
             })
             .collect())
     }
@@ -1124,10 +1155,7 @@ impl Shared {
                 && loads.contains(&tag)
                 && !dead.contains(&tag)
         };
-        let (now, grace) = (
-            now_ms() as i64,
-            self.options.sstable_grace.as_millis() as i64,
-        );
+        let (now, grace) = self.pack_grace();
         // Packs of landed appends (at or below the cursor) and those no
         // WAL entry names; the rest may be named by MemTable rows.
         let settled = |meta: &object_store::ObjectMeta| {
@@ -1154,20 +1182,13 @@ impl Shared {
                         .then_some((meta.location, meta.size, position & blob::UNLOGGED != 0))
                 })
                 .collect();
-        let dead: Vec<(Path, u64)> = {
-            let mut since = self.unnamed_packs.lock().unwrap();
-            let seen: HashMap<Path, i64> = unnamed
-                .iter()
-                .filter(|(_, _, unlogged)| !unlogged)
-                .map(|(path, ..)| (path.clone(), since.get(path).copied().unwrap_or(now)))
-                .collect();
-            *since = seen;
-            unnamed
-                .into_iter()
-                .filter(|(path, _, unlogged)| *unlogged || now - since[path] >= grace)
-                .map(|(path, size, _)| (path, size))
-                .collect()
-        };
+        let (unlogged, logged): (Vec<_>, Vec<_>) =
+            unnamed.into_iter().partition(|(_, _, unlogged)| *unlogged);
+        let logged = logged.into_iter().map(|(path, size, _)| (path, size));
+        let blobs_dir = paths::blobs_dir(&self.shard_dir);
+        let mut dead = self.past_grace(&blobs_dir, logged.collect(), now, grace);
+        dead.extend(unlogged.into_iter().map(|(path, size, _)| (path, size)));
+        stored += self.collect_wal_packs(m, now, grace).await?;
         let store = &self.store;
         let deleted: Vec<Result<u64>> = futures::stream::iter(dead)
             .map(|(path, size)| async move {
@@ -1195,6 +1216,76 @@ impl Shared {
             .blob_stored_bytes
             .store(stored, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Now and the grace period of unnamed packs, in ms.
+    fn pack_grace(&self) -> (i64, i64) {
+        let grace = self.options.sstable_grace.as_millis() as i64;
+        (now_ms() as i64, grace)
+    }
+
+    /// Of `unnamed` (objects under `dir` that nothing names now, with
+    /// their sizes), those unnamed for `grace` ms by `now`; the others are
+    /// remembered from when first seen unnamed (and forgotten once named
+    /// again).
+    fn past_grace(
+        &self,
+        dir: &Path,
+        unnamed: Vec<(Path, u64)>,
+        now: i64,
+        grace: i64,
+    ) -> Vec<(Path, u64)> {
+        let mut since = self.unnamed_packs.lock().unwrap();
+        let prefix = format!("{dir}/");
+        let still: HashSet<&Path> = unnamed.iter().map(|(path, _)| path).collect();
+        since.retain(|path, _| !path.as_ref().starts_with(&prefix) || still.contains(path));
+        for (path, _) in &unnamed {
+            since.entry(path.clone()).or_insert(now);
+        }
+        (unnamed.into_iter())
+            .filter(|(path, _)| now - since[path] >= grace)
+            .collect()
+    }
+
+    /// In a table with blob columns, deletes the WAL entries at or below
+    /// the cursor of `m` that no SSTable of it names as a pack (see
+    /// [`blob::IN_WAL`]) once unnamed for `grace` ms (a reader's snapshot
+    /// may still name one), fences excepted (they have their own grace);
+    /// returns the bytes of the entries kept as packs. A failed delete is
+    /// logged, for a later collection to retry.
+    async fn collect_wal_packs(&self, m: &ShardManifest, now: i64, grace: i64) -> Result<u64> {
+        let dir = paths::wal_dir(&self.shard_dir);
+        let listed: Vec<object_store::ObjectMeta> =
+            self.store.list(Some(&dir)).try_collect().await?;
+        let fences: HashSet<u64> = {
+            let known = self.fences.lock().expect("fences poisoned");
+            let listed = m.fences.iter().map(|f| f.position);
+            listed.chain(known.keys().copied()).collect()
+        };
+        let (mut kept, mut unnamed) = (0, Vec::new());
+        for meta in listed {
+            let Some(position) = meta.location.filename().and_then(paths::parse_wal_file) else {
+                continue;
+            };
+            if position > m.replay_after || fences.contains(&position) {
+                continue;
+            }
+            match m.names_pack(0, position | blob::IN_WAL) {
+                true => kept += meta.size,
+                false => unnamed.push((meta.location, meta.size)),
+            }
+        }
+        let dead = self.past_grace(&dir, unnamed, now, grace);
+        let store = &self.store;
+        let deleted = futures::stream::iter(dead)
+            .map(|(path, _)| async move { delete_if_present(store.as_ref(), &path).await })
+            .buffer_unordered(DELETES)
+            .collect::<Vec<_>>()
+            .await;
+        for e in deleted.into_iter().filter_map(Result::err) {
+            log::warn!("deleting a WAL entry failed: {e}");
+        }
+        Ok(kept)
     }
 }
 

@@ -470,7 +470,8 @@ impl ShardWriter {
         let claimed = manifest::claim(&versions, turn, CLAIM_PATIENCE, options.fence_grace).await?;
         let after_claim = Instant::now();
         let (epoch, replay_after) = (claimed.state.epoch, claimed.state.replay_after);
-        let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir));
+        let wal = WalLog::new(Arc::clone(&store), paths::wal_dir(&dir))
+            .reading_heads(!schema.blobs.is_empty());
         let fence = wal.fence(epoch, replay_after).await?;
 
         let Replayed {

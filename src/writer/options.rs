@@ -110,6 +110,12 @@ pub struct WriterOptions {
     /// WAL append; shorter ones stay in the rows (default 4 KiB: an
     /// SSTable page of 1,024 such rows stays a few MiB).
     pub blob_inline_bytes: usize,
+    /// A group commit's blob pack of at most this many bytes is the front
+    /// of its WAL entry's object: one object a group, one request. A
+    /// larger pack is an object of its own, written (in parts) before the
+    /// entry that names it. Default and most 16 MiB (a pack larger than
+    /// that is uploaded in parts); 0: every pack an object of its own.
+    pub blob_wal_pack_bytes: usize,
     /// A compaction that merges every SSTable naming a blob pack moves the
     /// values it keeps of that pack into a new pack when they are less
     /// than this share of the pack's bytes (default 0.5; 0 never), so
@@ -211,6 +217,7 @@ impl Default for WriterOptions {
             sstable_grace: Duration::from_secs(60),
             append_retries: 5,
             blob_inline_bytes: 4 << 10,
+            blob_wal_pack_bytes: crate::blob::PACK_PART_BYTES,
             blob_repack_below: 0.5,
             blob_repack_bytes: 16 << 20,
             commit: CommitOptions {
@@ -294,6 +301,10 @@ impl WriterOptions {
                 &format!("at most {MAX_INDEX_THREADS}"),
             ));
         }
+        if self.blob_wal_pack_bytes > crate::blob::PACK_PART_BYTES {
+            let value = self.blob_wal_pack_bytes.to_string();
+            return Err(bad("blob_wal_pack_bytes", &value, "at most 16 MiB"));
+        }
         if self.load_grace < Duration::from_secs(1) {
             let value = format!("{}ms", self.load_grace.as_millis());
             return Err(bad("load_grace", &value, "at least 1 s"));
@@ -318,6 +329,7 @@ impl WriterOptions {
         "load_memory_bytes",
         "load_grace",
         "blob_inline_bytes",
+        "blob_wal_pack_bytes",
         "blob_repack_below",
         "blob_repack_bytes",
         "owned_shards",
@@ -344,6 +356,7 @@ impl WriterOptions {
             "load_memory_bytes" => self.load_memory_bytes.to_string(),
             "load_grace" => ms(self.load_grace),
             "blob_inline_bytes" => self.blob_inline_bytes.to_string(),
+            "blob_wal_pack_bytes" => self.blob_wal_pack_bytes.to_string(),
             "blob_repack_below" => self.blob_repack_below.to_string(),
             "blob_repack_bytes" => self.blob_repack_bytes.to_string(),
             "owned_shards" => self.owned_shards.to_string(),
@@ -369,6 +382,7 @@ impl WriterOptions {
             "load_memory_bytes" => "a larger INSERT or stream is loaded through SSTables",
             "load_grace" => "runs of a load silent this long are a crashed load's, deleted",
             "blob_inline_bytes" => "longer blob values are stored out of line, in packs",
+            "blob_wal_pack_bytes" => "packs up to this size are written inside their WAL entry",
             "blob_repack_below" => "compaction moves the live values of packs less live than this",
             "blob_repack_bytes" => "the memory a repack holds: new packs of at most this size",
             "owned_shards" => "the shards this process writes: all, or i/n (shard % n = i)",
@@ -401,6 +415,7 @@ impl WriterOptions {
             "load_memory_bytes" => self.load_memory_bytes = parse_bytes(name, value)?,
             "load_grace" => self.load_grace = parse_duration(name, value)?,
             "blob_inline_bytes" => self.blob_inline_bytes = parse_bytes(name, value)?,
+            "blob_wal_pack_bytes" => self.blob_wal_pack_bytes = parse_bytes(name, value)?,
             "blob_repack_below" => self.blob_repack_below = parse_share(name, value)?,
             "blob_repack_bytes" => self.blob_repack_bytes = parse_bytes(name, value)?,
             "owned_shards" => self.owned_shards = value.parse()?,

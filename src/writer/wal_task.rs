@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 use datafusion::arrow::array::RecordBatch;
+use object_store::PutPayload;
 
 use super::{Generation, Shared};
 use crate::blob;
@@ -320,10 +321,12 @@ impl Shared {
         }
     }
 
-    /// Writes the pack of `entry`'s long blob values, if it has any, then
-    /// encodes and appends the entry (naming the pack) at `position`. The
-    /// values' checksums and the entry's encoding are made while the pack
-    /// is being written.
+    /// Writes `entry` at `position`. Its long blob values, if it has any,
+    /// go into a pack: the front of the entry's object if the pack is at
+    /// most [`super::WriterOptions::blob_wal_pack_bytes`], otherwise an
+    /// object of its own, written first (an entry never names a pack that
+    /// is not there). The values' checksums and the entry's encoding are
+    /// made on a blocking thread, while a pack of its own is written.
     async fn write_entry(
         &self,
         position: u64,
@@ -337,25 +340,43 @@ impl Shared {
             self.epoch,
             self.options.blob_inline_bytes,
         )?;
-        let (encoded, packed) = match packed {
+        let (front, head, packed) = match packed {
             Some(mut pack) => {
                 let bytes = std::mem::take(&mut pack.bytes);
                 let len = bytes.content_length() as u64;
+                let inside = len <= self.options.blob_wal_pack_bytes as u64;
+                if inside {
+                    pack.inside_wal_entry();
+                }
                 let wal = self.wal.clone();
                 let encode = tokio::task::spawn_blocking(move || {
                     entry.batches = pack.into_batches()?;
-                    Ok::<_, Error>((wal.encode(position, &entry)?, entry.batches))
+                    let head = match inside {
+                        true => wal.encode_after_pack(position, &entry)?,
+                        false => wal.encode(position, &entry)?,
+                    };
+                    Ok::<_, Error>((head, entry.batches))
                 });
-                let (written, encoded) = tokio::join!(self.write_pack(position, bytes), encode);
-                written?;
-                let (encoded, batches) = encoded
-                    .map_err(|e| Error::Poisoned(format!("encoding a WAL entry: {e}")))??;
-                (encoded, Some((len, batches)))
+                let encoded = async {
+                    encode
+                        .await
+                        .map_err(|e| Error::Poisoned(format!("encoding a WAL entry: {e}")))?
+                };
+                let (front, (head, batches)) = match inside {
+                    true => (bytes, encoded.await?),
+                    false => {
+                        let (written, encoded) =
+                            tokio::join!(self.write_pack(position, bytes), encoded);
+                        written?;
+                        (PutPayload::new(), encoded?)
+                    }
+                };
+                (front, head, Some((len, batches)))
             }
-            None => (self.wal.encode(position, &entry)?, None),
+            None => (PutPayload::new(), self.wal.encode(position, &entry)?, None),
         };
-        let len = encoded.len() as u64;
-        self.append_at(position, encoded).await?;
+        let len = head.len() as u64;
+        self.append_at(position, front, head).await?;
         // An append slower than the lease may have landed after a newer
         // epoch's fence was deleted, out of every reader's sight: it
         // counts only if the manifest still names this writer.
@@ -379,7 +400,7 @@ impl Shared {
     /// writer's alone, so a retry rewrites the same bytes), retrying a
     /// failed upload like an append. Before the entry that names it: an entry
     /// never names a pack that is not there.
-    async fn write_pack(&self, position: u64, bytes: object_store::PutPayload) -> Result<()> {
+    async fn write_pack(&self, position: u64, bytes: PutPayload) -> Result<()> {
         let path = paths::blob_pack(&self.shard_dir, position, self.epoch);
         let mut attempt = 0;
         loop {
@@ -447,23 +468,26 @@ impl Shared {
         true
     }
 
-    /// Appends `bytes` at `position`, retrying the same position with the
+    /// Appends the entry `pack` then `head` at `position` (see
+    /// [`crate::wal::WalLog::append_after_pack`]), retrying the same position with the
     /// same bytes after a failure whose read-back shows nothing landed
     /// (see [`SameBytesRetries`]). Once an attempt failed slowly, nothing
     /// there is an unknown outcome: the append may land until the shard's
     /// next writer fences the position.
-    async fn append_at(&self, position: u64, bytes: bytes::Bytes) -> Result<()> {
+    async fn append_at(&self, position: u64, pack: PutPayload, head: bytes::Bytes) -> Result<()> {
         let mut failures = SameBytesRetries::new(self.options.append_retries);
         loop {
             let tried = Instant::now();
-            let err = match self.wal.append(position, self.epoch, bytes.clone()).await {
+            let append =
+                (self.wal).append_after_pack(position, self.epoch, pack.clone(), head.clone());
+            let err = match append.await {
                 Ok(()) => return Ok(()),
                 Err(e @ Error::Fenced { .. }) => return Err(e),
                 Err(e) => e,
             };
             let failed_after = tried.elapsed();
             match self.wal.read_bytes(position).await {
-                Ok(Some(stored)) if stored == bytes => return Ok(()),
+                Ok(Some(stored)) if stored == head => return Ok(()),
                 // Someone else's entry: the next append reports the fence.
                 Ok(Some(_)) => {}
                 Ok(None) => {}

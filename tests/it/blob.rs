@@ -34,8 +34,41 @@ async fn open_with(
     options.append_retries = 1;
     // Retired SSTables, and packs nothing names, go at once.
     options.sstable_grace = std::time::Duration::ZERO;
+    // Packs are objects of their own, which most tests look for and
+    // inject faults into (`open_in_wal` keeps the default: small packs
+    // inside their WAL entries).
+    options.blob_wal_pack_bytes = 0;
     change(&mut options);
     MemwalSession::new(catalog, options)
+}
+
+/// Like [`open`], with each group's pack inside its WAL entry (the
+/// default).
+async fn open_in_wal(store: &Arc<FaultyStore>) -> MemwalSession {
+    let default = WriterOptions::default().blob_wal_pack_bytes;
+    open_with(store, |o| o.blob_wal_pack_bytes = default).await
+}
+
+/// The WAL entries under the root that carry a pack, and their sizes.
+async fn packed_entries(store: &Arc<FaultyStore>) -> Vec<(Path, u64)> {
+    let mut packed = Vec::new();
+    let listed: Vec<_> = store.list(None).try_collect().await.unwrap();
+    for meta in listed
+        .into_iter()
+        .filter(|m| m.location.as_ref().contains("/wal/"))
+    {
+        let bytes = store
+            .get(&meta.location)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        if bytes.ends_with(b"MWL3") {
+            packed.push((meta.location, meta.size));
+        }
+    }
+    packed
 }
 
 /// The table most tests use: a key, a caption and a blob column.
@@ -1049,4 +1082,94 @@ async fn a_load_goes_on_when_its_writers_are_fenced_before_its_runs_are_written(
     .await;
     assert!(count.contains("| 80 | 400040 |"), "{count}");
     session.close().await.unwrap();
+}
+
+/// A group's pack that fits one request is the front of its WAL entry:
+/// no object of its own, kept past the flush while an SSTable names it,
+/// read by range, never by a scan without the column, and collected with
+/// the entry once nothing names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_pack_rides_in_its_wal_entry_until_nothing_names_it() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open_in_wal(&store).await;
+    create_media(&session).await;
+    let before = text(&session, VALUES).await;
+    assert!(before.contains("| 16384 |"), "{before}");
+    session.close().await.unwrap();
+    assert_eq!(packs(&store).await, Vec::<Path>::new(), "no pack object");
+    let entries = packed_entries(&store).await;
+    assert_eq!(entries.len(), 1, "one append, its pack inside: {entries:?}");
+    assert!(entries[0].1 > 8192 + 16384, "{entries:?}");
+
+    // Restarted: the rows are in an SSTable that names the entry.
+    store.inject(
+        Fault::nth(OpKind::Get, u64::MAX)
+            .times(1)
+            .on_paths_containing("/wal/"),
+    );
+    let session = open_in_wal(&store).await;
+    let captions = text(&session, "SELECT id, caption FROM media ORDER BY id").await;
+    assert!(captions.contains("three"), "{captions}");
+    let sizes = text(&session, "SELECT sum(blob_size(raw)) AS n FROM media").await;
+    assert!(sizes.contains("| 24577 |"), "{sizes}");
+    assert_eq!(store.matched_calls(), 0, "no entry read without the column");
+    assert_eq!(text(&session, VALUES).await, before, "the same values back");
+    assert_eq!(store.matched_calls(), 1, "one ranged read of the entry");
+    store.clear();
+
+    // Fresh rows read theirs from the entry too, in this process and in
+    // another one that tails the WAL.
+    run(
+        &session,
+        "INSERT INTO media VALUES (4, 'four', CAST(repeat('4', 9000) AS BYTEA))",
+    )
+    .await;
+    let other = open_in_wal(&store).await;
+    let fresh = "SELECT md5(raw) AS m FROM media WHERE id = 4";
+    assert_eq!(text(&other, fresh).await, text(&session, fresh).await);
+    assert_eq!(packed_entries(&store).await.len(), 2);
+
+    // Every packed row replaced by a short value: once flushed, nothing
+    // names either entry, and both go (the grace period is zero here).
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'one', CAST('a' AS BYTEA)), \
+         (2, 'two', CAST('b' AS BYTEA)), (4, 'four', CAST('d' AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    compact_media(&other).await;
+    assert_eq!(packed_entries(&store).await, Vec::<(Path, u64)>::new());
+    let after = text(&other, VALUES).await;
+    assert_eq!(after.matches(" | 1 | ").count(), 4, "{after}");
+    other.close().await.unwrap();
+}
+
+/// A failed append of an entry with its pack inside is one failure: the
+/// puts fail, the next writer reads the table as before, and no entry
+/// with a pack is left but the one that landed before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_append_with_its_pack_inside_leaves_its_rows_out() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let session = open_in_wal(&store).await;
+    create_media(&session).await;
+    let before = text(&session, VALUES).await;
+    store.inject(
+        Fault::nth(OpKind::Put, 1)
+            .times(u64::MAX)
+            .on_paths_containing("/wal/"),
+    );
+    let insert = "INSERT INTO media VALUES (9, 'x', CAST(repeat('x', 9000) AS BYTEA))";
+    let failed = session.sql(insert).await.unwrap().collect().await;
+    assert!(
+        failed.is_err(),
+        "a put whose append failed is not acknowledged"
+    );
+    let _ = session.close().await;
+    store.clear();
+    let session = open_in_wal(&store).await;
+    assert_eq!(text(&session, VALUES).await, before, "row 9 is not there");
+    session.close().await.unwrap();
+    assert_eq!(packed_entries(&store).await.len(), 1);
+    assert_eq!(packs(&store).await, Vec::<Path>::new());
 }

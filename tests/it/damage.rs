@@ -447,14 +447,20 @@ async fn bytes_damaged_on_their_way_are_read_again() {
     use object_store::ObjectStore;
 
     let inner: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-    let open = |store: Arc<dyn ObjectStore>| async move {
+    // Packs objects of their own, or (the default) inside WAL entries.
+    let open_with = |store: Arc<dyn ObjectStore>, own_packs: bool| async move {
         let root = ObjectRoot::new(store, "memory://garbled");
         let catalog = Catalog::open(root, CatalogOptions::default()).await?;
-        Ok::<_, memwal::Error>(MemwalSession::new(catalog, WriterOptions::default()))
+        let mut options = WriterOptions::default();
+        if own_packs {
+            options.blob_wal_pack_bytes = 0;
+        }
+        Ok::<_, memwal::Error>(MemwalSession::new(catalog, options))
     };
+    let open = |store: Arc<dyn ObjectStore>| open_with(store, false);
     // Rows in SSTables (flushed by a close), and one in the WAL of a
     // writer that stays open meanwhile.
-    let writing = open(Arc::clone(&inner)).await.unwrap();
+    let writing = open_with(Arc::clone(&inner), true).await.unwrap();
     run(
         &writing,
         "CREATE TABLE t (id BIGINT PRIMARY KEY, v BIGINT, img BYTEA) \
@@ -471,9 +477,20 @@ async fn bytes_damaged_on_their_way_are_read_again() {
     // A deletion vector over the SSTables: a delete of flushed rows, flushed.
     let writing = open(Arc::clone(&inner)).await.unwrap();
     run(&writing, "DELETE FROM t WHERE id <= 10").await;
+    // And a value packed inside its WAL entry, flushed.
+    let packed = "CAST(repeat('z', 7000) AS BYTEA)";
+    run(
+        &writing,
+        &format!("INSERT INTO t VALUES (4000, 2, {packed})"),
+    )
+    .await;
     writing.table("t").await.unwrap().close().await.unwrap();
     let writing = open(Arc::clone(&inner)).await.unwrap();
-    run(&writing, "INSERT INTO t VALUES (5000, 1, NULL)").await;
+    run(
+        &writing,
+        &format!("INSERT INTO t VALUES (5000, 1, {packed})"),
+    )
+    .await;
 
     let sql = "SELECT count(*) AS n, sum(v) AS s, max(md5(img)) AS m FROM t";
     let expected = pretty(&run(&writing, sql).await);

@@ -941,10 +941,17 @@ async fn a_statement_whose_deletion_vector_or_blob_pack_was_replaced_meanwhile_s
             rows(20..40, "'z'"),
             false,
         ),
-        // The only row naming the pack is deleted, and compacted away.
+        // The only row naming the pack is deleted, and compacted away: a
+        // pack of its own, and one inside its WAL entry (the default).
         (
             vec![rows(0..1, packed)],
             "/blobs/",
+            "DELETE FROM t WHERE id = 0".to_string(),
+            true,
+        ),
+        (
+            vec![rows(0..1, packed)],
+            "/wal/",
             "DELETE FROM t WHERE id = 0".to_string(),
             true,
         ),
@@ -954,6 +961,9 @@ async fn a_statement_whose_deletion_vector_or_blob_pack_was_replaced_meanwhile_s
             Arc::new(object_store::memory::InMemory::new());
         let session_on = |store: Arc<dyn object_store::ObjectStore>| {
             let mut options = WriterOptions::default();
+            if held == "/blobs/" {
+                options.blob_wal_pack_bytes = 0;
+            }
             options.sstable_grace = std::time::Duration::ZERO;
             // No compaction but the test's.
             options.max_sstables = 100;
