@@ -348,6 +348,7 @@ impl Shared {
             .map(|d| d.path)
             .collect();
         let retired_at_ms = now_ms();
+        let grace_ms = self.options.sstable_grace.as_millis() as u64;
         let last = generation.last_position.load(Ordering::Acquire);
         let flushed = Arc::clone(generation);
         self.commit(
@@ -369,6 +370,7 @@ impl Shared {
                 }));
                 m.sstables.push(file.clone());
                 m.replay_after = m.replay_after.max(last);
+                m.record_flush(m.replay_after, retired_at_ms, grace_ms);
                 m.generation = m.generation.max(generation.number + 1);
                 true
             },
@@ -468,8 +470,7 @@ impl Shared {
         let manifest = self.manifest();
         if !self.schema.blobs.is_empty() {
             // Entries may be packs SSTables name: collected as packs.
-            let (now, grace) = self.pack_grace();
-            if let Err(e) = self.collect_wal_packs(&manifest.state, now, grace).await {
+            if let Err(e) = self.collect_wal_packs(&manifest.state).await {
                 log::warn!("collecting WAL entries failed: {e}");
             }
             return Ok(());
@@ -1155,7 +1156,7 @@ impl Shared {
                 && loads.contains(&tag)
                 && !dead.contains(&tag)
         };
-        let (now, grace) = self.pack_grace();
+        let (now, grace) = (now_ms(), self.options.sstable_grace.as_millis() as u64);
         // Packs of landed appends (at or below the cursor) and those no
         // WAL entry names; the rest may be named by MemTable rows.
         let settled = |meta: &object_store::ObjectMeta| {
@@ -1168,27 +1169,23 @@ impl Shared {
             .filter(|meta| settled(meta).is_some())
             .map(|meta| meta.size)
             .sum();
-        // With whether no WAL entry names it: such a pack was never in a
-        // MemTable, so it stopped being named when the last retired SSTable
-        // naming it was deleted, past its grace period, or it never was (a
-        // failed compaction's, a load's that never committed). It goes at
-        // once; the others once unnamed for the grace.
-        let unnamed: Vec<(Path, u64, bool)> =
-            listed
-                .into_iter()
-                .filter_map(|meta| {
-                    let (position, epoch) = settled(&meta)?;
-                    (!a_load_may_name(position, epoch) && !m.names_pack(epoch, position))
-                        .then_some((meta.location, meta.size, position & blob::UNLOGGED != 0))
-                })
-                .collect();
-        let (unlogged, logged): (Vec<_>, Vec<_>) =
-            unnamed.into_iter().partition(|(_, _, unlogged)| *unlogged);
-        let logged = logged.into_iter().map(|(path, size, _)| (path, size));
-        let blobs_dir = paths::blobs_dir(&self.shard_dir);
-        let mut dead = self.past_grace(&blobs_dir, logged.collect(), now, grace);
-        dead.extend(unlogged.into_iter().map(|(path, size, _)| (path, size)));
-        stored += self.collect_wal_packs(m, now, grace).await?;
+        // An unnamed pack no WAL entry names was never in a MemTable, so
+        // it stopped being named when the last retired SSTable naming it
+        // was deleted, past its grace period, or it never was (a failed
+        // compaction's, a load's that never committed): it goes at once.
+        // One a WAL entry names goes once the flush that passed it is
+        // past the grace period (see `ShardManifest::flushed`).
+        let dead: Vec<(Path, u64)> = listed
+            .into_iter()
+            .filter_map(|meta| {
+                let (position, epoch) = settled(&meta)?;
+                let named = a_load_may_name(position, epoch) || m.names_pack(epoch, position);
+                let unlogged = position & blob::UNLOGGED != 0;
+                let expired = unlogged || m.flushed_before(position, now, grace);
+                (!named && expired).then_some((meta.location, meta.size))
+            })
+            .collect();
+        stored += self.collect_wal_packs(m).await?;
         let store = &self.store;
         let deleted: Vec<Result<u64>> = futures::stream::iter(dead)
             .map(|(path, size)| async move {
@@ -1218,42 +1215,15 @@ impl Shared {
         Ok(())
     }
 
-    /// Now and the grace period of unnamed packs, in ms.
-    fn pack_grace(&self) -> (i64, i64) {
-        let grace = self.options.sstable_grace.as_millis() as i64;
-        (now_ms() as i64, grace)
-    }
-
-    /// Of `unnamed` (objects under `dir` that nothing names now, with
-    /// their sizes), those unnamed for `grace` ms by `now`; the others are
-    /// remembered from when first seen unnamed (and forgotten once named
-    /// again).
-    fn past_grace(
-        &self,
-        dir: &Path,
-        unnamed: Vec<(Path, u64)>,
-        now: i64,
-        grace: i64,
-    ) -> Vec<(Path, u64)> {
-        let mut since = self.unnamed_packs.lock().unwrap();
-        let prefix = format!("{dir}/");
-        let still: HashSet<&Path> = unnamed.iter().map(|(path, _)| path).collect();
-        since.retain(|path, _| !path.as_ref().starts_with(&prefix) || still.contains(path));
-        for (path, _) in &unnamed {
-            since.entry(path.clone()).or_insert(now);
-        }
-        (unnamed.into_iter())
-            .filter(|(path, _)| now - since[path] >= grace)
-            .collect()
-    }
-
     /// In a table with blob columns, deletes the WAL entries at or below
     /// the cursor of `m` that no SSTable of it names as a pack (see
-    /// [`blob::IN_WAL`]) once unnamed for `grace` ms (a reader's snapshot
-    /// may still name one), fences excepted (they have their own grace);
-    /// returns the bytes of the entries kept as packs. A failed delete is
-    /// logged, for a later collection to retry.
-    async fn collect_wal_packs(&self, m: &ShardManifest, now: i64, grace: i64) -> Result<u64> {
+    /// [`blob::IN_WAL`]) once the flush that passed them is
+    /// [`super::WriterOptions::sstable_grace`] old (a statement's snapshot
+    /// from before it may still read them), fences excepted (they have
+    /// their own grace); returns the bytes of the entries kept as packs.
+    /// A failed delete is logged, for a later collection to retry.
+    async fn collect_wal_packs(&self, m: &ShardManifest) -> Result<u64> {
+        let (now, grace) = (now_ms(), self.options.sstable_grace.as_millis() as u64);
         let dir = paths::wal_dir(&self.shard_dir);
         let listed: Vec<object_store::ObjectMeta> =
             self.store.list(Some(&dir)).try_collect().await?;
@@ -1262,7 +1232,7 @@ impl Shared {
             let listed = m.fences.iter().map(|f| f.position);
             listed.chain(known.keys().copied()).collect()
         };
-        let (mut kept, mut unnamed) = (0, Vec::new());
+        let (mut kept, mut dead) = (0, Vec::new());
         for meta in listed {
             let Some(position) = meta.location.filename().and_then(paths::parse_wal_file) else {
                 continue;
@@ -1270,15 +1240,15 @@ impl Shared {
             if position > m.replay_after || fences.contains(&position) {
                 continue;
             }
-            match m.names_pack(0, position | blob::IN_WAL) {
-                true => kept += meta.size,
-                false => unnamed.push((meta.location, meta.size)),
+            if m.names_pack(0, position | blob::IN_WAL) {
+                kept += meta.size;
+            } else if m.flushed_before(position, now, grace) {
+                dead.push(meta.location);
             }
         }
-        let dead = self.past_grace(&dir, unnamed, now, grace);
         let store = &self.store;
         let deleted = futures::stream::iter(dead)
-            .map(|(path, _)| async move { delete_if_present(store.as_ref(), &path).await })
+            .map(|path| async move { delete_if_present(store.as_ref(), &path).await })
             .buffer_unordered(DELETES)
             .collect::<Vec<_>>()
             .await;

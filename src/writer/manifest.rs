@@ -53,6 +53,14 @@ pub struct ShardManifest {
     /// WAL data entries at or below this are deleted.
     #[serde(default)]
     pub wal_deleted_through: u64,
+    /// The recent flushes, oldest first: the position each moved
+    /// `replay_after` to and when (see [`ShardManifest::record_flush`]).
+    /// A blob pack (or a WAL entry of a table with blob columns) that no
+    /// SSTable names is kept until the flush that passed its position is
+    /// a grace period old: a statement's snapshot from before that flush
+    /// may still read the rows that name it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flushed: Vec<Flushed>,
     /// Until when (ms since the Unix epoch) the writer of `epoch` has its
     /// turn: a writer that took the shard over from another one holds it
     /// this long before others take it again (a courtesy that keeps
@@ -116,6 +124,28 @@ impl From<FenceRepr> for Fence {
     }
 }
 
+/// A flush of a shard: the WAL position it moved the cursor to, and when
+/// (ms since the Unix epoch, by the clock of its writer). Stored as
+/// `[through, at_ms]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "[u64; 2]", into = "[u64; 2]")]
+pub struct Flushed {
+    pub through: u64,
+    pub at_ms: u64,
+}
+
+impl From<[u64; 2]> for Flushed {
+    fn from([through, at_ms]: [u64; 2]) -> Self {
+        Self { through, at_ms }
+    }
+}
+
+impl From<Flushed> for [u64; 2] {
+    fn from(f: Flushed) -> Self {
+        [f.through, f.at_ms]
+    }
+}
+
 /// An SSTable (or a deletion vector) no longer part of the shard, and
 /// when it stopped being.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +173,27 @@ impl ShardManifest {
         let live = self.sstables.iter().flat_map(|f| &f.packs);
         live.chain(self.retired.iter().flat_map(|f| &f.packs))
             .any(|run| run.contains(epoch, position))
+    }
+
+    /// Records a flush that moved the cursor to `through` at `at_ms`,
+    /// forgetting the flushes more than `grace_ms` older but the newest
+    /// of them (which still dates every position at or below its own).
+    pub fn record_flush(&mut self, through: u64, at_ms: u64, grace_ms: u64) {
+        self.flushed.push(Flushed { through, at_ms });
+        let old = (self.flushed.iter())
+            .filter(|f| f.at_ms.saturating_add(grace_ms) < at_ms)
+            .count();
+        self.flushed.drain(..old.saturating_sub(1));
+    }
+
+    /// Whether the flush that passed WAL position `position` (at or below
+    /// `replay_after`) was at least `grace_ms` before `now_ms`; also when
+    /// no flush is recorded (a manifest older than the record).
+    pub fn flushed_before(&self, position: u64, now_ms: u64, grace_ms: u64) -> bool {
+        match self.flushed.iter().find(|f| f.through >= position) {
+            Some(f) => f.at_ms.saturating_add(grace_ms) <= now_ms,
+            None => true,
+        }
     }
 
     /// Decodes version bytes read from `path`.

@@ -43,7 +43,7 @@ mod options;
 mod replay;
 mod wal_task;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
@@ -348,10 +348,6 @@ struct Shared {
     /// them for the cores (see [`ShardWriter::hold_compaction`]).
     compaction_holds: AtomicUsize,
     compaction_due: AtomicBool,
-    /// Blob packs the last collection found named by nothing, to when it
-    /// first did (ms): their grace period counts from then (see
-    /// [`Shared::delete_unnamed_packs`]).
-    unnamed_packs: Mutex<HashMap<object_store::path::Path, i64>>,
 }
 
 /// The writer of one shard. See the module doc for what it guarantees.
@@ -555,7 +551,6 @@ impl ShardWriter {
             ingest_gate: tokio::sync::RwLock::new(()),
             compaction_holds: AtomicUsize::new(0),
             compaction_due: AtomicBool::new(false),
-            unnamed_packs: Mutex::default(),
         });
         // The claim made this writer the owner.
         shared.confirm_owned(claimed_at);

@@ -1173,3 +1173,58 @@ async fn a_failed_append_with_its_pack_inside_leaves_its_rows_out() {
     assert_eq!(packed_entries(&store).await.len(), 1);
     assert_eq!(packs(&store).await, Vec::<Path>::new());
 }
+
+/// A pack (here: WAL entries holding packs) nothing names any more is
+/// deleted once the flush that passed it is a grace period old, by any
+/// later writer: one that opens after the grace, not only one that lived
+/// through it (found from outside: shells that each ran one INSERT kept
+/// every replaced entry for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_writer_collects_packs_whose_grace_period_ended_meanwhile() {
+    let store = FaultyStore::new(Arc::new(InMemory::new()));
+    let grace = std::time::Duration::from_millis(500);
+    let default = WriterOptions::default().blob_wal_pack_bytes;
+    let graceful = |o: &mut WriterOptions| {
+        o.blob_wal_pack_bytes = default;
+        o.sstable_grace = grace;
+    };
+    let session = open_with(&store, graceful).await;
+    create_media(&session).await;
+    session.close().await.unwrap();
+    let first = packed_entries(&store).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    // Rows 1 and 2 replaced and compacted (the first SSTable retired),
+    // and row 7 written and replaced before its flush (never named).
+    let session = open_with(&store, graceful).await;
+    run(
+        &session,
+        "INSERT INTO media VALUES (1, 'one', CAST('a' AS BYTEA)), (2, 'two', CAST('b' AS BYTEA))",
+    )
+    .await;
+    run(
+        &session,
+        "INSERT INTO media VALUES (7, 'seven', CAST(repeat('7', 9000) AS BYTEA))",
+    )
+    .await;
+    run(
+        &session,
+        "INSERT INTO media VALUES (7, 'seven', CAST('7' AS BYTEA))",
+    )
+    .await;
+    session.close().await.unwrap();
+    let session = open_with(&store, graceful).await;
+    compact_media(&session).await;
+    session.close().await.unwrap();
+    assert_eq!(packed_entries(&store).await.len(), 2, "within the grace");
+
+    tokio::time::sleep(grace + std::time::Duration::from_millis(100)).await;
+    let session = open_with(&store, graceful).await;
+    run(&session, "INSERT INTO media VALUES (8, 'eight', NULL)").await;
+    session.close().await.unwrap();
+    assert_eq!(packed_entries(&store).await, Vec::<(Path, u64)>::new());
+    let session = open_with(&store, graceful).await;
+    let values = text(&session, VALUES).await;
+    assert_eq!(values.matches(" | 1 | ").count(), 4, "{values}");
+    session.close().await.unwrap();
+}
