@@ -581,7 +581,7 @@ impl PackReader {
         let end = ranges.iter().map(|r| r.end).max().unwrap_or(0);
         match self.store.head(path).await {
             Ok(meta) if meta.size < end => corrupt(format!(
-                "the pack holds {} bytes, its rows name bytes up to {end} (damaged, or cut short)",
+                "the object holds {} bytes, its rows' packed values end at byte {end} (damaged, or cut short)",
                 meta.size
             )),
             Err(object_store::Error::NotFound { .. }) => missing(),

@@ -81,20 +81,22 @@ impl WalLog {
         entry.encode_after_pack(self.path_of(position).as_ref())
     }
 
-    /// Creates the entry `bytes` (an encoded [`WalEntry`] of `epoch`) at
-    /// `position`. A taken position is [`Error::Fenced`], unless it holds
-    /// these very bytes. Any other failure is returned as is: whether the
-    /// write landed is then unknown, and the caller decides (retry the same
-    /// position, or give up).
+    /// An entry without a pack: [`WalLog::append_after_pack`] of `bytes`
+    /// alone.
+    #[cfg(test)]
     pub async fn append(&self, position: u64, epoch: u64, bytes: Bytes) -> Result<()> {
         self.append_after_pack(position, epoch, PutPayload::new(), bytes)
             .await
     }
 
-    /// Like [`WalLog::append`], of an entry whose object is `pack` and
-    /// then `head` ([`WalEntry::encode_after_pack`]; an empty `pack`: an
-    /// entry without one). Its own entry at `position` is one whose stored
-    /// head (see [`WalLog::read_bytes`]) is `head`.
+    /// Creates the entry whose object is `pack` and then `head` (an
+    /// encoded [`WalEntry`] of `epoch`: [`WalEntry::encode_after_pack`],
+    /// or with an empty `pack` [`WalEntry::encode`]) at `position`. A
+    /// taken position is [`Error::Fenced`], unless it holds this very
+    /// entry (its stored head, see [`WalLog::read_bytes`], is `head`). Any
+    /// other failure is returned as is: whether the write landed is then
+    /// unknown, and the caller decides (retry the same position, or give
+    /// up).
     pub async fn append_after_pack(
         &self,
         position: u64,
