@@ -236,7 +236,16 @@ async fn a_scan_reads_packs_only_for_the_blob_column() {
 /// PUT to a path containing `failing` fails: the INSERT must fail. The
 /// values before it; the session is closed and the faults cleared.
 async fn insert_failing_on(store: &Arc<FaultyStore>, failing: &str, id: i64) -> String {
-    let session = open(store).await;
+    insert_failing_in(open(store).await, store, failing, id).await
+}
+
+/// [`insert_failing_on`] with `session` (on `store`).
+async fn insert_failing_in(
+    session: MemwalSession,
+    store: &Arc<FaultyStore>,
+    failing: &str,
+    id: i64,
+) -> String {
     create_media(&session).await;
     let before = text(&session, VALUES).await;
     store.inject(
@@ -1151,22 +1160,7 @@ async fn a_small_pack_rides_in_its_wal_entry_until_nothing_names_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_append_with_its_pack_inside_leaves_its_rows_out() {
     let store = FaultyStore::new(Arc::new(InMemory::new()));
-    let session = open_in_wal(&store).await;
-    create_media(&session).await;
-    let before = text(&session, VALUES).await;
-    store.inject(
-        Fault::nth(OpKind::Put, 1)
-            .times(u64::MAX)
-            .on_paths_containing("/wal/"),
-    );
-    let insert = "INSERT INTO media VALUES (9, 'x', CAST(repeat('x', 9000) AS BYTEA))";
-    let failed = session.sql(insert).await.unwrap().collect().await;
-    assert!(
-        failed.is_err(),
-        "a put whose append failed is not acknowledged"
-    );
-    let _ = session.close().await;
-    store.clear();
+    let before = insert_failing_in(open_in_wal(&store).await, &store, "/wal/", 9).await;
     let session = open_in_wal(&store).await;
     assert_eq!(text(&session, VALUES).await, before, "row 9 is not there");
     session.close().await.unwrap();
